@@ -1,0 +1,120 @@
+"""The `drlc` command: checks, the DuckDB catalog, the critic cache and the local critic server.
+
+The pipeline itself runs with `dvc repro`; this command covers what sits around it.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pipeline.errors import ConfigError, DrlcError
+
+
+def cmd_check(args) -> None:
+    from pipeline.config import load_params
+    from pipeline.preflight import check_inputs
+
+    params = load_params(args.params, args.set)
+    check_inputs(params)
+    print(f"{args.params}: ok ({len(params.rounds)} rounds, task {params.run.task}, "
+          f"critic {'on' if params.critic.enabled else 'off'})")
+
+
+def cmd_sql(args) -> None:
+    import duckdb
+
+    from pipeline.store import connect
+
+    con = connect(args.data)
+    try:
+        result = con.sql(args.query)
+    except duckdb.Error as err:
+        raise DrlcError(f"Query failed: {str(err).splitlines()[0]}") from None
+    if result is None:
+        return
+    print(result.df().to_string(index=False) if args.format == "table" else result.df().to_csv(index=False))
+
+
+def cmd_catalog(args) -> None:
+    from pipeline.store import view_statements
+
+    statements = view_statements(args.data)
+    if not statements:
+        raise DrlcError(f"No tables under '{args.data}': run `dvc repro` first.")
+    Path(args.out).write_text(";\n".join(statements) + ";\n")
+    print(f"wrote {args.out} ({len(statements)} views); open with: duckdb -init {args.out}")
+
+
+def cmd_cache(args) -> None:
+    from pipeline.critic.cache import CriticCache, export_parquet, import_parquet
+
+    if args.action != "stats" and not args.file:
+        raise ConfigError(f"`drlc cache {args.action}` needs a FILE.parquet argument.")
+    with CriticCache(args.dir) as cache:
+        if args.action == "stats":
+            for key, value in cache.stats().items():
+                print(f"{key}: {value}")
+        elif args.action == "export":
+            print(f"exported {export_parquet(cache, args.file)} entries to {args.file}")
+        else:
+            print(f"imported {import_parquet(cache, args.file)} new entries from {args.file}")
+
+
+def cmd_critic_serve(args) -> None:
+    from pipeline.critic.server import serve_forever
+
+    serve_forever(host=args.host, port=args.port, backend=args.backend, latency_s=args.latency,
+                  error_rate=args.error_rate, rate_limit_rate=args.rate_limit_rate,
+                  garbage_rate=args.garbage_rate, drop_rate=args.drop_rate, seed=args.seed)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="drlc", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    check = sub.add_parser("check", help="validate params.yaml and the run's inputs")
+    check.add_argument("--params", default="params.yaml")
+    check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key")
+    check.set_defaults(func=cmd_check)
+
+    sql = sub.add_parser("sql", help="run a DuckDB query over the Parquet tables")
+    sql.add_argument("query", help='e.g. "SELECT round, avg(env_reward) FROM scores GROUP BY 1"')
+    sql.add_argument("--data", default="data", help="folder holding the tables (default: data)")
+    sql.add_argument("--format", choices=["table", "csv"], default="table")
+    sql.set_defaults(func=cmd_sql)
+
+    catalog = sub.add_parser("catalog", help="write catalog.sql: DuckDB views over the tables")
+    catalog.add_argument("--data", default="data")
+    catalog.add_argument("--out", default="catalog.sql")
+    catalog.set_defaults(func=cmd_catalog)
+
+    cache = sub.add_parser("cache", help="inspect, export or import the critic cache")
+    cache.add_argument("action", choices=["stats", "export", "import"])
+    cache.add_argument("file", nargs="?", help="Parquet file for export/import")
+    cache.add_argument("--dir", default="cache/critic", help="cache folder (default: cache/critic)")
+    cache.set_defaults(func=cmd_cache)
+
+    critic = sub.add_parser("critic", help="the critic: run the local OpenAI-compatible server")
+    critic_sub = critic.add_subparsers(dest="critic_command", required=True)
+    serve = critic_sub.add_parser("serve", help="serve /v1/chat/completions, /v1/models and /stats")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--backend", default="lexicon", help="lexicon | echo | hf")
+    serve.add_argument("--latency", type=float, default=0.0, help="seconds added to every answer")
+    serve.add_argument("--error-rate", type=float, default=0.0, help="share of answers that are HTTP 500")
+    serve.add_argument("--rate-limit-rate", type=float, default=0.0, help="share answered 429 + Retry-After")
+    serve.add_argument("--garbage-rate", type=float, default=0.0, help="share answered with a broken body")
+    serve.add_argument("--drop-rate", type=float, default=0.0, help="share of connections dropped")
+    serve.add_argument("--seed", type=int, default=0)
+    serve.set_defaults(func=cmd_critic_serve)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except DrlcError as error:
+        print(f"drlc: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None

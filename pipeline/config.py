@@ -1,0 +1,359 @@
+"""Typed, frozen parameters: one dataclass per params.yaml section, one loader.
+
+`load_params("params.yaml")` reads the YAML, applies `key=value` overrides, and checks every
+value before any compute starts. An unknown key, a wrong type or an out-of-range value raises
+ConfigError naming the dotted key, the bad value and what would be valid (with the nearest
+valid key for typos). Derived values are properties; nothing is written back.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from pipeline.errors import ConfigError
+
+TASKS = ("sentiment",)
+KL_PENALTIES = ("kl", "abs", "mse", "full")
+ALIGNMENTS = ("exact", "substring")
+ROUND_KEY = re.compile(r"^\d{4}$")
+
+
+def _positive(x) -> bool:
+    return x is None or x > 0
+
+
+def _probability(x) -> bool:
+    return 0.0 <= x <= 1.0
+
+
+@dataclass(frozen=True)
+class RunParams:
+    run_id: str = "demo"
+    task: str = "sentiment"  # one of TASKS
+    seed: int = 0
+
+    checks = {"task": (lambda x: x in TASKS, f"one of {TASKS}")}
+
+
+@dataclass(frozen=True)
+class WorldParams:
+    """The seeded synthetic review world (demo profile) and the prompts drawn from it."""
+
+    n_reviews: int = 20000  # pretraining corpus for the base model
+    n_train_prompts: int = 512
+    n_eval_prompts: int = 64
+    prefix_min_words: int = 2
+    prefix_max_words: int = 5
+
+    checks = {
+        "n_reviews": (_positive, "> 0"),
+        "n_train_prompts": (_positive, "> 0"),
+        "n_eval_prompts": (_positive, "> 0"),
+        "prefix_min_words": (_positive, "> 0"),
+        "prefix_max_words": (_positive, "> 0"),
+    }
+
+
+@dataclass(frozen=True)
+class BaseParams:
+    """Tokenizer and tiny GPT-2 pretrained on the world in the `base` stage."""
+
+    vocab_size: int = 1024
+    n_layer: int = 2
+    n_head: int = 4
+    n_embd: int = 128
+    block_size: int = 64
+    steps: int = 1500
+    batch_size: int = 32
+    learning_rate: float = 3e-3
+
+    checks = {
+        "vocab_size": (lambda x: x >= 300, ">= 300 (256 byte tokens + merges + specials)"),
+        "n_layer": (_positive, "> 0"),
+        "n_head": (_positive, "> 0"),
+        "n_embd": (_positive, "> 0"),
+        "block_size": (lambda x: x >= 16, ">= 16"),
+        "steps": (_positive, "> 0"),
+        "batch_size": (_positive, "> 0"),
+        "learning_rate": (_positive, "> 0"),
+    }
+
+
+@dataclass(frozen=True)
+class RolloutParams:
+    """Sampling from the current policy. Full-distribution sampling (no top-k/top-p) keeps the
+    recorded behaviour log-probs equal to the policy's own log-probs."""
+
+    batch_size: int = 64
+    max_new_tokens: int = 20
+    generation_batch_size: int = 64
+
+    checks = {
+        "batch_size": (_positive, "> 0"),
+        "max_new_tokens": (_positive, "> 0"),
+        "generation_batch_size": (_positive, "> 0"),
+    }
+
+
+@dataclass(frozen=True)
+class ScoreParams:
+    scorer: str = "vader"
+    scale: float = 1.0
+
+    checks = {"scorer": (lambda x: x in ("vader",), "one of ('vader',)")}
+
+
+@dataclass(frozen=True)
+class CriticParams:
+    enabled: bool = True
+    endpoint: str = "local"  # "local" = drlc's own server on 127.0.0.1, else an OpenAI-compatible base URL
+    backend: str = "lexicon"  # backend of the local server
+    model: str = "drlc-lexicon"
+    template: str = "prompts/sentiment.md"
+    threshold: float = 0.0  # critique responses with env reward <= threshold
+    rewards: dict[str, float] = field(default_factory=lambda: {"positive": 0.5, "negative": -0.5})
+    alignment: str = "exact"  # one of ALIGNMENTS
+    cache_dir: str = "cache/critic"
+    max_concurrency: int = 8
+    timeout_s: float = 60.0
+    max_retries: int = 6
+    max_requests: int | None = None
+    max_cost_usd: float | None = None
+    temperature: float = 0.0
+    max_tokens: int = 256
+
+    checks = {
+        "alignment": (lambda x: x in ALIGNMENTS, f"one of {ALIGNMENTS}"),
+        "backend": (lambda x: x in ("lexicon", "echo", "hf"), "one of ('lexicon', 'echo', 'hf')"),
+        "max_concurrency": (_positive, "> 0"),
+        "timeout_s": (_positive, "> 0"),
+        "max_retries": (lambda x: x >= 0, ">= 0"),
+        "max_requests": (lambda x: x is None or x >= 0, ">= 0 or null"),
+        "max_cost_usd": (lambda x: x is None or x >= 0, ">= 0 or null"),
+        "temperature": (lambda x: x >= 0, ">= 0"),
+        "max_tokens": (_positive, "> 0"),
+    }
+
+
+@dataclass(frozen=True)
+class PPOParams:
+    """PPO hyperparameters. Defaults are legacy TRL's PPOConfig (<= 0.11), which the paper used."""
+
+    learning_rate: float = 1.41e-5
+    ppo_epochs: int = 4
+    mini_batch_size: int = 16
+    gradient_accumulation_steps: int = 1
+    gamma: float = 1.0
+    lam: float = 0.95
+    cliprange: float = 0.2
+    cliprange_value: float = 0.2
+    vf_coef: float = 0.1
+    kl_penalty: str = "kl"  # one of KL_PENALTIES
+    adap_kl_ctrl: bool = True
+    init_kl_coef: float = 0.2
+    target: float = 6.0  # adaptive controller's KL goal
+    horizon: float = 10000.0
+    ratio_threshold: float = 10.0
+    early_stopping: bool = False
+    target_kl: float = 1.0  # early-stop bound on the policy KL when early_stopping
+    max_grad_norm: float | None = None
+    whiten_rewards: bool = False
+    use_score_scaling: bool = False
+    use_score_norm: bool = False
+    score_clip: float | None = None
+
+    checks = {
+        "learning_rate": (_positive, "> 0"),
+        "ppo_epochs": (_positive, "> 0"),
+        "mini_batch_size": (_positive, "> 0"),
+        "gradient_accumulation_steps": (_positive, "> 0"),
+        "gamma": (_probability, "in [0, 1]"),
+        "lam": (_probability, "in [0, 1]"),
+        "cliprange": (_positive, "> 0"),
+        "cliprange_value": (_positive, "> 0"),
+        "vf_coef": (lambda x: x >= 0, ">= 0"),
+        "kl_penalty": (lambda x: x in KL_PENALTIES, f"one of {KL_PENALTIES}"),
+        "init_kl_coef": (lambda x: x >= 0, ">= 0"),
+        "target": (_positive, "> 0"),
+        "horizon": (_positive, "> 0"),
+        "ratio_threshold": (_positive, "> 0"),
+        "target_kl": (_positive, "> 0"),
+        "max_grad_norm": (_positive, "> 0 or null"),
+        "score_clip": (_positive, "> 0 or null"),
+    }
+
+    @property
+    def backward_batch_size(self) -> int:
+        return self.mini_batch_size * self.gradient_accumulation_steps
+
+
+@dataclass(frozen=True)
+class EvaluateParams:
+    policy: str = "round=0003"  # the policy evaluated against the base; must be the last round
+    n_prompts: int = 64
+    samples_per_prompt: int = 4
+    max_new_tokens: int = 20
+    top_p: float = 0.9
+
+    checks = {
+        "n_prompts": (_positive, "> 0"),
+        "samples_per_prompt": (_positive, "> 0"),
+        "max_new_tokens": (_positive, "> 0"),
+        "top_p": (lambda x: 0 < x <= 1, "in (0, 1]"),
+    }
+
+
+@dataclass(frozen=True)
+class RoundParams:
+    """One PPO round; `prev` names the policy it starts from ("base" or "round=NNNN")."""
+
+    prev: str = "base"
+
+
+SECTIONS: dict[str, type] = {
+    "run": RunParams,
+    "world": WorldParams,
+    "base": BaseParams,
+    "rollout": RolloutParams,
+    "score": ScoreParams,
+    "critic": CriticParams,
+    "ppo": PPOParams,
+    "evaluate": EvaluateParams,
+}
+
+
+@dataclass(frozen=True)
+class Params:
+    run: RunParams
+    world: WorldParams
+    base: BaseParams
+    rollout: RolloutParams
+    score: ScoreParams
+    critic: CriticParams
+    ppo: PPOParams
+    evaluate: EvaluateParams
+    rounds: dict[str, RoundParams]
+
+    def round_keys(self) -> list[str]:
+        return sorted(self.rounds)
+
+
+def _suggest(name: str, valid) -> str:
+    close = difflib.get_close_matches(name, list(valid), n=1)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    return f"{hint} Valid keys: {', '.join(valid)}."
+
+
+def _type_ok(value, annotation) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is dict:
+        key_t, val_t = typing.get_args(annotation)
+        return isinstance(value, dict) and all(
+            _type_ok(k, key_t) and _type_ok(v, val_t) for k, v in value.items()
+        )
+    return isinstance(value, annotation)
+
+
+def _type_name(annotation) -> str:
+    return str(annotation).replace("typing.", "").replace("<class '", "").replace("'>", "")
+
+
+def build_section(cls: type, values: dict, prefix: str):
+    """Check a mapping against a section dataclass and return the frozen instance."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"'{prefix}' must be a mapping of keys to values, got {values!r}.")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key, value in values.items():
+        if key not in names:
+            raise ConfigError(f"Unknown key '{prefix}.{key}'.{_suggest(key, names)}")
+        if not _type_ok(value, hints[key]):
+            raise ConfigError(
+                f"'{prefix}.{key}' = {value!r} has the wrong type: expected {_type_name(hints[key])}."
+            )
+        check = getattr(cls, "checks", {}).get(key)
+        if check and value is not None and not check[0](value):
+            raise ConfigError(f"'{prefix}.{key}' = {value!r} is out of range: must be {check[1]}.")
+    coerced = {k: float(v) if hints[k] is float else v for k, v in values.items()}
+    return cls(**coerced)
+
+
+def _check_rounds(rounds) -> dict[str, RoundParams]:
+    if not isinstance(rounds, dict) or not rounds:
+        raise ConfigError("'rounds' must map round keys like '0001' to {prev: ...}; got none.")
+    built = {}
+    for key, spec in rounds.items():
+        if not isinstance(key, str) or not ROUND_KEY.match(key):
+            raise ConfigError(f"Round key {key!r} must be a quoted 4-digit string such as '0001'.")
+        built[key] = build_section(RoundParams, spec, f"rounds.{key}")
+    keys = sorted(built)
+    for i, key in enumerate(keys):
+        expected = "base" if i == 0 else f"round={keys[i - 1]}"
+        if built[key].prev != expected:
+            raise ConfigError(
+                f"'rounds.{key}.prev' = {built[key].prev!r} breaks the chain: expected {expected!r}."
+            )
+    return built
+
+
+def apply_override(raw: dict, assignment: str) -> None:
+    """Apply one `dotted.key=value` override (value parsed as YAML) to the raw mapping."""
+    if "=" not in assignment:
+        raise ConfigError(f"Override {assignment!r} must look like section.key=value.")
+    dotted, text = assignment.split("=", 1)
+    *parents, leaf = dotted.split(".")
+    node = raw
+    for part in parents:
+        if not isinstance(node.get(part), dict):
+            raise ConfigError(f"Override key '{dotted}' does not exist.{_suggest(part, node)}")
+        node = node[part]
+    node[leaf] = yaml.safe_load(text)
+
+
+def params_from_dict(raw: dict) -> Params:
+    valid = list(SECTIONS) + ["rounds"]
+    for key in raw:
+        if key not in valid:
+            raise ConfigError(f"Unknown section '{key}' in params.{_suggest(key, valid)}")
+    sections = {name: build_section(cls, raw.get(name, {}), name) for name, cls in SECTIONS.items()}
+    params = Params(**sections, rounds=_check_rounds(raw.get("rounds")))
+    last = f"round={params.round_keys()[-1]}"
+    if params.evaluate.policy != last:
+        raise ConfigError(
+            f"'evaluate.policy' = {params.evaluate.policy!r} must name the last round: {last!r}."
+        )
+    if params.world.prefix_min_words > params.world.prefix_max_words:
+        raise ConfigError(
+            f"'world.prefix_min_words' = {params.world.prefix_min_words} exceeds "
+            f"'world.prefix_max_words' = {params.world.prefix_max_words}."
+        )
+    return params
+
+
+def load_params(path: str | Path = "params.yaml", overrides: list[str] | tuple = ()) -> Params:
+    """Read, override and validate a params file. Raises ConfigError on any bad value."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"Params file '{path}' not found: run from the project root or pass --params.")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"Params file '{path}' is not valid YAML: {str(err).splitlines()[0]}") from None
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    return params_from_dict(raw)

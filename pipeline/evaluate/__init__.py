@@ -1,0 +1,1 @@
+"""Evaluation: metrics over sampled continuations and the run-level curves."""

@@ -1,0 +1,78 @@
+"""`critique` stage: send low-reward responses to the critic, turn its spans into token rewards.
+
+With `critic.endpoint: local` the stage starts drlc's own OpenAI-compatible server on
+127.0.0.1 (a free port) for the duration of the stage, so the production client path runs
+offline. Every request goes through the content-hashed cache first.
+"""
+from __future__ import annotations
+
+import contextlib
+
+from transformers import AutoTokenizer
+
+from pipeline.config import CriticParams
+from pipeline.critic.annotate import annotate_round
+from pipeline.critic.cache import CriticCache
+from pipeline.critic.client import CriticClient
+from pipeline.critic.server import serve_in_background
+from pipeline.critic.templates import load_template
+
+
+def skipped_row(row: dict) -> dict:
+    """The annotation of a response that was not sent to the critic: zero intrinsic reward."""
+    return {"rollout_id": row["rollout_id"], "critiqued": False, "status": "skipped", "cache_key": "",
+            "cache_hit": False, "critic_model": "", "template_sha": "", "raw_text": "", "spans": [],
+            "token_rewards": [0.0] * len(row["response_ids"]), "prompt_tokens": 0,
+            "completion_tokens": 0, "cost_usd": 0.0, "error": ""}
+
+
+@contextlib.contextmanager
+def critic_endpoint(critic: CriticParams):
+    """Yield (base_url, server_stats) — a local server if endpoint is 'local', else the remote URL."""
+    if critic.endpoint == "local":
+        with serve_in_background(backend=critic.backend) as (base_url, stats):
+            yield base_url, stats
+    else:
+        yield critic.endpoint, (lambda: {})
+
+
+def critique(rollout_rows: list[dict], score_rows: list[dict], *, critic: CriticParams, tokenizer_dir: str,
+             run_id: str, round_: int) -> tuple[list[dict], dict]:
+    """Annotate one round. Returns (annotation rows, stats with the requests the server received)."""
+    rewards = {row["rollout_id"]: row["env_reward"] for row in score_rows}
+    rows = [dict(row, env_reward=rewards[row["rollout_id"]]) for row in rollout_rows]
+    if not critic.enabled:
+        annotations = [skipped_row(row) for row in rows]
+        server_requests = 0
+    else:
+        template = load_template(critic.template)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        with CriticCache(critic.cache_dir) as cache, critic_endpoint(critic) as (base_url, server_stats):
+            client = CriticClient(
+                base_url=base_url, model=critic.model, max_concurrency=critic.max_concurrency,
+                timeout_s=critic.timeout_s, max_retries=critic.max_retries,
+                max_requests=critic.max_requests, max_cost_usd=critic.max_cost_usd,
+                sampling={"temperature": critic.temperature, "max_tokens": critic.max_tokens},
+            )
+            annotations = annotate_round(
+                rows, template=template, tokenizer=tokenizer, client=client, cache=cache,
+                threshold=critic.threshold, rewards=dict(critic.rewards), alignment=critic.alignment,
+            )
+            server_requests = server_stats().get("requests", 0)
+    annotations = [dict(a, run_id=run_id, round=round_) for a in annotations]
+    return annotations, summarize(annotations, server_requests)
+
+
+def summarize(annotations: list[dict], server_requests: int) -> dict:
+    """Per-round critic metrics (names `critic/<quantity>`)."""
+    critiqued = [a for a in annotations if a["critiqued"]]
+    by_status = {s: sum(a["status"] == s for a in annotations) for s in
+                 ("ok", "skipped", "parse_error", "api_error", "budget")}
+    return {
+        "critic/critiqued": len(critiqued),
+        "critic/cache_hits": sum(a["cache_hit"] for a in critiqued),
+        "critic/server_requests": server_requests,
+        "critic/cost_usd": sum(a["cost_usd"] for a in annotations),
+        "critic/intrinsic_reward_sum": sum(sum(a["token_rewards"]) for a in annotations) / max(len(annotations), 1),
+        **{f"critic/status_{s}": n for s, n in by_status.items()},
+    }

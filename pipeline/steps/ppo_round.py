@@ -1,0 +1,86 @@
+"""`ppo` stage: one round of PPO epochs over the round's rollouts, rewards and critic spans."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from pipeline.config import PPOParams
+from pipeline.errors import DataError
+from pipeline.policy import load_policy, load_reference, save_policy
+from pipeline.ppo import AdaptiveKLController, FixedKLController, RunningMoments
+from pipeline.steps.rollout import round_seed
+from pipeline.trainer import (RolloutBatch, load_trainer_state, make_optimizer, save_trainer_state,
+                              train_round)
+
+STEP_COLUMNS = {  # ppo_steps column <- train_round stat
+    "policy_loss": "ppo/policy_loss", "value_loss": "ppo/value_loss", "approx_kl": "ppo/approx_kl",
+    "policy_kl": "ppo/policy_kl", "clipfrac": "ppo/clipfrac", "vf_clipfrac": "ppo/vf_clipfrac",
+    "entropy": "ppo/entropy", "ratio_mean": "ppo/ratio_mean", "skipped": "ppo/skipped",
+    "grad_norm": "ppo/grad_norm", "lr": "ppo/lr", "epoch": "ppo/epoch", "kl": "objective/kl",
+    "kl_coef": "objective/kl_coef", "env_reward_mean": "env/reward_mean",
+    "intrinsic_reward_sum": "critic/intrinsic_reward_sum",
+    "behaviour_logprob_gap": "ppo/behaviour_logprob_gap", "tokens_per_s": "ppo/tokens_per_s",
+}
+
+
+def join_round(rollouts: list[dict], scores: list[dict], annotations: list[dict]) -> RolloutBatch:
+    """Line up the round's three tables by rollout_id into one PPO batch."""
+    env = {row["rollout_id"]: row["env_reward"] for row in scores}
+    intrinsic = {row["rollout_id"]: row["token_rewards"] for row in annotations}
+    missing = [r["rollout_id"] for r in rollouts if r["rollout_id"] not in env or r["rollout_id"] not in intrinsic]
+    if missing:
+        raise DataError(f"Rollouts {missing[:3]} have no score or annotation row: re-run the score "
+                        f"and critique stages of this round (dvc repro).")
+    return RolloutBatch(
+        query_ids=[r["query_ids"] for r in rollouts], response_ids=[r["response_ids"] for r in rollouts],
+        behaviour_logprobs=[r["behaviour_logprobs"] for r in rollouts],
+        scores=[env[r["rollout_id"]] for r in rollouts],
+        intrinsic=[intrinsic[r["rollout_id"]] for r in rollouts],
+    )
+
+
+def new_kl_controller(params: PPOParams):
+    if params.adap_kl_ctrl:
+        return AdaptiveKLController(params.init_kl_coef, params.target, params.horizon)
+    return FixedKLController(params.init_kl_coef)
+
+
+def ppo_round(rollouts: list[dict], scores: list[dict], annotations: list[dict], *, policy_dir: str,
+              reference_dir: str, out_dir: str, params: PPOParams, run_id: str, round_: int,
+              seed: int) -> list[dict]:
+    """Train the policy of `policy_dir` for one round and save it (with optimizer state) to out_dir.
+
+    The reference model is always the base model. Optimizer, KL controller and score moments
+    carry over from the previous round's checkpoint when it has them.
+    Returns the `ppo_steps` rows, one per gradient step.
+    """
+    batch = join_round(rollouts, scores, annotations)
+    torch.manual_seed(round_seed(seed, round_, 3))
+    policy, tokenizer = load_policy(policy_dir, seed=seed)
+    reference = load_reference(reference_dir)
+    optimizer = make_optimizer(policy, params.learning_rate)
+    kl_controller, moments = new_kl_controller(params), RunningMoments()
+    if (Path(policy_dir) / "trainer_state.json").is_file():
+        load_trainer_state(policy_dir, optimizer=optimizer, kl_controller=kl_controller, score_moments=moments)
+    stats = train_round(
+        policy=policy, ref_model=reference, optimizer=optimizer, batch=batch, params=params,
+        kl_controller=kl_controller, score_moments=moments, seed=round_seed(seed, round_, 4),
+    )
+    save_policy(policy, tokenizer, out_dir)
+    save_trainer_state(out_dir, optimizer=optimizer, kl_controller=kl_controller, score_moments=moments)
+    return [
+        {"run_id": run_id, "round": round_, "step": i,
+         **{col: stat[key] for col, key in STEP_COLUMNS.items()}}
+        for i, stat in enumerate(stats)
+    ]
+
+
+def summarize(steps: list[dict]) -> dict:
+    """Round-level PPO metrics: the mean of each step statistic (names `ppo/<quantity>`)."""
+    used = [s for s in steps if not s["skipped"]] or steps
+    keys = ("policy_loss", "value_loss", "approx_kl", "policy_kl", "clipfrac", "entropy", "kl", "kl_coef")
+    summary = {f"ppo/{k}": sum(s[k] for s in used) / len(used) for k in keys}
+    summary["ppo/steps"] = len(steps)
+    summary["ppo/skipped_steps"] = sum(s["skipped"] for s in steps)
+    return summary

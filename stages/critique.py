@@ -1,0 +1,22 @@
+"""critique: send low-reward responses to the critic (through the cache); store span rewards."""
+from pipeline import stage, store
+from pipeline.steps.critique import critique
+
+
+def main():
+    args = stage.parser(__doc__, "rollouts", "scores", "tokenizer", "out", "metrics",
+                        with_round=True).parse_args()
+    params = stage.start(args)
+    rows, metrics = critique(
+        store.read_table(args.rollouts, "rollouts"), store.read_table(args.scores, "scores"),
+        critic=params.critic, tokenizer_dir=args.tokenizer, run_id=params.run.run_id,
+        round_=int(args.round),
+    )
+    store.write_table(rows, "annotations", args.out)
+    stage.write_json(metrics, args.metrics)
+    print(f"critique: {metrics['critic/critiqued']} critiqued, "
+          f"{metrics['critic/server_requests']} requests sent, {metrics['critic/cache_hits']} cache hits")
+
+
+if __name__ == "__main__":
+    stage.run(main)

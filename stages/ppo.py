@@ -1,0 +1,21 @@
+"""ppo: one round of PPO on the round's rollouts with env + critic span rewards."""
+from pipeline import stage, store
+from pipeline.steps.ppo_round import ppo_round, summarize
+
+
+def main():
+    args = stage.parser(__doc__, "policy", "reference", "rollouts", "scores", "annotations", "out",
+                        "steps", "metrics", with_round=True).parse_args()
+    params = stage.start(args)
+    steps = ppo_round(
+        store.read_table(args.rollouts, "rollouts"), store.read_table(args.scores, "scores"),
+        store.read_table(args.annotations, "annotations"), policy_dir=args.policy,
+        reference_dir=args.reference, out_dir=args.out, params=params.ppo,
+        run_id=params.run.run_id, round_=int(args.round), seed=params.run.seed,
+    )
+    store.write_table(steps, "ppo_steps", args.steps)
+    stage.write_json(summarize(steps), args.metrics)
+
+
+if __name__ == "__main__":
+    stage.run(main)

@@ -1,0 +1,22 @@
+"""rollout: sample one response per chosen train prompt from the round's starting policy."""
+from pathlib import Path
+
+from pipeline import stage, store
+from pipeline.steps.rollout import rollout
+
+
+def main():
+    args = stage.parser(__doc__, "prompts", "policy", "out", with_round=True).parse_args()
+    params = stage.start(args)
+    r = params.rollout
+    rows = rollout(
+        store.read_table(args.prompts, "prompts"), policy_dir=args.policy,
+        policy_name=Path(args.policy).name, run_id=params.run.run_id, round_=int(args.round),
+        seed=params.run.seed, batch_size=r.batch_size, max_new_tokens=r.max_new_tokens,
+        generation_batch_size=r.generation_batch_size,
+    )
+    store.write_table(rows, "rollouts", args.out)
+
+
+if __name__ == "__main__":
+    stage.run(main)

@@ -1,0 +1,75 @@
+"""params.yaml loading: the demo file is valid and complete; bad values fail with a useful message."""
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import SECTIONS, Params, load_params, params_from_dict
+from pipeline.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def demo_raw() -> dict:
+    return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def test_demo_params_load_and_list_every_field():
+    params = load_params(ROOT / "params.yaml")
+    assert isinstance(params, Params)
+    raw = demo_raw()
+    for name, cls in SECTIONS.items():
+        assert set(raw[name]) == {f.name for f in dataclasses.fields(cls)}, name
+
+
+def test_params_are_frozen():
+    params = load_params(ROOT / "params.yaml")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        params.ppo.learning_rate = 1.0
+
+
+def test_ppo_defaults_match_legacy_trl():
+    p = SECTIONS["ppo"]()
+    assert (p.learning_rate, p.ppo_epochs, p.gamma, p.lam, p.cliprange, p.cliprange_value, p.vf_coef) == (
+        1.41e-5, 4, 1.0, 0.95, 0.2, 0.2, 0.1)
+    assert (p.init_kl_coef, p.target, p.horizon, p.ratio_threshold, p.kl_penalty) == (0.2, 6.0, 10000.0, 10.0, "kl")
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda r: r["ppo"].update(learnin_rate=1e-4), ["ppo.learnin_rate", "Did you mean 'learning_rate'"]),
+    (lambda r: r["ppo"].update(ppo_epochs="four"), ["ppo.ppo_epochs", "'four'", "int"]),
+    (lambda r: r["ppo"].update(kl_penalty="kll"), ["ppo.kl_penalty", "'kll'", "one of"]),
+    (lambda r: r["critic"].update(enabled="yes"), ["critic.enabled", "bool"]),
+    (lambda r: r["critic"].update(rewards={"positive": "high"}), ["critic.rewards", "dict[str, float]"]),
+    (lambda r: r["rollout"].update(batch_size=0), ["rollout.batch_size", "> 0"]),
+    (lambda r: r.update(critc={}), ["critc", "Did you mean 'critic'"]),
+    (lambda r: r["rounds"].update({"0009": {"prev": "round=0001"}}), ["rounds.0009.prev", "round=0004"]),
+    (lambda r: r["evaluate"].update(policy="round=0002"), ["evaluate.policy", "round=0004"]),
+    (lambda r: r["run"].update(task="poetry"), ["run.task", "'poetry'", "sentiment"]),
+])
+def test_bad_values_name_the_key_the_value_and_the_fix(mutate, expected):
+    raw = demo_raw()
+    mutate(raw)
+    with pytest.raises(ConfigError) as info:
+        params_from_dict(raw)
+    message = str(info.value)
+    assert "\n" not in message
+    for part in expected:
+        assert part in message
+
+
+def test_overrides_apply_and_are_checked(tmp_path):
+    params = load_params(ROOT / "params.yaml", ["critic.enabled=false", "ppo.learning_rate=0.001"])
+    assert params.critic.enabled is False and params.ppo.learning_rate == 0.001
+    with pytest.raises(ConfigError, match="ppo.nope"):
+        load_params(ROOT / "params.yaml", ["ppo.nope=1"])
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_params(tmp_path / "params.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_params(bad)
