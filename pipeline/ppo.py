@@ -1,0 +1,340 @@
+"""The PPO math: pure functions over tensors, named after legacy TRL (0.11.4) symbols.
+
+Shapes: B = responses in the batch, T = response positions (padded), V = vocabulary.
+Mask convention for this whole module: `mask` is a float (B, T) tensor, 1 = response token,
+0 = padding. Every reduction is over the mask only, so a padded position never changes a
+result, and right padding, left padding or extra padding give the same numbers.
+
+No model, optimizer or config object is imported here; the trainer wires these together.
+"""
+from __future__ import annotations
+
+import torch
+
+WHITEN_EPS = 1e-8  # TRL's masked_whiten epsilon
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:
+    """Mean of `values` over the positions where `mask` is 1.
+
+    mean = Σ (values · mask) / Σ mask, over all positions or along `axis`.
+    Masked positions are replaced by 0 before the sum, so even a NaN there is ignored.
+    Returns a scalar tensor (or one value per remaining axis).
+    """
+    kept = torch.where(mask.bool(), values, torch.zeros_like(values))  # (B, T)
+    if axis is None:
+        return kept.sum() / mask.sum()
+    return kept.sum(axis) / mask.sum(axis)
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance over the masked positions, Bessel-corrected like TRL by default.
+
+    var = masked_mean((values − mean)²) · n / (n − 1), n = Σ mask.
+    Raises ValueError when fewer than two positions are unmasked (the unbiased variance is
+    undefined; TRL divided by zero there).
+    """
+    mean = masked_mean(values, mask)
+    variance = masked_mean((values - mean) ** 2, mask)
+    if unbiased:
+        n = mask.sum()
+        if n < 2:
+            raise ValueError(f"masked_var needs at least 2 unmasked positions, got {int(n)}.")
+        variance = variance * n / (n - 1)
+    return variance
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """Normalise `values` to zero mean, unit variance over the mask.
+
+    whitened = (values − mean) / sqrt(var + 1e-8); with shift_mean=False the mean is added
+    back (only the scale changes). Positions outside the mask are set to 0 (TRL left them
+    holding arbitrary numbers; they are never read).
+    Returns a (B, T) tensor.
+    """
+    mean = masked_mean(values, mask)
+    var = masked_var(values, mask)
+    whitened = (values - mean) * torch.rsqrt(var + WHITEN_EPS)  # (B, T)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened * mask  # (B, T)
+
+
+def kl_penalty(
+    *,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    kind: str,
+    logits: torch.Tensor | None = None,
+    ref_logits: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-token KL estimate between the policy and the reference model.
+
+    kind "kl":   lp − ref                      (k1, unbiased, can be negative)
+    kind "abs":  |lp − ref|
+    kind "mse":  ½ (lp − ref)²
+    kind "full": Σ_v p(v) (log p(v) − log q(v)) from the full logits (B, T, V) of both models.
+    logprobs, ref_logprobs: (B, T) log-probs of the sampled tokens. Returns (B, T).
+    Raises ValueError for an unknown kind or "full" without logits.
+    """
+    if kind == "kl":
+        return logprobs - ref_logprobs  # (B, T)
+    if kind == "abs":
+        return (logprobs - ref_logprobs).abs()  # (B, T)
+    if kind == "mse":
+        return 0.5 * (logprobs - ref_logprobs).square()  # (B, T)
+    if kind == "full":
+        if logits is None or ref_logits is None:
+            raise ValueError("kl_penalty kind 'full' needs logits and ref_logits (B, T, V).")
+        log_p = torch.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+        log_q = torch.log_softmax(ref_logits.float(), dim=-1)  # (B, T, V)
+        return (log_p.exp() * (log_p - log_q)).sum(-1)  # (B, T)
+    raise ValueError(f"Unknown kl_penalty kind {kind!r}: use one of 'kl', 'abs', 'mse', 'full'.")
+
+
+def token_rewards(
+    *,
+    scores: torch.Tensor,
+    kl: torch.Tensor,
+    intrinsic: torch.Tensor,
+    mask: torch.Tensor,
+    kl_coef: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense per-token rewards: KL penalty + intrinsic (critic) reward + the score at the end.
+
+    non_score_reward_t = −kl_coef · kl_t
+    rewards_t = non_score_reward_t + intrinsic_t, plus scores[b] at the last response token.
+    scores: (B,); kl, intrinsic, mask: (B, T). Everything outside the mask is 0.
+    Returns (rewards (B, T), non_score_reward (B, T)).
+    """
+    non_score_reward = -kl_coef * kl * mask  # (B, T)
+    rewards = non_score_reward + intrinsic * mask  # (B, T)
+    positions = torch.arange(1, mask.shape[1] + 1, device=mask.device, dtype=mask.dtype)  # (T,)
+    last = (mask * positions).argmax(dim=1)  # (B,) index of the last response token
+    has_tokens = mask.sum(dim=1) > 0  # (B,)
+    score_at_end = torch.zeros_like(rewards)  # (B, T)
+    score_at_end[torch.arange(rewards.shape[0]), last] = torch.where(has_tokens, scores, 0.0).to(rewards.dtype)
+    return rewards + score_at_end, non_score_reward
+
+
+def gae(
+    *,
+    values: torch.Tensor,
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+    whiten_rewards: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation as TRL's compute_advantages.
+
+    Values and rewards are masked first (a padded V_{t+1} counts as 0), then backwards in t:
+        delta_t = r_t + γ V_{t+1} − V_t
+        lastgaelam = delta_t + γ λ lastgaelam,   A_t = lastgaelam
+    returns R_t = A_t + V_t (the value target, before whitening);
+    advantages are then whitened over the mask. Both are detached and 0 outside the mask.
+    whiten_rewards: scale rewards to unit variance over the mask first (mean kept).
+    values, rewards, mask: (B, T). Returns (advantages (B, T), returns (B, T)).
+    """
+    values = values * mask  # (B, T)
+    rewards = rewards * mask  # (B, T)
+    if whiten_rewards:
+        rewards = masked_whiten(rewards, mask, shift_mean=False)  # (B, T)
+    lastgaelam = torch.zeros_like(values[:, 0])  # (B,)
+    advantages_reversed = []
+    gen_len = values.shape[1]
+    for t in reversed(range(gen_len)):
+        nextvalues = values[:, t + 1] if t < gen_len - 1 else torch.zeros_like(values[:, t])  # (B,)
+        delta = rewards[:, t] + gamma * nextvalues - values[:, t]  # (B,)
+        lastgaelam = delta + gamma * lam * lastgaelam  # (B,)
+        advantages_reversed.append(lastgaelam)
+    advantages = torch.stack(advantages_reversed[::-1], dim=1)  # (B, T)
+    returns = (advantages + values) * mask  # (B, T)
+    advantages = masked_whiten(advantages, mask)  # (B, T)
+    return advantages.detach(), returns.detach()
+
+
+def policy_loss(
+    *,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cliprange: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped surrogate policy loss.
+
+    logratio = logprobs − old_logprobs, ratio = exp(logratio)
+    pg_losses = −A · ratio,  pg_losses2 = −A · clip(ratio, 1 − cliprange, 1 + cliprange)
+    pg_loss = masked_mean(max(pg_losses, pg_losses2))
+    stats: clipfrac = masked_mean(pg_losses2 > pg_losses),
+           approx_kl = masked_mean((ratio − 1) − logratio)   (k3, ≥ 0),
+           policy_kl = masked_mean(old_logprobs − logprobs)   (k1),
+           ratio_mean = masked_mean(ratio).
+    All tensors (B, T). Returns (pg_loss scalar tensor with grad, stats of python floats).
+    """
+    logratio = logprobs - old_logprobs  # (B, T)
+    ratio = torch.exp(logratio)  # (B, T)
+    pg_losses = -advantages * ratio  # (B, T)
+    pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)  # (B, T)
+    pg_loss = masked_mean(torch.max(pg_losses, pg_losses2), mask)
+    with torch.no_grad():
+        stats = {
+            "clipfrac": masked_mean(torch.gt(pg_losses2, pg_losses).float(), mask).item(),
+            "approx_kl": masked_mean((ratio - 1.0) - logratio, mask).item(),
+            "policy_kl": masked_mean(-logratio, mask).item(),
+            "ratio_mean": masked_mean(ratio, mask).item(),
+        }
+    return pg_loss, stats
+
+
+def value_loss(
+    *,
+    vpreds: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    cliprange_value: float,
+) -> tuple[torch.Tensor, float]:
+    """Clipped value loss.
+
+    vpredclipped = clip(vpreds, old_values − cliprange_value, old_values + cliprange_value)
+    vf_loss = ½ masked_mean(max((vpreds − R)², (vpredclipped − R)²))
+    vf_clipfrac = masked_mean((vpredclipped − R)² > (vpreds − R)²)
+    All tensors (B, T). Returns (vf_loss scalar tensor with grad, vf_clipfrac float).
+    """
+    vpredclipped = torch.clamp(vpreds, old_values - cliprange_value, old_values + cliprange_value)  # (B, T)
+    vf_losses1 = (vpreds - returns) ** 2  # (B, T)
+    vf_losses2 = (vpredclipped - returns) ** 2  # (B, T)
+    vf_loss = 0.5 * masked_mean(torch.max(vf_losses1, vf_losses2), mask)
+    vf_clipfrac = masked_mean(torch.gt(vf_losses2, vf_losses1).float(), mask).item()
+    return vf_loss, vf_clipfrac
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the softmax distribution at each position.
+
+    H = logsumexp(z) − Σ_v softmax(z)_v z_v, computed in fp32. logits (B, T, V) -> (B, T).
+    """
+    logits = logits.float()  # (B, T, V)
+    probs = torch.softmax(logits, dim=-1)  # (B, T, V)
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)  # (B, T)
+
+
+def ratio_exceeds(ratio_mean: float, ratio_threshold: float) -> bool:
+    """True when a minibatch's mean ratio is above the threshold: the caller skips it.
+
+    TRL multiplied such a loss by 0 and warned (Adam still stepped on momentum); drlc skips
+    the backward pass and records the minibatch in `ppo/skipped`.
+    """
+    return ratio_mean > ratio_threshold
+
+
+class FixedKLController:
+    """A constant KL coefficient β."""
+
+    def __init__(self, kl_coef: float):
+        self.value = float(kl_coef)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """Keep β unchanged (the signature matches AdaptiveKLController)."""
+
+    def state_dict(self) -> dict:
+        return {"kind": "fixed", "value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = float(state["value"])
+
+
+class AdaptiveKLController:
+    """Proportional controller steering the summed KL towards `target` (Ziegler et al. 2019).
+
+    e = clip(current_kl / target − 1, −0.2, 0.2);  β ← β · (1 + e · n_steps / horizon).
+    """
+
+    def __init__(self, init_kl_coef: float, target: float, horizon: float):
+        self.value = float(init_kl_coef)
+        self.target = float(target)
+        self.horizon = float(horizon)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """Move β after a batch of `n_steps` responses whose mean summed KL was `current_kl`."""
+        proportional_error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + proportional_error * n_steps / self.horizon
+
+    def state_dict(self) -> dict:
+        return {"kind": "adaptive", "value": self.value, "target": self.target, "horizon": self.horizon}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = float(state["value"])
+        self.target = float(state["target"])
+        self.horizon = float(state["horizon"])
+
+
+class RunningMoments:
+    """Running mean and std of all scores seen so far (parallel-variance merge, as TRL).
+
+    Starts at mean 0, var 1, std 1 and a vanishing count (1e-24), so the first batch
+    effectively replaces the prior. `std` is the unbiased running standard deviation.
+    """
+
+    def __init__(self):
+        self.mean = 0.0
+        self.std = 1.0
+        self.var = 1.0
+        self.count = 1e-24
+
+    def update(self, xs: torch.Tensor) -> tuple[float, float]:
+        """Merge a batch `xs` (N,) into the running moments.
+
+        Returns the batch's (mean, unbiased std); the std of a single score is reported as 0.
+        """
+        xs = xs.detach().double().flatten()  # (N,)
+        xs_count = xs.numel()
+        xs_mean = xs.mean().item()
+        xs_var = xs.var(unbiased=False).item()
+        delta = xs_mean - self.mean
+        tot_count = self.count + xs_count
+        new_sum = xs_var * xs_count
+        old_sum = self.var * self.count + delta**2 * self.count * xs_count / tot_count
+        self.mean += delta * xs_count / tot_count
+        self.var = (old_sum + new_sum) / tot_count
+        self.std = (self.var * tot_count / (tot_count - 1)) ** 0.5
+        self.count = tot_count
+        batch_std = (xs_var * xs_count / (xs_count - 1)) ** 0.5 if xs_count > 1 else 0.0
+        return xs_mean, batch_std
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean, "std": self.std, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.std = float(state["mean"]), float(state["std"])
+        self.var, self.count = float(state["var"]), float(state["count"])
+
+
+def scale_scores(
+    *,
+    scores: torch.Tensor,
+    moments: RunningMoments,
+    use_score_scaling: bool,
+    use_score_norm: bool,
+    score_clip: float | None,
+) -> torch.Tensor:
+    """Scale, normalise and clip environment scores as TRL's step did.
+
+    With use_score_scaling: update `moments` with the batch, then
+        scores / (std + eps), or (scores − mean) / (std + eps) when use_score_norm too,
+    using the running moments after the update (eps = machine epsilon of the dtype).
+    use_score_norm alone does nothing (as TRL). Then clip to [−score_clip, score_clip].
+    scores: (B,). Returns (B,).
+    """
+    if use_score_scaling:
+        moments.update(scores)
+        factor = moments.std + torch.finfo(scores.dtype).eps
+        if use_score_norm:
+            scores = (scores - moments.mean) / factor  # (B,)
+        else:
+            scores = scores / factor  # (B,)
+    if score_clip is not None:
+        scores = torch.clamp(scores, -score_clip, score_clip)  # (B,)
+    return scores

@@ -1,0 +1,247 @@
+"""One PPO round over a batch of recorded rollouts (legacy TRL 0.11.4 PPOTrainer.step semantics).
+
+Mask convention: `mask` (B, T) float, 1 = response token, 0 = padding.
+Dropout: TRL computed old log-probs in eval mode but the loss pass in train mode, so its first
+ratio was not 1. drlc keeps the policy in eval mode (dropout off) for sampling, the log-prob
+passes and the loss pass, like newer TRL (PPOv2 disables dropout): the ratio at the first
+minibatch is then exactly the behaviour ratio, and `ppo/policy_kl` starts at 0.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from pipeline.config import PPOParams
+from pipeline.errors import DataError, PPOInputError
+from pipeline.policy import PolicyWithValueHead, batch_forward
+from pipeline.ppo import (
+    entropy_from_logits,
+    gae,
+    kl_penalty,
+    masked_mean,
+    policy_loss,
+    ratio_exceeds,
+    scale_scores,
+    token_rewards,
+    value_loss,
+)
+
+PAD_ID = 0  # right padding sits after every real token and is masked, so its id is irrelevant
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """One round's rollouts as python lists, one entry per response."""
+
+    query_ids: list[list[int]]
+    response_ids: list[list[int]]
+    behaviour_logprobs: list[list[float]]  # log-prob of each response token when sampled
+    scores: list[float]  # environment reward per response
+    intrinsic: list[list[float]]  # per-token critic reward, same length as the response
+
+
+def _finite(values) -> bool:
+    return all(math.isfinite(v) for v in values)
+
+
+def validate_batch(batch: RolloutBatch, params: PPOParams) -> None:
+    """Raise PPOInputError naming the first malformed part of `batch`; touches no model."""
+    n = len(batch.response_ids)
+    if n == 0:
+        raise PPOInputError("The PPO batch is empty: the rollout produced no responses.")
+    for name in ("query_ids", "behaviour_logprobs", "scores", "intrinsic"):
+        if len(getattr(batch, name)) != n:
+            raise PPOInputError(f"RolloutBatch.{name} has {len(getattr(batch, name))} rows but there are {n} responses.")
+    if n % params.backward_batch_size:
+        raise PPOInputError(
+            f"Batch size {n} is not divisible by mini_batch_size·gradient_accumulation_steps = "
+            f"{params.backward_batch_size}: change ppo.mini_batch_size or rollout.batch_size."
+        )
+    for i in range(n):
+        length = len(batch.response_ids[i])
+        if length == 0 or len(batch.query_ids[i]) == 0:
+            raise PPOInputError(f"Row {i} has an empty query or response: every row needs both.")
+        for name in ("behaviour_logprobs", "intrinsic"):
+            if len(getattr(batch, name)[i]) != length:
+                raise PPOInputError(
+                    f"Row {i}: {name} has {len(getattr(batch, name)[i])} values for {length} response tokens."
+                )
+            if not _finite(getattr(batch, name)[i]):
+                raise PPOInputError(f"Row {i}: {name} contains NaN or inf.")
+        if not math.isfinite(batch.scores[i]):
+            raise PPOInputError(f"Row {i}: score {batch.scores[i]} is not finite.")
+    if sum(len(r) for r in batch.response_ids) < 2:
+        raise PPOInputError("The batch has fewer than 2 response tokens: advantages cannot be whitened.")
+
+
+def _padded(rows: list[list[float]], width: int) -> torch.Tensor:
+    return torch.tensor([list(r) + [0.0] * (width - len(r)) for r in rows], dtype=torch.float32)  # (B, T)
+
+
+@torch.no_grad()
+def _forward_no_grad(model, batch: RolloutBatch, width: int, chunk: int, keep_logits: bool):
+    """Log-probs, values, mask (and logits if asked) for the whole batch, in chunks, eval mode."""
+    model.eval()
+    parts = [
+        batch_forward(
+            model, query_ids=batch.query_ids[s : s + chunk], response_ids=batch.response_ids[s : s + chunk],
+            pad_id=PAD_ID, width=width,
+        )
+        for s in range(0, len(batch.response_ids), chunk)
+    ]
+    logprobs, values, mask = (torch.cat([p[i] for p in parts]) for i in range(3))  # (B, T) each
+    logits = torch.cat([p[3] for p in parts]) if keep_logits else None  # (B, T, V)
+    return logprobs, values, mask, logits
+
+
+def make_optimizer(policy: PolicyWithValueHead, learning_rate: float) -> torch.optim.Adam:
+    """Adam over the policy's trainable parameters (a list, never a one-shot iterator), as TRL."""
+    return torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=learning_rate)
+
+
+def train_round(
+    *,
+    policy: PolicyWithValueHead,
+    ref_model: PolicyWithValueHead,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    params: PPOParams,
+    kl_controller,
+    score_moments,
+    seed: int,
+    progress: bool = True,
+) -> list[dict]:
+    """Run `ppo_epochs` of PPO over one batch of rollouts; return one stats dict per optimizer step.
+
+    Updates `policy`, `optimizer`, `kl_controller` and `score_moments` in place.
+    Raises PPOInputError for a malformed batch before any model is touched.
+    """
+    validate_batch(batch, params)
+    n, width = len(batch.response_ids), max(len(r) for r in batch.response_ids)
+    full_kl = params.kl_penalty == "full"
+    # ref log-probs and old values (no grad, eval mode)
+    current_logprobs, old_values, mask, logits = _forward_no_grad(policy, batch, width, params.mini_batch_size, full_kl)
+    ref_logprobs, _, _, ref_logits = _forward_no_grad(ref_model, batch, width, params.mini_batch_size, full_kl)
+    # old log-probs = the recorded behaviour log-probs; the gap to a fresh pass should be float noise
+    old_logprobs = _padded(batch.behaviour_logprobs, width)  # (B, T)
+    behaviour_gap = ((current_logprobs - old_logprobs).abs() * mask).max().item()
+    # score scaling / clipping
+    raw_scores = torch.tensor(batch.scores, dtype=torch.float32)  # (B,)
+    scores = scale_scores(scores=raw_scores, moments=score_moments, use_score_scaling=params.use_score_scaling,
+                          use_score_norm=params.use_score_norm, score_clip=params.score_clip)  # (B,)
+    # per-token rewards: env score at the end + intrinsic critic rewards − β·KL
+    kl = kl_penalty(logprobs=old_logprobs, ref_logprobs=ref_logprobs, kind=params.kl_penalty,
+                    logits=logits, ref_logits=ref_logits) * mask  # (B, T)
+    kl_coef = kl_controller.value
+    intrinsic = _padded(batch.intrinsic, width)  # (B, T)
+    rewards, _ = token_rewards(scores=scores, kl=kl, intrinsic=intrinsic, mask=mask, kl_coef=kl_coef)  # (B, T)
+    # GAE over the whole batch
+    advantages, returns = gae(values=old_values, rewards=rewards, mask=mask, gamma=params.gamma,
+                              lam=params.lam, whiten_rewards=params.whiten_rewards)  # (B, T) each
+    round_stats = {
+        "objective/kl": kl.sum(-1).mean().item(),
+        "objective/kl_coef": kl_coef,
+        "env/reward_mean": raw_scores.mean().item(),
+        "critic/intrinsic_reward_sum": (intrinsic * mask).sum(-1).mean().item(),
+        "ppo/behaviour_logprob_gap": behaviour_gap,
+    }
+    tensors = {"old_logprobs": old_logprobs, "old_values": old_values, "advantages": advantages,
+               "returns": returns, "mask": mask}
+    # ppo_epochs of shuffled minibatches, one optimizer step per backward batch
+    generator = torch.Generator().manual_seed(seed)
+    policy.eval()  # dropout off in the loss pass too: see the module docstring
+    steps, early_stop = [], False
+    n_steps = params.ppo_epochs * (n // params.backward_batch_size)
+    bar = _progress(n_steps, progress)
+    for epoch in range(params.ppo_epochs):
+        order = torch.randperm(n, generator=generator).tolist()
+        for start in range(0, n, params.backward_batch_size):
+            indices = order[start : start + params.backward_batch_size]
+            step = _optimizer_step(policy, optimizer, batch, tensors, indices, params, width)
+            steps.append({**step, "ppo/epoch": epoch, **round_stats})
+            bar.update(1)
+            # optional early stop on the policy KL, as TRL (1.5 × target_kl)
+            if params.early_stopping and step["ppo/policy_kl"] > 1.5 * params.target_kl:
+                early_stop = True
+                break
+        if early_stop:
+            break
+    bar.close()
+    # KL controller update with the batch's mean summed KL and n_steps = batch size
+    kl_controller.update(round_stats["objective/kl"], n)
+    return steps
+
+
+def _progress(total: int, enabled: bool):
+    return tqdm(total=total, desc="ppo", disable=not enabled)
+
+
+def _optimizer_step(policy, optimizer, batch, tensors, indices, params: PPOParams, width) -> dict:
+    """Accumulate gradients over the minibatches of `indices`, clip, step; return the step's stats."""
+    started = time.perf_counter()
+    keys = ("policy_loss", "value_loss", "approx_kl", "policy_kl", "clipfrac", "vf_clipfrac", "entropy", "ratio_mean")
+    sums, skipped, applied, tokens = dict.fromkeys(keys, 0.0), 0, 0, 0
+    mini_batches = [indices[s : s + params.mini_batch_size] for s in range(0, len(indices), params.mini_batch_size)]
+    for mb in mini_batches:
+        logprobs, vpreds, _, logits = batch_forward(
+            policy, query_ids=[batch.query_ids[i] for i in mb], response_ids=[batch.response_ids[i] for i in mb],
+            pad_id=PAD_ID, width=width,
+        )  # (b, T), (b, T), _, (b, T, V)
+        mask = tensors["mask"][mb]  # (b, T)
+        pg_loss, pg_stats = policy_loss(logprobs=logprobs, old_logprobs=tensors["old_logprobs"][mb],
+                                        advantages=tensors["advantages"][mb], mask=mask, cliprange=params.cliprange)
+        vf_loss, vf_clipfrac = value_loss(vpreds=vpreds, old_values=tensors["old_values"][mb],
+                                          returns=tensors["returns"][mb], mask=mask,
+                                          cliprange_value=params.cliprange_value)
+        with torch.no_grad():
+            entropy = masked_mean(entropy_from_logits(logits), mask).item()
+        stats = {**pg_stats, "policy_loss": pg_loss.item(), "value_loss": vf_loss.item(),
+                 "vf_clipfrac": vf_clipfrac, "entropy": entropy}
+        for key in keys:
+            sums[key] += stats[key]
+        tokens += int(mask.sum().item())
+        if ratio_exceeds(pg_stats["ratio_mean"], params.ratio_threshold):
+            skipped += 1  # TRL zeroed this loss with a warning; drlc skips it and counts it
+            continue
+        loss = (pg_loss + params.vf_coef * vf_loss) / params.gradient_accumulation_steps
+        loss.backward()
+        applied += 1
+    grad_norm = 0.0
+    if applied:
+        trainable = [p for p in policy.parameters() if p.requires_grad and p.grad is not None]
+        max_norm = params.max_grad_norm if params.max_grad_norm is not None else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, max_norm).item()
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    elapsed = time.perf_counter() - started
+    step = {f"ppo/{key}": value / len(mini_batches) for key, value in sums.items()}
+    step.update({"ppo/skipped": skipped, "ppo/grad_norm": grad_norm, "ppo/lr": optimizer.param_groups[0]["lr"],
+                 "ppo/tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0})
+    return step
+
+
+def save_trainer_state(directory: str | Path, optimizer, kl_controller, score_moments) -> None:
+    """Write optimizer.pt (Adam moments) and trainer_state.json (KL controller, score moments)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.save(optimizer.state_dict(), directory / "optimizer.pt")
+    state = {"kl_controller": kl_controller.state_dict(), "score_moments": score_moments.state_dict()}
+    (directory / "trainer_state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
+
+
+def load_trainer_state(directory: str | Path, optimizer, kl_controller, score_moments) -> None:
+    """Restore what save_trainer_state wrote, in place. Raises DataError if a file is missing."""
+    directory = Path(directory)
+    for name in ("optimizer.pt", "trainer_state.json"):
+        if not (directory / name).is_file():
+            raise DataError(f"Trainer state '{directory / name}' is missing: resume from a complete round.")
+    optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
+    state = json.loads((directory / "trainer_state.json").read_text())
+    kl_controller.load_state_dict(state["kl_controller"])
+    score_moments.load_state_dict(state["score_moments"])

@@ -1,0 +1,158 @@
+"""pipeline.policy on a real tiny GPT-2 (built from a config, never downloaded)."""
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+from pipeline.errors import ConfigError
+from pipeline.policy import (
+    PolicyWithValueHead,
+    _fresh_value_head,
+    batch_forward,
+    load_policy,
+    load_reference,
+    sample_responses,
+    save_policy,
+)
+
+torch.set_num_threads(1)
+VOCAB = 64
+EOS, PAD = 1, 0
+
+
+def tiny_policy(seed=0, n_layer=1):
+    torch.manual_seed(seed)
+    config = GPT2Config(n_layer=n_layer, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=64,
+                        bos_token_id=EOS, eos_token_id=EOS, pad_token_id=PAD)
+    return PolicyWithValueHead(GPT2LMHeadModel(config), _fresh_value_head(32, seed)).eval()
+
+
+def tiny_tokenizer(with_pad=True):
+    vocab = {"<pad>": PAD, "<eos>": EOS, **{f"w{i}": i for i in range(2, VOCAB)}}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>",
+                                   pad_token="<pad>" if with_pad else None)
+
+
+def padded_batch(rows, width, left):
+    ids = [([PAD] * (width - len(r)) + r) if left else (r + [PAD] * (width - len(r))) for r in rows]
+    mask = [([0] * (width - len(r)) + [1] * len(r)) if left else ([1] * len(r) + [0] * (width - len(r))) for r in rows]
+    return torch.tensor(ids), torch.tensor(mask)
+
+
+def test_left_and_right_padding_give_same_logits_and_values():
+    policy = tiny_policy()
+    rows = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]  # B = 3, T = 7 with extra padding
+    with torch.no_grad():
+        right = policy(**dict(zip(("input_ids", "attention_mask"), padded_batch(rows, 7, left=False))))
+        left = policy(**dict(zip(("input_ids", "attention_mask"), padded_batch(rows, 7, left=True))))
+    for b, row in enumerate(rows):
+        n = len(row)
+        torch.testing.assert_close(right[0][b, :n], left[0][b, 7 - n:], atol=1e-5, rtol=0)
+        torch.testing.assert_close(right[1][b, :n], left[1][b, 7 - n:], atol=1e-5, rtol=0)
+    assert right[1].dtype == torch.float32 and right[1].shape == (3, 7)
+
+
+def test_batch_forward_matches_unpadded_single_rows():
+    policy = tiny_policy()
+    queries, responses = [[5, 6, 7], [8]], [[20, 21], [22, 23, 24, 25]]
+    with torch.no_grad():
+        logprobs, values, mask, logits = batch_forward(policy, query_ids=queries, response_ids=responses, pad_id=PAD)
+        assert logprobs.shape == values.shape == mask.shape == (2, 4) and logits.shape == (2, 4, VOCAB)
+        for b, (q, r) in enumerate(zip(queries, responses)):
+            ids = torch.tensor([q + r])
+            full_logits, full_values = policy(input_ids=ids, attention_mask=torch.ones_like(ids))
+            log_p = torch.log_softmax(full_logits[0], -1)
+            for j, token in enumerate(r):
+                pos = len(q) + j - 1  # state before response token j
+                assert logprobs[b, j].item() == pytest.approx(log_p[pos, token].item(), abs=1e-5)
+                assert values[b, j].item() == pytest.approx(full_values[0, pos].item(), abs=1e-5)
+    assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
+
+
+def test_sampled_logprobs_equal_batch_forward_logprobs():
+    """The negative-KL guard: behaviour log-probs are the policy's own log-probs."""
+    policy = tiny_policy()
+    queries = [[5, 6, 7], [8], [9, 10, 11, 12, 13], [14, 15]]
+    out = sample_responses(policy, queries=queries, eos_id=EOS, pad_id=PAD, max_new_tokens=12, seed=3,
+                           batch_size=3, progress=False)
+    responses = [o["response_ids"] for o in out]
+    with torch.no_grad():
+        logprobs, _, mask, _ = batch_forward(policy, query_ids=queries, response_ids=responses, pad_id=PAD)
+    for b, o in enumerate(out):
+        assert len(o["behaviour_logprobs"]) == len(o["response_ids"])
+        recomputed = logprobs[b, : len(o["response_ids"])].tolist()
+        assert recomputed == pytest.approx(o["behaviour_logprobs"], abs=1e-5)
+
+
+def test_sampling_is_deterministic_and_seed_dependent():
+    policy = tiny_policy()
+    queries = [[5, 6], [7, 8, 9]] * 3
+    kwargs = dict(queries=queries, eos_id=EOS, pad_id=PAD, max_new_tokens=10, batch_size=4, progress=False)
+    first = sample_responses(policy, seed=1, **kwargs)
+    assert first == sample_responses(policy, seed=1, **kwargs)
+    assert first != sample_responses(policy, seed=2, **kwargs)
+
+
+def constant_policy(eos_logit: float):
+    """A policy whose next-token logits are 0 everywhere except `eos_logit` for EOS."""
+    policy = tiny_policy()
+    with torch.no_grad():
+        policy.lm.lm_head.weight.zero_()  # tied to the token embeddings
+        policy.lm.transformer.ln_f.weight.zero_()
+        policy.lm.transformer.ln_f.bias.fill_(1.0)  # final hidden state = all ones
+        policy.lm.transformer.wte.weight[EOS] = eos_logit / policy.lm.config.n_embd
+    return policy
+
+
+def test_eos_is_kept_and_stops_the_row_and_max_length_cuts():
+    out = sample_responses(constant_policy(2.0), queries=[[5, 6, 7]] * 40, eos_id=EOS, pad_id=PAD,
+                           max_new_tokens=6, seed=0, batch_size=40, progress=False)
+    lengths = [len(o["response_ids"]) for o in out]
+    assert max(lengths) == 6 and min(lengths) < 6  # both stop reasons occur
+    for o in out:
+        ids = o["response_ids"]
+        assert EOS not in ids[:-1]  # nothing is generated after EOS
+        assert len(ids) == 6 or ids[-1] == EOS
+        assert len(o["behaviour_logprobs"]) == len(ids)
+    forced = sample_responses(constant_policy(100.0), queries=[[5], [6, 7]], eos_id=EOS, pad_id=PAD,
+                              max_new_tokens=6, seed=0, batch_size=2, progress=False)
+    assert [o["response_ids"] for o in forced] == [[EOS], [EOS]]
+    assert forced[0]["behaviour_logprobs"][0] == pytest.approx(0.0, abs=1e-5)
+
+
+def test_save_load_round_trip(tmp_path):
+    policy, tokenizer = tiny_policy(seed=4), tiny_tokenizer()
+    save_policy(policy, tokenizer, tmp_path / "p")
+    loaded, loaded_tok = load_policy(tmp_path / "p", seed=99)  # seed unused: the head is on disk
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        a = policy(input_ids=ids, attention_mask=torch.ones_like(ids))
+        b = loaded(input_ids=ids, attention_mask=torch.ones_like(ids))
+    torch.testing.assert_close(a[0], b[0])
+    torch.testing.assert_close(a[1], b[1])
+    assert loaded_tok.pad_token_id == PAD and not loaded.training
+    ref = load_reference(tmp_path / "p")
+    assert not ref.training and not any(p.requires_grad for p in ref.parameters())
+
+
+def test_fresh_value_head_is_seeded(tmp_path):
+    policy, tokenizer = tiny_policy(), tiny_tokenizer()
+    policy.lm.save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    first, _ = load_policy(tmp_path / "base", seed=1)
+    again, _ = load_policy(tmp_path / "base", seed=1)
+    other, _ = load_policy(tmp_path / "base", seed=2)
+    assert torch.equal(first.v_head.weight, again.v_head.weight)
+    assert not torch.equal(first.v_head.weight, other.v_head.weight)
+
+
+def test_missing_pad_token_raises_config_error(tmp_path):
+    policy = tiny_policy()
+    policy.lm.save_pretrained(tmp_path / "m")
+    tiny_tokenizer(with_pad=False).save_pretrained(tmp_path / "m")
+    with pytest.raises(ConfigError, match="no pad token"):
+        load_policy(tmp_path / "m")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_policy(tmp_path / "absent")

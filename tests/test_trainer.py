@@ -1,0 +1,204 @@
+"""pipeline.trainer.train_round on a real tiny GPT-2 (1 layer, 32 wide, vocab 64)."""
+import dataclasses
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from pipeline.config import PPOParams
+from pipeline.errors import DataError, PPOInputError
+from pipeline.policy import PolicyWithValueHead, _fresh_value_head, batch_forward, frozen_copy, sample_responses
+from pipeline.ppo import AdaptiveKLController, FixedKLController, RunningMoments
+from pipeline.trainer import RolloutBatch, load_trainer_state, make_optimizer, save_trainer_state, train_round
+
+torch.set_num_threads(1)
+EOS, PAD = 1, 0
+GOOD = range(2, 18)  # the toy task rewards tokens 2..17 (a quarter of the vocabulary)
+QUERIES = [[2 + i % 5, 3] for i in range(32)]
+STEP_KEYS = {
+    "ppo/policy_loss", "ppo/value_loss", "ppo/approx_kl", "ppo/policy_kl", "ppo/clipfrac", "ppo/vf_clipfrac",
+    "ppo/entropy", "ppo/ratio_mean", "ppo/skipped", "ppo/grad_norm", "ppo/lr", "ppo/epoch", "ppo/tokens_per_s",
+    "objective/kl", "objective/kl_coef", "env/reward_mean", "critic/intrinsic_reward_sum",
+    "ppo/behaviour_logprob_gap",
+}
+
+
+def tiny_policy(seed=0):
+    torch.manual_seed(seed)
+    config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=64,
+                        bos_token_id=EOS, eos_token_id=EOS, pad_token_id=PAD)
+    return PolicyWithValueHead(GPT2LMHeadModel(config), _fresh_value_head(32, seed)).eval()
+
+
+def toy_params(**overrides):
+    return PPOParams(**{"learning_rate": 3e-3, "mini_batch_size": 8, "init_kl_coef": 0.01, **overrides})
+
+
+def rollout(policy, seed, intrinsic_fn=None):
+    out = sample_responses(policy, queries=QUERIES, eos_id=EOS, pad_id=PAD, max_new_tokens=8, seed=seed,
+                           batch_size=32, progress=False)
+    responses = [o["response_ids"] for o in out]
+    intrinsic_fn = intrinsic_fn or (lambda ids: [0.0] * len(ids))
+    return RolloutBatch(
+        query_ids=QUERIES, response_ids=responses, behaviour_logprobs=[o["behaviour_logprobs"] for o in out],
+        scores=[sum(t in GOOD for t in r) / len(r) for r in responses], intrinsic=[intrinsic_fn(r) for r in responses],
+    )
+
+
+def run_round(policy, ref, optimizer, batch, params, seed=0, kl_controller=None, moments=None):
+    kl_controller = kl_controller or AdaptiveKLController(params.init_kl_coef, params.target, params.horizon)
+    return train_round(policy=policy, ref_model=ref, optimizer=optimizer, batch=batch, params=params,
+                       kl_controller=kl_controller, score_moments=moments or RunningMoments(), seed=seed,
+                       progress=False)
+
+
+def test_rounds_raise_the_reward_on_a_toy_task():
+    policy = tiny_policy()
+    ref, params = frozen_copy(policy), toy_params()
+    optimizer, controller, moments = make_optimizer(policy, params.learning_rate), None, RunningMoments()
+    controller = AdaptiveKLController(params.init_kl_coef, params.target, params.horizon)
+    means = []
+    for r in range(8):
+        batch = rollout(policy, seed=r)
+        means.append(sum(batch.scores) / len(batch.scores))
+        steps = run_round(policy, ref, optimizer, batch, params, seed=r, kl_controller=controller, moments=moments)
+        assert len(steps) == params.ppo_epochs * 32 // params.mini_batch_size
+    final = rollout(policy, seed=100)
+    assert sum(final.scores) / 32 > means[0] + 0.15, means
+
+
+def test_first_minibatch_ratio_is_one_and_stats_keys_present():
+    policy = tiny_policy()
+    batch = rollout(policy, seed=0)
+    steps = run_round(policy, frozen_copy(policy), make_optimizer(policy, 3e-3), batch, toy_params())
+    assert set(steps[0]) == STEP_KEYS
+    assert steps[0]["ppo/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert steps[0]["ppo/policy_kl"] == pytest.approx(0.0, abs=1e-5)
+    assert steps[0]["ppo/behaviour_logprob_gap"] < 1e-5
+    assert steps[0]["objective/kl"] == pytest.approx(0.0, abs=1e-4)  # policy == reference
+    assert [s["ppo/epoch"] for s in steps] == [e for e in range(4) for _ in range(4)]
+    assert steps[-1]["ppo/approx_kl"] > 0
+
+
+def mean_logprob_of_good_tokens(policy, batch):
+    with torch.no_grad():
+        logprobs, _, mask, _ = batch_forward(policy, query_ids=batch.query_ids, response_ids=batch.response_ids,
+                                             pad_id=PAD)
+    ids = torch.tensor([r + [PAD] * (logprobs.shape[1] - len(r)) for r in batch.response_ids])
+    good = ((ids >= 2) & (ids < 18)).float() * mask
+    return (logprobs * good).sum().item() / good.sum().item()
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_intrinsic_reward_on_tokens_moves_their_probability(sign):
+    """With zero env score and no KL, only the critic's token rewards drive the update."""
+    policy = tiny_policy()
+    batch = rollout(policy, seed=0, intrinsic_fn=lambda ids: [sign if t in GOOD else 0.0 for t in ids])
+    batch = dataclasses.replace(batch, scores=[0.0] * 32)
+    before = mean_logprob_of_good_tokens(policy, batch)
+    steps = run_round(policy, frozen_copy(policy), make_optimizer(policy, 3e-3), batch,
+                      toy_params(init_kl_coef=0.0))
+    after = mean_logprob_of_good_tokens(policy, batch)
+    assert sign * (after - before) > 0.05
+    expected_sum = sum(sum(row) for row in batch.intrinsic) / 32
+    assert steps[0]["critic/intrinsic_reward_sum"] == pytest.approx(expected_sum, abs=1e-5)
+    assert steps[0]["env/reward_mean"] == 0.0
+
+
+def test_same_seed_gives_identical_stats_and_weights():
+    results = []
+    for _ in range(2):
+        policy = tiny_policy()
+        batch = rollout(policy, seed=5)
+        steps = run_round(policy, frozen_copy(policy), make_optimizer(policy, 3e-3), batch, toy_params(), seed=7)
+        results.append(([{k: v for k, v in s.items() if k != "ppo/tokens_per_s"} for s in steps], policy))
+    assert results[0][0] == results[1][0]
+    for a, b in zip(results[0][1].parameters(), results[1][1].parameters()):
+        assert torch.equal(a, b)
+
+
+def test_ratio_threshold_skips_minibatches_without_updating():
+    policy = tiny_policy()
+    before = [p.detach().clone() for p in policy.parameters()]
+    steps = run_round(policy, frozen_copy(policy), make_optimizer(policy, 3e-3), rollout(policy, 0),
+                      toy_params(ratio_threshold=1e-3))
+    assert all(s["ppo/skipped"] == 1 and s["ppo/grad_norm"] == 0.0 for s in steps)
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))
+
+
+def test_gradient_accumulation_early_stop_and_full_kl():
+    policy = tiny_policy()
+    params = toy_params(mini_batch_size=4, gradient_accumulation_steps=2, kl_penalty="full", max_grad_norm=0.5)
+    steps = run_round(policy, frozen_copy(policy), make_optimizer(policy, 3e-3), rollout(policy, 0), params)
+    assert len(steps) == 4 * 32 // 8
+    stopped = run_round(policy, frozen_copy(policy), make_optimizer(policy, 3e-1), rollout(policy, 1),
+                        toy_params(early_stopping=True, target_kl=1e-6))
+    assert len(stopped) < 16 and stopped[-1]["ppo/policy_kl"] > 1.5e-6
+
+
+def test_kl_controller_updated_with_mean_summed_kl():
+    policy = tiny_policy()
+    ref = frozen_copy(tiny_policy(seed=1))  # a different reference: KL clearly non-zero
+    params = toy_params(horizon=100.0)
+    controller = AdaptiveKLController(params.init_kl_coef, params.target, params.horizon)
+    steps = run_round(policy, ref, make_optimizer(policy, 3e-3), rollout(policy, 0), params, kl_controller=controller)
+    kl = steps[0]["objective/kl"]
+    error = min(max(kl / params.target - 1, -0.2), 0.2)
+    assert controller.value == pytest.approx(params.init_kl_coef * (1 + error * 32 / 100.0))
+    assert steps[0]["objective/kl_coef"] == params.init_kl_coef
+
+
+def test_behaviour_logprob_gap_reports_corrupted_logprobs():
+    policy = tiny_policy()
+    batch = rollout(policy, 0)
+    corrupted = [list(row) for row in batch.behaviour_logprobs]
+    corrupted[3][0] -= 0.5
+    steps = run_round(policy, frozen_copy(policy), make_optimizer(policy, 3e-3),
+                      dataclasses.replace(batch, behaviour_logprobs=corrupted), toy_params())
+    assert steps[0]["ppo/behaviour_logprob_gap"] == pytest.approx(0.5, abs=1e-4)
+
+
+BAD_BATCHES = {
+    "intrinsic has 1 values": lambda b: dataclasses.replace(b, intrinsic=[[0.0]] + b.intrinsic[1:]),
+    "behaviour_logprobs has 1 values": lambda b: dataclasses.replace(
+        b, behaviour_logprobs=[[-1.0]] + b.behaviour_logprobs[1:]),
+    "score nan": lambda b: dataclasses.replace(b, scores=[float("nan")] + b.scores[1:]),
+    "intrinsic contains NaN or inf": lambda b: dataclasses.replace(
+        b, intrinsic=b.intrinsic[:-1] + [[float("inf")] * len(b.response_ids[-1])]),
+    "empty": lambda b: RolloutBatch([], [], [], [], []),
+    "not divisible": lambda b: RolloutBatch(*(getattr(b, f.name)[:30] for f in dataclasses.fields(b))),
+    "scores has 31 rows": lambda b: dataclasses.replace(b, scores=b.scores[:31]),
+    "empty query or response": lambda b: dataclasses.replace(
+        b, response_ids=[[]] + b.response_ids[1:], behaviour_logprobs=[[]] + b.behaviour_logprobs[1:],
+        intrinsic=[[]] + b.intrinsic[1:]),
+}
+
+
+@pytest.mark.parametrize("message", list(BAD_BATCHES))
+def test_malformed_batches_raise_before_touching_the_model(message):
+    batch = BAD_BATCHES[message](rollout(tiny_policy(), 0))
+    with pytest.raises(PPOInputError) as err:
+        train_round(policy=None, ref_model=None, optimizer=None, batch=batch, params=toy_params(),
+                    kl_controller=FixedKLController(0.1), score_moments=RunningMoments(), seed=0, progress=False)
+    fragment = {"not divisible": "not divisible", "empty": "empty", "score nan": "not finite"}.get(message, message)
+    assert fragment in str(err.value)
+    if message.startswith(("intrinsic has", "behaviour")):
+        assert "Row 0" in str(err.value)
+
+
+def test_trainer_state_round_trip(tmp_path):
+    policy = tiny_policy()
+    optimizer = make_optimizer(policy, 3e-3)
+    controller, moments = AdaptiveKLController(0.2, 6.0, 100.0), RunningMoments()
+    run_round(policy, frozen_copy(policy), optimizer, rollout(policy, 0), toy_params(use_score_scaling=True),
+              kl_controller=controller, moments=moments)
+    save_trainer_state(tmp_path, optimizer, controller, moments)
+    optimizer2 = make_optimizer(policy, 3e-3)
+    controller2, moments2 = AdaptiveKLController(1.0, 1.0, 1.0), RunningMoments()
+    load_trainer_state(tmp_path, optimizer2, controller2, moments2)
+    assert controller2.state_dict() == controller.state_dict()
+    assert moments2.state_dict() == moments.state_dict() and moments.count == 32
+    state, state2 = optimizer.state_dict()["state"], optimizer2.state_dict()["state"]
+    assert all(torch.equal(state[k]["exp_avg"], state2[k]["exp_avg"]) for k in state)
+    with pytest.raises(DataError, match="missing"):
+        load_trainer_state(tmp_path / "nowhere", optimizer2, controller2, moments2)
