@@ -66,7 +66,8 @@ def cmd_critic_serve(args) -> None:
 
     serve_forever(host=args.host, port=args.port, backend=args.backend, latency_s=args.latency,
                   error_rate=args.error_rate, rate_limit_rate=args.rate_limit_rate,
-                  garbage_rate=args.garbage_rate, drop_rate=args.drop_rate, seed=args.seed)
+                  garbage_rate=args.garbage_rate, drop_rate=args.drop_rate, empty_rate=args.empty_rate,
+                  seed=args.seed)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--rate-limit-rate", type=float, default=0.0, help="share answered 429 + Retry-After")
     serve.add_argument("--garbage-rate", type=float, default=0.0, help="share answered with a broken body")
     serve.add_argument("--drop-rate", type=float, default=0.0, help="share of connections dropped")
+    serve.add_argument("--empty-rate", type=float, default=0.0, help="share answered 200 with empty content")
     serve.add_argument("--seed", type=int, default=0)
     serve.set_defaults(func=cmd_critic_serve)
     return p

@@ -31,6 +31,6 @@ def check_inputs(params: Params, root: str | Path = ".") -> None:
             f"valid labels are {list(template.labels)}."
         )
     if params.critic.endpoint != "local":
-        from pipeline.critic.client import check_endpoint
+        from pipeline.critic.client import api_key_for
 
-        check_endpoint(params.critic.endpoint)
+        api_key_for(params.critic.endpoint)  # raises on a bad URL or a missing key

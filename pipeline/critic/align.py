@@ -1,0 +1,206 @@
+"""Span → token alignment: turn the critic's labelled spans into one reward per response token.
+
+Mode ``"exact"`` (the default) finds each span's character occurrences in the response
+text and rewards every token whose characters overlap one. Occurrences are searched in
+this order, stopping at the first rule that finds any: the exact text at word boundaries,
+a case- and whitespace-tolerant match at word boundaries, the exact text anywhere, the
+tolerant match anywhere (so "bad" prefers the word "Bad" over the inside of "badge").
+Every occurrence found by that rule is rewarded. A token overlapping several matched
+occurrences gets the **sum** of their rewards: two spans that both cover a token are two
+pieces of evidence about it, and summing keeps each span's contribution visible in the
+total (``sum(token_rewards)`` changes when a span is added).
+
+The character range of each token is taken from the actual ``response_ids`` by decoding
+growing prefixes ``ids[:i+1]``, never by re-encoding the text (a sampled sequence is often
+not the tokenizer's own encoding of its text). A byte-level token that holds part of a
+multi-byte character decodes to U+FFFD; such a token is given the range of the character
+it helps to build, so every token of an emoji or an accented letter overlaps it. Special
+tokens decode to nothing and get an empty range (never rewarded). If the decoded ids differ
+slightly from ``response_text`` (e.g. tokenization-space clean-up), ranges are carried
+over by a character diff.
+
+Mode ``"substring"`` reproduces the research code for comparison: a token is rewarded
+(summed over spans) when its own decoded, stripped text is a non-empty substring of the
+span text, wherever the token is. It rewards "good" in "good but not good" for the span
+"not good". The ``spans`` listing is the same in both modes.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from dataclasses import dataclass
+
+from pipeline.errors import ConfigError, DataError
+
+__all__ = ["MODES", "AlignedSpans", "align_spans", "token_char_ranges", "find_occurrences"]
+
+MODES = ("exact", "substring")
+_REPLACEMENT = "\ufffd"
+
+
+@dataclass(frozen=True)
+class AlignedSpans:
+    """The result of aligning critic spans to a response's tokens.
+
+    Attributes:
+        token_rewards: one float per response token, ``len == len(response_ids)``.
+        spans: one dict ``{label, text, start, end, reward}`` per matched occurrence
+            (character offsets into ``response_text``, end exclusive), or one with
+            ``start == end == -1`` for a span that was not found.
+    """
+
+    token_rewards: list[float]
+    spans: list[dict]
+
+
+def align_spans(*, response_text: str, response_ids: list[int], tokenizer, spans, rewards: dict[str, float],
+                mode: str = "exact") -> AlignedSpans:
+    """Give each response token the rewards of the critic spans that cover it.
+
+    Params:
+        response_text: the response as decoded for the critic.
+        response_ids: the response token ids the policy sampled.
+        tokenizer: a Hugging Face tokenizer (``decode`` is the only method used).
+        spans: ``(label, span_text)`` pairs, e.g. ``ParsedAnswer.spans``.
+        rewards: reward per label, e.g. ``{"positive": 1.0, "negative": -1.0}``.
+        mode: ``"exact"`` (character overlap) or ``"substring"`` (research-code compatible).
+    Returns:
+        :class:`AlignedSpans`.
+    Raises:
+        ConfigError: unknown mode, a span label missing from ``rewards``, a non-finite reward.
+        DataError: ``response_text`` is not (close to) the decoding of ``response_ids``.
+    """
+    if mode not in MODES:
+        raise ConfigError(f"unknown alignment mode {mode!r}; valid modes: {list(MODES)}")
+    spans = [(label, text) for label, text in spans]
+    for label, _ in spans:
+        if label not in rewards:
+            raise ConfigError(f"span label {label!r} has no reward; valid labels: {sorted(rewards)}")
+    bad = {label: value for label, value in rewards.items() if not math.isfinite(value)}
+    if bad:
+        raise ConfigError(f"span rewards must be finite numbers, got {bad}")
+
+    listed: list[dict] = []
+    for label, text in spans:
+        found = find_occurrences(response_text, text)
+        for start, end in found or [(-1, -1)]:
+            listed.append({"label": label, "text": text, "start": start, "end": end, "reward": float(rewards[label])})
+
+    if mode == "exact":
+        token_rewards = _overlap_rewards(response_text, response_ids, tokenizer, listed)
+    else:
+        token_rewards = _substring_rewards(response_ids, tokenizer, spans, rewards)
+    assert len(token_rewards) == len(response_ids)
+    return AlignedSpans(token_rewards=token_rewards, spans=listed)
+
+
+def find_occurrences(text: str, span: str) -> list[tuple[int, int]]:
+    """Return the ``(start, end)`` character ranges of ``span`` in ``text``.
+
+    Tries, in order, and returns the first non-empty result: exact at word boundaries,
+    case/whitespace-tolerant at word boundaries, exact anywhere, tolerant anywhere.
+    Occurrences do not overlap. A blank span is never found.
+    """
+    span = span.strip()
+    if not span:
+        return []
+    exact = re.escape(span)
+    tolerant = r"\s+".join(re.escape(word) for word in span.split())
+    head = r"(?<!\w)" if re.match(r"\w", span) else ""
+    tail = r"(?!\w)" if re.search(r"\w$", span) else ""
+    attempts = [
+        (head + exact + tail, 0),
+        (head + tolerant + tail, re.IGNORECASE),
+        (exact, 0),
+        (tolerant, re.IGNORECASE),
+    ]
+    for pattern, flags in attempts:
+        found = [(m.start(), m.end()) for m in re.finditer(pattern, text, flags)]
+        if found:
+            return found
+    return []
+
+
+def token_char_ranges(tokenizer, response_ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
+    """Return the decoded text of ``response_ids`` and each token's character range in it.
+
+    Decodes the prefixes ``ids[:i+1]`` (O(n²) decoding, a few ms for 200 tokens). A prefix
+    ending in U+FFFD ends inside a multi-byte character: that character is counted as
+    covered by the token but not yet complete, so the next token's range starts on it too.
+    """
+    ids = list(response_ids)
+    full = tokenizer.decode(ids, skip_special_tokens=True)
+    ranges = []
+    complete = 0  # characters of `full` finished before the current token
+    for i in range(len(ids)):
+        prefix = tokenizer.decode(ids[: i + 1], skip_special_tokens=True)
+        stable = prefix.rstrip(_REPLACEMENT)
+        pending = len(stable) < len(prefix)
+        stable_len = len(stable) if full.startswith(stable) else _common_prefix_len(stable, full)
+        stable_len = max(complete, stable_len)
+        end = min(len(full), stable_len + (1 if pending else 0))
+        ranges.append((complete, max(complete, end)))
+        complete = stable_len
+    return full, ranges
+
+
+def _common_prefix_len(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _position_map(decoded: str, text: str) -> list[int]:
+    """Map each position 0..len(decoded) in ``decoded`` to a position in ``text``."""
+    if decoded == text:
+        return list(range(len(text) + 1))
+    matcher = difflib.SequenceMatcher(None, decoded, text, autojunk=False)
+    blocks = matcher.get_matching_blocks()
+    if sum(block.size for block in blocks) < 0.5 * max(len(decoded), len(text)):
+        raise DataError(
+            f"response_text {text[:40]!r}... is not the decoding of response_ids ({decoded[:40]!r}...); "
+            "pass the text decoded from the same ids"
+        )
+    mapped = [-1] * (len(decoded) + 1)
+    for a, b, size in blocks:
+        for k in range(size):
+            mapped[a + k] = b + k
+    mapped[len(decoded)] = len(text)
+    carry = 0  # an unmatched position maps to just after the previous matched character
+    for k in range(len(decoded) + 1):
+        if mapped[k] == -1:
+            mapped[k] = carry
+        else:
+            carry = mapped[k] + 1 if k < len(decoded) else mapped[k]
+    return mapped
+
+
+def _overlap_rewards(response_text: str, response_ids: list[int], tokenizer, listed: list[dict]) -> list[float]:
+    decoded, ranges = token_char_ranges(tokenizer, response_ids)
+    position = _position_map(decoded, response_text)
+    token_rewards = [0.0] * len(response_ids)  # (T,)
+    for i, (start, end) in enumerate(ranges):
+        token_start, token_end = position[start], position[end]
+        if token_start == token_end:  # a special token or one that decodes to nothing
+            continue
+        for span in listed:
+            if span["start"] >= 0 and token_start < span["end"] and token_end > span["start"]:
+                token_rewards[i] += span["reward"]
+    return token_rewards
+
+
+def _substring_rewards(response_ids: list[int], tokenizer, spans, rewards: dict[str, float]) -> list[float]:
+    token_rewards = [0.0] * len(response_ids)  # (T,)
+    for i, token_id in enumerate(response_ids):
+        piece = tokenizer.decode([token_id], skip_special_tokens=True).strip()
+        if not piece:
+            continue
+        for label, text in spans:
+            if piece in text:
+                token_rewards[i] += float(rewards[label])
+    return token_rewards

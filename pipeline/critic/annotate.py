@@ -1,0 +1,97 @@
+"""One round of critic annotations: pick low-reward rollouts, ask the critic, align its spans.
+
+:func:`annotate_round` turns rollout rows into rows of the ``annotations`` table. Rollouts
+whose environment reward is at or below the threshold are rendered with the critic
+template and sent through :class:`~pipeline.critic.client.CriticClient` (cache first,
+identical requests once); each answer is parsed and its spans are aligned to response
+tokens. Every other rollout gets a ``skipped`` row with all-zero token rewards, so the
+output has exactly one row per input row, in input order.
+"""
+
+from __future__ import annotations
+
+from pipeline.critic.align import align_spans
+from pipeline.critic.cache import CriticCache
+from pipeline.critic.client import CriticClient, CriticResult
+from pipeline.critic.parse import parse_answer
+from pipeline.errors import DataError
+
+__all__ = ["ANNOTATION_FIELDS", "annotate_round"]
+
+ANNOTATION_FIELDS = (
+    "rollout_id", "critiqued", "status", "cache_key", "cache_hit", "critic_model", "template_sha",
+    "raw_text", "spans", "token_rewards", "prompt_tokens", "completion_tokens", "cost_usd", "error",
+)
+_ROLLOUT_FIELDS = ("rollout_id", "response", "response_ids", "env_reward")
+
+
+def _check_rows(rows: list[dict]) -> None:
+    for index, row in enumerate(rows):
+        missing = [name for name in _ROLLOUT_FIELDS if name not in row]
+        if missing:
+            raise DataError(f"rollout row {index} lacks {missing}; rollouts need {list(_ROLLOUT_FIELDS)}")
+
+
+def _skipped_row(row: dict) -> dict:
+    return {
+        "rollout_id": row["rollout_id"], "critiqued": False, "status": "skipped", "cache_key": "",
+        "cache_hit": False, "critic_model": "", "template_sha": "", "raw_text": "", "spans": [],
+        "token_rewards": [0.0] * len(row["response_ids"]), "prompt_tokens": 0, "completion_tokens": 0,
+        "cost_usd": 0.0, "error": "",
+    }
+
+
+def _critiqued_row(row: dict, result: CriticResult, *, template, tokenizer, rewards, alignment,
+                   requested_model: str) -> dict:
+    """Build the annotation of one critiqued rollout from its critic result."""
+    out = _skipped_row(row) | {
+        "critiqued": True, "status": result.status, "cache_key": result.cache_key,
+        "cache_hit": result.cache_hit, "critic_model": result.model or requested_model,
+        "template_sha": template.sha256, "raw_text": result.raw_text, "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens, "cost_usd": result.cost_usd, "error": result.error,
+    }
+    if result.status != "ok":
+        return out
+    parsed = parse_answer(template.task, result.raw_text)
+    if parsed.status != "ok":
+        return out | {"status": "parse_error", "error": parsed.error}
+    aligned = align_spans(
+        response_text=row["response"], response_ids=list(row["response_ids"]), tokenizer=tokenizer,
+        spans=parsed.spans, rewards=rewards, mode=alignment,
+    )
+    assert len(aligned.token_rewards) == len(row["response_ids"]), "align_spans must return one reward per token"
+    return out | {"spans": [dict(span) for span in aligned.spans],
+                  "token_rewards": [float(r) for r in aligned.token_rewards]}
+
+
+def annotate_round(rows: list[dict], *, template, tokenizer, client: CriticClient, cache: CriticCache,
+                   threshold: float, rewards: dict[str, float], alignment: str,
+                   progress: bool = True) -> list[dict]:
+    """Critique the low-reward rollouts of one round and return one annotation per rollout.
+
+    A row is critiqued when ``env_reward <= threshold``; its request is the template
+    rendered with ``{"response": row["response"]}``. The result is deterministic for the
+    same rows, template, client settings and cache contents. Only ``ok`` rows carry
+    non-zero token rewards; a failed or budget-stopped request is recorded, not raised.
+
+    :param rows: rollouts with rollout_id, response, response_ids and env_reward
+    :param template: a loaded critic template (``pipeline.critic.templates.Template``)
+    :param tokenizer: the policy tokenizer that produced ``response_ids``
+    :param client: the critic client
+    :param cache: the critic cache
+    :param threshold: environment reward at or below which a rollout is critiqued
+    :param rewards: span label -> per-token reward (e.g. {"positive": 1.0, "negative": -1.0})
+    :param alignment: span-to-token alignment mode, passed to ``align_spans``
+    :param progress: show a tqdm bar over critic requests
+    :return: dicts with exactly the keys in ``ANNOTATION_FIELDS``, in input order
+    :raises DataError: if a row lacks a rollout field
+    """
+    _check_rows(rows)
+    chosen = [i for i, row in enumerate(rows) if float(row["env_reward"]) <= threshold]
+    requests = [template.render({"response": rows[i]["response"]}) for i in chosen]
+    results = client.run(requests, cache, progress=progress) if requests else []
+    annotations = [_skipped_row(row) for row in rows]
+    for i, result in zip(chosen, results):
+        annotations[i] = _critiqued_row(rows[i], result, template=template, tokenizer=tokenizer,
+                                        rewards=rewards, alignment=alignment, requested_model=client.model)
+    return annotations

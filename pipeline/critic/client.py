@@ -1,0 +1,372 @@
+"""Async client for an OpenAI-compatible critic endpoint, with cache, retries and budgets.
+
+:class:`CriticClient` answers a list of chat requests. It looks each one up in the
+:class:`~pipeline.critic.cache.CriticCache` first, sends identical requests once, runs the
+misses concurrently (at most ``max_concurrency`` in flight) and stores every complete
+answer before returning, so whatever was paid for survives a crash or a budget stop.
+
+Retry policy (drlc's own; the ``openai`` package runs with ``max_retries=0``):
+
+- retried with exponential backoff and jitter: timeouts, connection errors (including a
+  dropped connection), HTTP 408, 409, 429 and 5xx, a 200 whose body is not valid JSON or
+  not a chat completion, and a 200 with empty content (``empty_content``);
+- a ``Retry-After`` (or ``retry-after-ms``) header is honoured exactly when it is at most
+  ``backoff_max_s``; a longer one fails that request at once (``retry_after ... >
+  backoff_max_s``) instead of stalling the round;
+- not retried: other 4xx, ``finish_reason == "length"`` (``truncated``: the same request
+  would be cut off again, so raise ``max_tokens``) and ``content_filter``.
+
+Failures are returned as ``status="api_error"`` results and never cached. The backoff
+slot is held while waiting, so a rate-limited endpoint also sees fewer parallel requests.
+
+Budgets: every HTTP attempt counts as a request. A new attempt starts only if
+``max_requests`` would not be exceeded and the spent cost plus the in-flight attempts,
+each priced at the dearest attempt seen so far, stays within ``max_cost_usd``. Requests
+that cannot start get ``status="budget"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from dataclasses import dataclass, field, replace
+from urllib.parse import urlsplit
+
+import openai
+from tqdm import tqdm
+
+from pipeline.critic.cache import MISSING, CriticCache, cache_key
+from pipeline.errors import ConfigError, CriticError
+
+__all__ = ["CriticClient", "CriticResult", "RunStats"]
+
+SAMPLING_PARAMS = ("temperature", "top_p", "max_tokens", "seed", "stop", "n")
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+_LOCAL_PLACEHOLDER_KEY = "drlc-local-no-key"
+_RETRY_STATUS = (408, 409, 429)
+
+
+@dataclass(frozen=True)
+class CriticResult:
+    """The outcome of one critic request (one per request given to :meth:`CriticClient.run`)."""
+
+    status: str  # "ok" | "api_error" | "budget"
+    cache_key: str
+    cache_hit: bool = False
+    raw_text: str = ""
+    finish_reason: str = ""
+    model: str = ""
+    system_fingerprint: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0  # paid in this call; 0.0 for cache hits and in-call duplicates
+    latency_s: float = 0.0
+    attempts: int = 0
+    error: str = ""
+
+
+@dataclass
+class RunStats:
+    """Counters of one :meth:`CriticClient.run` call."""
+
+    requests_sent: int = 0  # HTTP attempts, retries included
+    cache_hits: int = 0
+    retries: int = 0
+    failures: int = 0  # requests that ended as api_error
+    budget_stopped: int = 0
+    cost_usd: float = 0.0
+    in_flight: int = field(default=0, repr=False)
+    dearest_attempt_usd: float = field(default=0.0, repr=False)
+
+
+class _Attempt(Exception):
+    """One failed attempt: ``retry`` says whether another attempt may succeed."""
+
+    def __init__(self, reason: str, *, retry: bool, retry_after: float | None = None, cost_usd: float = 0.0):
+        super().__init__(reason)
+        self.reason, self.retry, self.retry_after, self.cost_usd = reason, retry, retry_after, cost_usd
+
+
+def _check_base_url(base_url: str) -> str:
+    parts = urlsplit(str(base_url))
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise CriticError(
+            f"critic.endpoint {base_url!r} is not an http(s) URL with a host; "
+            "use e.g. 'https://api.openai.com/v1' or 'http://127.0.0.1:8000/v1'"
+        )
+    try:
+        parts.port
+    except ValueError as error:
+        raise CriticError(f"critic.endpoint {base_url!r} has a bad port ({error})") from error
+    return parts.hostname
+
+
+def api_key_for(base_url: str) -> str:
+    """Return OPENAI_API_KEY, or a placeholder for a loopback URL; raise if a remote URL has none."""
+    host = _check_base_url(base_url)
+    key = os.environ.get("OPENAI_API_KEY", "")
+    if key:
+        return key
+    if host in LOOPBACK_HOSTS or host.startswith("127."):
+        return _LOCAL_PLACEHOLDER_KEY
+    raise CriticError(
+        f"OPENAI_API_KEY is not set and critic.endpoint {base_url!r} is not loopback; "
+        "export OPENAI_API_KEY or point critic.endpoint at a local server"
+    )
+
+
+def _check_sampling(sampling: dict | None) -> dict:
+    sampling = dict(sampling or {})
+    unknown = sorted(set(sampling) - set(SAMPLING_PARAMS))
+    if unknown:
+        raise ConfigError(f"unknown critic sampling parameter(s) {unknown}; valid: {list(SAMPLING_PARAMS)}")
+    if sampling.get("n") not in (None, 1):
+        raise ConfigError(f"critic sampling n={sampling['n']!r} is not supported; use n=1 and sample_index")
+    return {k: v for k, v in sampling.items() if v is not None}
+
+
+class CriticClient:
+    """Send chat requests to an OpenAI-compatible endpoint through the critic cache.
+
+    :param base_url: endpoint base URL, e.g. ``"http://127.0.0.1:8000/v1"``
+    :param model: model name sent with every request
+    :param max_concurrency: most requests in flight at once
+    :param timeout_s: per-attempt timeout in seconds
+    :param max_retries: retries after the first attempt of a request
+    :param backoff_base_s: first backoff delay; doubles per retry
+    :param backoff_max_s: longest backoff and longest ``Retry-After`` honoured
+    :param seed: seeds the backoff jitter (per request and attempt, so runs repeat)
+    :param prices: model -> (USD per 1M prompt tokens, USD per 1M completion tokens)
+    :param max_requests: most HTTP attempts per :meth:`run` call (``None`` = unlimited)
+    :param max_cost_usd: most dollars per :meth:`run` call (``None`` = unlimited)
+    :param sampling: sampling parameters sent with every request (see ``SAMPLING_PARAMS``)
+    :raises CriticError: on a malformed base URL or a missing API key for a remote URL
+    :raises ConfigError: on an unknown sampling parameter, or a cost budget without a price
+    """
+
+    def __init__(
+        self, *, base_url: str, model: str, max_concurrency: int = 8, timeout_s: float = 60.0,
+        max_retries: int = 5, backoff_base_s: float = 0.5, backoff_max_s: float = 30.0, seed: int = 0,
+        prices: dict[str, tuple[float, float]] | None = None, max_requests: int | None = None,
+        max_cost_usd: float | None = None, sampling: dict | None = None,
+    ) -> None:
+        self._api_key = api_key_for(base_url)
+        self.base_url, self.model = str(base_url), model
+        self.sampling = _check_sampling(sampling)
+        if max_concurrency < 1 or max_retries < 0 or timeout_s <= 0:
+            raise ConfigError(
+                f"critic max_concurrency={max_concurrency}, max_retries={max_retries}, timeout_s={timeout_s}: "
+                "need max_concurrency >= 1, max_retries >= 0, timeout_s > 0"
+            )
+        self.prices = dict(prices or {})
+        if max_cost_usd is not None and model not in self.prices:
+            raise ConfigError(f"critic max_cost_usd is set but critic prices has no entry for model {model!r}")
+        self.max_concurrency, self.timeout_s, self.max_retries = max_concurrency, timeout_s, max_retries
+        self.backoff_base_s, self.backoff_max_s, self.seed = backoff_base_s, backoff_max_s, seed
+        self.max_requests, self.max_cost_usd = max_requests, max_cost_usd
+        self.last_stats = RunStats()
+
+    def __repr__(self) -> str:  # never shows the API key
+        return f"CriticClient(base_url={self.base_url!r}, model={self.model!r})"
+
+    def key_for(self, messages: list[dict], sample_index: int = 0) -> str:
+        """Return the cache key this client uses for ``messages``."""
+        return cache_key(endpoint=self.base_url, model=self.model, messages=messages,
+                         sample_index=sample_index, **self.sampling)
+
+    def cost_of(self, model: str, prompt_tokens: int, completion_tokens: int) -> float:
+        """Price tokens with ``prices[model]`` (falling back to the requested model; 0 if unpriced)."""
+        per_million = self.prices.get(model) or self.prices.get(self.model) or (0.0, 0.0)
+        return (prompt_tokens * per_million[0] + completion_tokens * per_million[1]) / 1e6
+
+    def run(self, requests: list[list[dict]], cache: CriticCache, *, sample_index: int = 0,
+            progress: bool = False) -> list[CriticResult]:
+        """Answer every request (a list of chat messages), in order; see the module doc.
+
+        :param requests: one message list per request
+        :param cache: the critic cache (read first, every complete answer written)
+        :param sample_index: sample index put into every cache key
+        :param progress: show a tqdm bar over unique requests
+        :return: one :class:`CriticResult` per request; call counters in ``self.last_stats``
+        """
+        return asyncio.run(self.arun(requests, cache, sample_index=sample_index, progress=progress))
+
+    async def arun(self, requests: list[list[dict]], cache: CriticCache, *, sample_index: int = 0,
+                   progress: bool = False) -> list[CriticResult]:
+        """Async form of :meth:`run` (for callers already inside an event loop)."""
+        stats = self.last_stats = RunStats()
+        keys = [self.key_for(messages, sample_index) for messages in requests]
+        unique = dict(zip(keys, requests))  # first occurrence of each key, in order
+        bar = tqdm(total=len(unique), desc="critic requests", unit="req", disable=not progress)
+        done: dict[str, CriticResult] = {}
+        for key in unique:
+            value = cache.get(key)
+            if value is not MISSING:
+                done[key] = self._result_from_cache(key, value)
+                cache.tally(cost_usd_saved=self.cost_of(value["model"], *_usage_of(value)))
+                stats.cache_hits += 1
+                bar.update()
+        misses = [key for key in unique if key not in done]
+        if misses:
+            semaphore = asyncio.Semaphore(self.max_concurrency)
+            async with openai.AsyncOpenAI(base_url=self.base_url, api_key=self._api_key,
+                                          max_retries=0, timeout=self.timeout_s) as api:
+                answers = await asyncio.gather(
+                    *(self._request(api, semaphore, key, unique[key], cache, bar) for key in misses))
+            done.update(zip(misses, answers))
+        bar.close()
+        return _expand(keys, done)
+
+    def _result_from_cache(self, key: str, value: dict) -> CriticResult:
+        prompt_tokens, completion_tokens = _usage_of(value)
+        return CriticResult(
+            status="ok", cache_key=key, cache_hit=True, raw_text=value["raw_text"],
+            finish_reason=value["finish_reason"] or "", model=value["model"] or "",
+            system_fingerprint=value["system_fingerprint"] or "", prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens, latency_s=float(value["latency_s"]),
+        )
+
+    def _budget_refusal(self) -> str:
+        """Return why a new attempt may not start, or "" if it may."""
+        stats = self.last_stats
+        if self.max_requests is not None and stats.requests_sent + 1 > self.max_requests:
+            return f"budget: max_requests={self.max_requests} reached"
+        if self.max_cost_usd is not None:
+            committed = stats.cost_usd + (stats.in_flight + 1) * stats.dearest_attempt_usd
+            if committed > self.max_cost_usd:
+                return f"budget: max_cost_usd={self.max_cost_usd} would be exceeded (spent {stats.cost_usd:.6f})"
+        return ""
+
+    async def _request(self, api, semaphore, key, messages, cache, bar) -> CriticResult:
+        """Send one request with retries; store the answer in the cache if it succeeds."""
+        stats, attempts, error = self.last_stats, 0, ""
+        async with semaphore:
+            while True:
+                refusal = self._budget_refusal()
+                if refusal:
+                    stats.budget_stopped += 1
+                    bar.update()
+                    return CriticResult(status="budget", cache_key=key, attempts=attempts,
+                                        error=f"{refusal}; last error: {error}" if error else refusal)
+                attempts += 1
+                stats.requests_sent += 1
+                stats.in_flight += 1
+                cache.tally(requests=1)
+                try:
+                    result = await self._attempt(api, key, messages, attempts)
+                except _Attempt as failure:
+                    stats.cost_usd += failure.cost_usd
+                    delay = self._retry_delay(failure, key, attempts)
+                    error = self._scrub(failure.reason)
+                    if delay is None:
+                        stats.failures += 1
+                        bar.update()
+                        return CriticResult(status="api_error", cache_key=key, attempts=attempts, error=error)
+                    stats.retries += 1
+                    await asyncio.sleep(delay)
+                    continue
+                finally:
+                    stats.in_flight -= 1
+                stats.cost_usd += result.cost_usd
+                stats.dearest_attempt_usd = max(stats.dearest_attempt_usd, result.cost_usd)
+                cache.put(key, {
+                    "raw_text": result.raw_text, "finish_reason": result.finish_reason,
+                    "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens},
+                    "model": result.model, "system_fingerprint": result.system_fingerprint or None,
+                    "latency_s": result.latency_s,
+                })
+                bar.update()
+                return result
+
+    def _retry_delay(self, failure: _Attempt, key: str, attempts: int) -> float | None:
+        """Seconds to wait before the next attempt, or None if the request has failed for good."""
+        if not failure.retry or attempts > self.max_retries:
+            return None
+        if failure.retry_after is not None:
+            if failure.retry_after > self.backoff_max_s:
+                failure.reason += f" (retry_after {failure.retry_after:g}s > backoff_max_s {self.backoff_max_s:g}s)"
+                return None
+            return max(failure.retry_after, 0.0)
+        jitter = random.Random(f"{self.seed}:{key}:{attempts}").random()
+        return min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempts - 1)) * (0.5 + 0.5 * jitter)
+
+    async def _attempt(self, api, key: str, messages: list[dict], attempts: int) -> CriticResult:
+        """Make one HTTP attempt; return an ok result or raise :class:`_Attempt`."""
+        started = time.monotonic()
+        try:
+            completion = await asyncio.wait_for(
+                api.chat.completions.create(model=self.model, messages=messages, **self.sampling),
+                timeout=self.timeout_s)
+        except (openai.APITimeoutError, asyncio.TimeoutError):
+            raise _Attempt(f"timeout after {self.timeout_s:g}s", retry=True) from None
+        except openai.APIConnectionError as error:
+            raise _Attempt(f"connection_error: {error}", retry=True) from None
+        except openai.APIStatusError as error:
+            status = error.status_code
+            retry = status in _RETRY_STATUS or status >= 500
+            raise _Attempt(f"http_{status}: {str(error)[:200]}", retry=retry,
+                           retry_after=_retry_after_s(error.response.headers) if retry else None) from None
+        except (json.JSONDecodeError, openai.APIResponseValidationError, ValueError) as error:  # pydantic's too
+            raise _Attempt(f"bad_body: {type(error).__name__}: {str(error)[:120]}", retry=True) from None
+        latency = time.monotonic() - started
+        return self._check_completion(completion, key, attempts, latency)
+
+    def _check_completion(self, completion, key: str, attempts: int, latency: float) -> CriticResult:
+        choices = getattr(completion, "choices", None)
+        if not choices or getattr(choices[0], "message", None) is None:
+            raise _Attempt("bad_body: no choices[0].message in response", retry=True)
+        usage = getattr(completion, "usage", None)
+        prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
+        completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
+        model = getattr(completion, "model", None) or self.model
+        cost = self.cost_of(model, prompt_tokens, completion_tokens)
+        text, finish_reason = choices[0].message.content or "", choices[0].finish_reason or ""
+        if not text.strip():
+            raise _Attempt("empty_content", retry=True, cost_usd=cost)
+        if finish_reason in ("length", "content_filter"):
+            reason = "truncated (finish_reason=length); raise critic max_tokens" if finish_reason == "length" \
+                else "content_filter"
+            raise _Attempt(reason, retry=False, cost_usd=cost)
+        return CriticResult(
+            status="ok", cache_key=key, raw_text=text, finish_reason=finish_reason, model=model,
+            system_fingerprint=getattr(completion, "system_fingerprint", None) or "",
+            prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost_usd=cost,
+            latency_s=latency, attempts=attempts,
+        )
+
+    def _scrub(self, text: str) -> str:
+        """Remove the API key from an error message."""
+        return text.replace(self._api_key, "***") if self._api_key else text
+
+
+def _usage_of(value: dict) -> tuple[int, int]:
+    return int(value["usage"]["prompt_tokens"]), int(value["usage"]["completion_tokens"])
+
+
+def _retry_after_s(headers) -> float | None:
+    """Parse ``retry-after-ms`` or ``retry-after`` (seconds; HTTP dates are ignored)."""
+    for name, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        raw = headers.get(name) if headers is not None else None
+        if raw is None:
+            continue
+        try:
+            seconds = float(raw) / divisor
+        except ValueError:
+            continue
+        if seconds == seconds:  # NaN falls back to the exponential backoff
+            return max(seconds, 0.0)
+    return None
+
+
+def _expand(keys: list[str], done: dict[str, CriticResult]) -> list[CriticResult]:
+    """One result per request; repeats of a key within the call cost nothing."""
+    seen: set[str] = set()
+    results = []
+    for key in keys:
+        result = done[key]
+        results.append(replace(result, cost_usd=0.0) if key in seen else result)
+        seen.add(key)
+    return results

@@ -1,0 +1,214 @@
+"""Tests for pipeline.critic.align with a real byte-level BPE tokenizer trained here."""
+
+import random
+from functools import lru_cache
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from pipeline.critic.align import align_spans, find_occurrences, token_char_ranges
+from pipeline.errors import ConfigError, DataError
+
+REWARDS = {"positive": 1.0, "negative": -1.0}
+WORDS = ("the movie was good bad not very great terrible acting plot but and café naïve fine really "
+         "awful boring fun loved hated it this story cast wonderful dull").split()
+
+
+@lru_cache(maxsize=1)
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """A GPT-2 style byte-level BPE (leading-space marker Ġ) trained on 300 seeded sentences."""
+    rng = random.Random(0)
+    sentences = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))).capitalize() + "."
+                 for _ in range(300)]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(sentences, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>")
+
+
+def encode(text):
+    return build_tokenizer().encode(text, add_special_tokens=False)
+
+
+def align(text, spans, *, ids=None, mode="exact"):
+    ids = encode(text) if ids is None else ids
+    return align_spans(response_text=text, response_ids=ids, tokenizer=build_tokenizer(),
+                       spans=spans, rewards=REWARDS, mode=mode)
+
+
+def rewarded_text(text, ids, token_rewards, sign):
+    """Concatenate the decoded tokens whose reward has the given sign (independent of align's ranges)."""
+    tokenizer = build_tokenizer()
+    return "".join(tokenizer.decode([i]) for i, r in zip(ids, token_rewards) if r * sign > 0)
+
+
+def test_tokenizer_is_byte_level_with_space_marker_and_splits_words():
+    tokens = build_tokenizer().convert_ids_to_tokens(encode(" wonderful acting"))
+    assert tokens[0].startswith("Ġ") and len(tokens) > 2
+
+
+def test_repeated_span_rewards_every_occurrence():
+    text = "Bad plot, bad cast, and the acting was bad."
+    ids = encode(text)
+    result = align(text, [("negative", "bad")], ids=ids)
+    # the exact rule finds the two lower-case words, so the tolerant rule (which would add "Bad") is not used
+    assert [(s["start"], s["end"]) for s in result.spans] == [(10, 13), (39, 42)]
+    assert rewarded_text(text, ids, result.token_rewards, -1) == " bad bad"
+    assert len(result.token_rewards) == len(ids)
+
+
+def test_case_and_whitespace_tolerant_match_when_exact_fails():
+    text = "The cast was  Really\nGreat today."
+    result = align(text, [("positive", "really great")])
+    assert result.spans == [{"label": "positive", "text": "really great", "start": 14, "end": 26, "reward": 1.0}]
+    assert rewarded_text(text, encode(text), result.token_rewards, 1).split() == ["Really", "Great"]
+
+
+def test_word_boundaries_beat_case():
+    assert find_occurrences("A badge. Bad!", "bad") == [(9, 12)]
+    assert find_occurrences("badness", "bad") == [(0, 3)]
+    assert find_occurrences("good", "  ") == []
+
+
+def test_span_not_in_text_gets_minus_one_and_no_reward():
+    text = "The plot was fine."
+    result = align(text, [("negative", "dreadful"), ("positive", "fine")])
+    assert result.spans[0] == {"label": "negative", "text": "dreadful", "start": -1, "end": -1, "reward": -1.0}
+    assert sum(result.token_rewards) > 0 and min(result.token_rewards) == 0.0
+
+
+def test_multi_token_word_gets_reward_on_every_token():
+    text = "It was wonderful acting."
+    ids = encode(text)
+    result = align(text, [("positive", "wonderful")], ids=ids)
+    assert sum(r > 0 for r in result.token_rewards) >= 2
+    assert rewarded_text(text, ids, result.token_rewards, 1) == " wonderful"
+
+
+def test_spans_at_start_and_end():
+    text = "Terrible acting but a fun ending"
+    ids = encode(text)
+    result = align(text, [("negative", "Terrible"), ("positive", "fun ending")], ids=ids)
+    assert result.token_rewards[0] < 0 and result.token_rewards[-1] > 0
+    assert rewarded_text(text, ids, result.token_rewards, -1) == "Terrible"
+    assert rewarded_text(text, ids, result.token_rewards, 1) == " fun ending"
+
+
+def test_non_ascii_and_emoji_split_across_byte_tokens():
+    text = "The café was naïve 🎬 but fun 😀 and dull"
+    ids = encode(text)
+    tokens = build_tokenizer().convert_ids_to_tokens(ids)
+    assert len(tokens) > len(text.split()) + 4  # each emoji is several byte tokens
+    result = align(text, [("positive", "fun 😀"), ("negative", "naïve 🎬")], ids=ids)
+    emoji_tokens = [i for i, t in enumerate(tokens) if build_tokenizer().decode([ids[i]]) in ("\ufffd", "")]
+    assert emoji_tokens and all(result.token_rewards[i] != 0 for i in emoji_tokens)
+    assert rewarded_text(text, ids, result.token_rewards, 1).replace("\ufffd", "") == " fun "
+    assert build_tokenizer().decode([i for i, r in zip(ids, result.token_rewards) if r > 0]) == " fun 😀"
+    assert build_tokenizer().decode([i for i, r in zip(ids, result.token_rewards) if r < 0]) == " naïve 🎬"
+
+
+def test_token_ranges_follow_the_actual_ids_not_a_re_encoding():
+    tokenizer = build_tokenizer()
+    text = " not good"
+    # spell the text one byte-token at a time: decodes to the same text, but encode(text) differs
+    ids = [tokenizer.convert_tokens_to_ids(c) for c in tokenizer.convert_ids_to_tokens(encode(text)) for c in c]
+    assert ids != encode(text) and tokenizer.decode(ids) == text
+    decoded, ranges = token_char_ranges(tokenizer, ids)
+    assert decoded == text and ranges == [(i, i + 1) for i in range(len(text))]
+    result = align(text, [("negative", "good")], ids=ids)
+    assert result.token_rewards == [0.0] * 5 + [-1.0] * 4
+
+
+def test_special_tokens_get_no_reward_and_keep_length():
+    tokenizer = build_tokenizer()
+    text = "bad movie"
+    ids = encode(text) + [tokenizer.eos_token_id]
+    result = align(text, [("negative", "movie")], ids=ids)
+    assert len(result.token_rewards) == len(ids) and result.token_rewards[-1] == 0.0
+    assert result.token_rewards[-2] == -1.0
+    inside = encode("bad") + [tokenizer.eos_token_id] + encode(" movie")
+    result = align(text, [("negative", "bad movie")], ids=inside)
+    assert result.token_rewards[len(encode("bad"))] == 0.0 and result.token_rewards[0] == -1.0
+
+
+def test_overlapping_spans_sum_on_shared_tokens():
+    text = "not good at all"
+    ids = encode(text)
+    result = align(text, [("negative", "not good"), ("negative", "good"), ("positive", "good at all")], ids=ids)
+    by_token = {build_tokenizer().decode([i]): r for i, r in zip(ids, result.token_rewards)}
+    assert by_token.get(" good", by_token.get(" go")) == -1.0 - 1.0 + 1.0
+    assert result.token_rewards[-1] == 1.0
+
+
+def test_exact_and_substring_modes_differ_on_repeated_word():
+    text = "good but not good"
+    ids = encode(text)
+    exact = align(text, [("negative", "not good")], ids=ids)
+    substring = align(text, [("negative", "not good")], ids=ids, mode="substring")
+    first_good = [i for i in range(len(ids)) if build_tokenizer().decode(ids[: i + 1]).startswith("good")][0]
+    assert exact.token_rewards[: first_good + 1] == [0.0] * (first_good + 1)
+    assert substring.token_rewards[0] == -1.0  # the first "good" is a substring of "not good"
+    assert rewarded_text(text, ids, exact.token_rewards, -1) == " not good"
+    assert exact.spans == substring.spans
+
+
+def test_response_text_with_cleaned_spaces_is_mapped_by_diff():
+    text_from_ids = "It is bad . Very bad !"
+    ids = encode(text_from_ids)
+    cleaned = "It is bad. Very bad!"
+    result = align(cleaned, [("negative", "Very bad")], ids=ids)
+    assert result.spans[0]["start"] == 11
+    assert rewarded_text(text_from_ids, ids, result.token_rewards, -1).strip() == "Very bad"
+    assert result.token_rewards[-1] == 0.0
+
+
+def test_bad_inputs_raise_config_or_data_errors():
+    with pytest.raises(ConfigError, match="valid modes"):
+        align("good", [], mode="fuzzy")
+    with pytest.raises(ConfigError, match="'toxic'.*positive"):
+        align("good", [("toxic", "good")])
+    with pytest.raises(ConfigError, match="finite"):
+        align_spans(response_text="good", response_ids=encode("good"), tokenizer=build_tokenizer(),
+                    spans=[], rewards={"positive": float("nan")})
+    with pytest.raises(DataError, match="not the decoding"):
+        align("completely different words here", [("positive", "good")], ids=encode("good"))
+
+
+def test_empty_response():
+    assert align("", [("positive", "good")], ids=[]).token_rewards == []
+
+
+VOCAB = list(WORDS) + ["😀", "é", "Naïve", "!", ","]
+
+
+@settings(max_examples=60, deadline=None)
+@given(words=st.lists(st.sampled_from(VOCAB), min_size=1, max_size=12), data=st.data())
+def test_property_length_and_coverage(words, data):
+    text = " ".join(words)
+    start = data.draw(st.integers(0, len(words) - 1))
+    stop = data.draw(st.integers(start + 1, len(words)))
+    span = " ".join(words[start:stop])
+    ids = encode(text)
+    result = align(text, [("negative", span)], ids=ids)
+    assert len(result.token_rewards) == len(ids)
+    assert all(r <= 0 for r in result.token_rewards)
+    # the rewarded tokens, decoded in runs, contain every matched occurrence of the span
+    runs, current = [], []
+    for token_id, reward in zip(ids, result.token_rewards):
+        if reward < 0:
+            current.append(token_id)
+        elif current:
+            runs.append(current)
+            current = []
+    runs.append(current)
+    decoded_runs = " | ".join(build_tokenizer().decode(run) for run in runs)
+    matched = [s for s in result.spans if s["start"] >= 0]
+    assert matched, "a span cut from the text is always found"
+    for s in matched:
+        assert text[s["start"]:s["end"]] in decoded_runs
