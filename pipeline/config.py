@@ -168,8 +168,10 @@ class PPOParams:
     use_score_scaling: bool = False
     use_score_norm: bool = False
     score_clip: float | None = None
+    mixed_precision: str = "no"  # "bf16" = bf16 autocast for forward/backward; log-probs, values stay fp32
 
     checks = {
+        "mixed_precision": (lambda x: x in ("no", "bf16"), "one of ('no', 'bf16')"),
         "learning_rate": (_positive, "> 0"),
         "ppo_epochs": (_positive, "> 0"),
         "mini_batch_size": (_positive, "> 0"),
