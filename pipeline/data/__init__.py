@@ -1,0 +1,1 @@
+"""Task data: prompt builders and the synthetic worlds of the offline demo."""

@@ -1,0 +1,1 @@
+"""Environment rewards: one module per scorer, each scoring whole responses."""

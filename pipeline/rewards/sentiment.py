@@ -1,0 +1,32 @@
+"""The sentiment environment reward: VADER's compound score of each response.
+
+This is where the sentiment task's environment reward is computed. VADER is a lexicon and
+rule scorer (no model weights, no network), so it runs offline and is deterministic; its
+compound score lies in [-1, 1], positive for positive text.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import version as _package_version
+
+from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+
+
+class VaderReward:
+    """Scores texts with VADER's compound sentiment, times ``scale``.
+
+    Params: scale: factor applied to every compound score (default 1.0).
+    Attributes: name ("vader") and version (the installed vaderSentiment version), recorded
+    in the scores table as ``scorer`` and ``scorer_version``.
+    """
+
+    name = "vader"
+    version = _package_version("vaderSentiment")
+
+    def __init__(self, scale: float = 1.0) -> None:
+        self.scale = float(scale)
+        self._analyzer = SentimentIntensityAnalyzer()
+
+    def score(self, texts: list[str]) -> list[float]:
+        """Return ``scale * compound`` for each text, in order (one VADER call per text)."""
+        return [self.scale * self._analyzer.polarity_scores(text)["compound"] for text in texts]

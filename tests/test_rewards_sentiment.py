@@ -1,0 +1,38 @@
+"""The VADER environment reward."""
+
+from importlib.metadata import version
+
+import pytest
+from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+
+from pipeline.rewards.sentiment import VaderReward
+
+TEXTS = [
+    "The plot was wonderful and I loved the soundtrack!",
+    "The acting was terrible and the ending was boring.",
+    "I watched the film.",
+    "The plot was not good.",
+    "",
+]
+
+
+def test_sign_on_obvious_examples():
+    positive, negative, neutral, negated, empty = VaderReward().score(TEXTS)
+    assert positive > 0.5
+    assert negative < -0.5
+    assert neutral == 0.0 and empty == 0.0
+    assert negated < 0
+
+
+def test_equals_the_analyzer_compound_times_scale():
+    analyzer = SentimentIntensityAnalyzer()
+    direct = [analyzer.polarity_scores(text)["compound"] for text in TEXTS]
+    assert VaderReward().score(TEXTS) == direct
+    assert VaderReward(scale=2.5).score(TEXTS) == pytest.approx([2.5 * c for c in direct], abs=1e-12)
+
+
+def test_name_version_and_empty_batch():
+    reward = VaderReward()
+    assert reward.name == "vader"
+    assert reward.version == version("vaderSentiment")
+    assert reward.score([]) == []
