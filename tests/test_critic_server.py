@@ -85,8 +85,10 @@ def test_unknown_route_is_404():
 def test_backend_and_rate_errors():
     with pytest.raises(CriticError, match="lexicon.*echo.*hf"):
         make_server(backend="gpt5")
-    with pytest.raises(CriticError, match="not implemented"):
+    with pytest.raises(CriticError, match="model_dir"):
         make_server(backend="hf")
+    with pytest.raises(CriticError, match="only used by backend 'hf'"):
+        make_server(backend="echo", model_dir="/tmp")
     with pytest.raises(ConfigError, match="error_rate"):
         make_server(backend="echo", error_rate=1.5)
     with pytest.raises(ConfigError, match="sum"):

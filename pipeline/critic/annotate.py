@@ -16,7 +16,7 @@ from pipeline.critic.client import CriticClient, CriticResult
 from pipeline.critic.parse import parse_answer
 from pipeline.errors import DataError
 
-__all__ = ["ANNOTATION_FIELDS", "annotate_round"]
+__all__ = ["ANNOTATION_FIELDS", "annotate_round", "critiqued_indices", "round_requests"]
 
 ANNOTATION_FIELDS = (
     "rollout_id", "critiqued", "status", "cache_key", "cache_hit", "critic_model", "template_sha",
@@ -30,6 +30,32 @@ def _check_rows(rows: list[dict]) -> None:
         missing = [name for name in _ROLLOUT_FIELDS if name not in row]
         if missing:
             raise DataError(f"rollout row {index} lacks {missing}; rollouts need {list(_ROLLOUT_FIELDS)}")
+
+
+def critiqued_indices(rows: list[dict], *, threshold: float) -> list[int]:
+    """Return the positions of the rows sent to the critic: ``env_reward <= threshold``.
+
+    :raises DataError: if a row lacks a rollout field
+    """
+    _check_rows(rows)
+    return [i for i, row in enumerate(rows) if float(row["env_reward"]) <= threshold]
+
+
+def round_requests(rows: list[dict], *, template, threshold: float) -> list[list[dict]]:
+    """Return the critic requests of one round: the template rendered for each critiqued row.
+
+    The one place that decides which rollouts are critiqued and what is sent for them;
+    :func:`annotate_round` and the Batch-API path (:mod:`pipeline.critic.batch`) both use it,
+    so a batch prepared from the same rows fills exactly the cache keys a live round reads.
+
+    :param rows: rollouts with rollout_id, response, response_ids and env_reward
+    :param template: a loaded critic template (``pipeline.critic.templates.Template``)
+    :param threshold: environment reward at or below which a rollout is critiqued
+    :return: one chat message list per critiqued row, in row order (duplicates kept)
+    :raises DataError: if a row lacks a rollout field
+    """
+    return [template.render({"response": rows[i]["response"]})
+            for i in critiqued_indices(rows, threshold=threshold)]
 
 
 def _skipped_row(row: dict) -> dict:
@@ -86,9 +112,8 @@ def annotate_round(rows: list[dict], *, template, tokenizer, client: CriticClien
     :return: dicts with exactly the keys in ``ANNOTATION_FIELDS``, in input order
     :raises DataError: if a row lacks a rollout field
     """
-    _check_rows(rows)
-    chosen = [i for i, row in enumerate(rows) if float(row["env_reward"]) <= threshold]
-    requests = [template.render({"response": rows[i]["response"]}) for i in chosen]
+    chosen = critiqued_indices(rows, threshold=threshold)
+    requests = round_requests(rows, template=template, threshold=threshold)
     results = client.run(requests, cache, progress=progress) if requests else []
     annotations = [_skipped_row(row) for row in rows]
     for i, result in zip(chosen, results):

@@ -7,10 +7,16 @@ connection, HTTP/1.1 keep-alive) and binds 127.0.0.1 unless told otherwise.
 
 Endpoints:
 
-- ``POST /v1/chat/completions`` answers with the backend's text in OpenAI's response shape;
-  token counts are whitespace word counts. Bodies over 1 MiB get 413, malformed ones 400.
+- ``POST /v1/chat/completions`` answers with the backend's text in OpenAI's response shape.
+  Token counts are whitespace word counts, except for the ``hf`` backend, which counts
+  tokenizer tokens. Bodies over 1 MiB get 413, malformed ones (including a ``max_tokens``
+  that is not a positive integer) 400.
 - ``GET /v1/models`` lists the one model the server answers as.
 - ``GET /stats`` returns counters: requests, completions, rejected, faults by kind.
+
+Backends: ``lexicon`` (the offline lexicon critic), ``echo`` (repeats the last user
+message), ``hf`` (a local causal LM checkpoint in ``model_dir``, loaded once per server;
+see :mod:`pipeline.critic.hf_backend`) or any callable ``messages -> text``.
 
 Faults are drawn per chat request from ``random.Random(seed)`` in arrival order (so the
 sequence repeats exactly for sequential clients): ``error`` (500), ``rate_limit`` (429
@@ -28,12 +34,13 @@ import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterator
 
 from pipeline.errors import ConfigError, CriticError
 
-__all__ = ["BACKENDS", "FAULT_KINDS", "make_server", "serve_in_background", "serve_forever"]
+__all__ = ["BACKENDS", "FAULT_KINDS", "Completion", "make_server", "serve_in_background", "serve_forever"]
 
 BACKENDS = ("lexicon", "echo", "hf")
 FAULT_KINDS = ("error", "rate_limit", "garbage", "drop", "empty")
@@ -43,28 +50,62 @@ _MAX_DRAIN_BYTES = 16 << 20
 AnswerFn = Callable[[list[dict]], str]
 
 
+@dataclass(frozen=True)
+class Completion:
+    """One backend answer: the text, its token counts and why generation stopped."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str = "stop"
+
+
+CompleteFn = Callable[[dict], Completion]
+
+
 def _echo_answer(messages: list[dict]) -> str:
     """Answer with the last user message (for tests of the transport)."""
     user = [m for m in messages if m.get("role") == "user"]
-    return _content_text((user or messages)[-1].get("content"))
+    return content_text((user or messages)[-1].get("content"))
 
 
-def _resolve_backend(backend: str | AnswerFn) -> tuple[str, AnswerFn]:
-    """Return (name, answer function) for a backend name or a callable ``messages -> text``."""
+def _word_count_completion(answer: AnswerFn) -> CompleteFn:
+    """Wrap a ``messages -> text`` backend so it returns a :class:`Completion` counted in words."""
+    def complete(request: dict) -> Completion:
+        text = answer(request["messages"])
+        return Completion(text=text, prompt_tokens=_prompt_words(request["messages"]),
+                          completion_tokens=len(text.split()))
+    return complete
+
+
+def _prompt_words(messages: list[dict]) -> int:
+    return sum(len(content_text(m.get("content")).split()) for m in messages)
+
+
+def _resolve_backend(backend: str | AnswerFn, model_dir: str | None) -> tuple[str, CompleteFn]:
+    """Return (name, request -> Completion) for a backend name or a callable ``messages -> text``."""
+    if backend != "hf" and model_dir is not None:
+        raise CriticError(f"critic server model_dir (--model-dir) is only used by backend 'hf', "
+                          f"not {backend!r}; drop it or use --backend hf")
     if callable(backend):
-        return getattr(backend, "__name__", "custom"), backend
+        return getattr(backend, "__name__", "custom"), _word_count_completion(backend)
     if backend == "echo":
-        return "echo", _echo_answer
+        return "echo", _word_count_completion(_echo_answer)
     if backend == "lexicon":
         from pipeline.critic import lexicon
 
-        return "lexicon", lexicon.answer
+        return "lexicon", _word_count_completion(lexicon.answer)
     if backend == "hf":
-        raise CriticError("critic server backend 'hf' is not implemented yet; use backend 'lexicon'")
+        if model_dir is None:
+            raise CriticError("critic server backend 'hf' needs model_dir (--model-dir DIR): "
+                              "a folder with a causal LM checkpoint and a tokenizer with a chat template")
+        from pipeline.critic.hf_backend import HFBackend
+
+        return "hf", HFBackend(model_dir)
     raise CriticError(f"unknown critic server backend {backend!r}; valid: {list(BACKENDS)}")
 
 
-def _content_text(content: object) -> str:
+def content_text(content: object) -> str:
     """Text of a message content: a string or a list of ``{"type": "text", "text": ...}`` parts."""
     if isinstance(content, str):
         return content
@@ -85,11 +126,12 @@ class _CriticServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128  # the default listen backlog of 5 drops SYNs of a burst: +1 s per retransmit
 
-    def __init__(self, address, *, backend, latency_s: float, rates: dict[str, float], seed: int):
+    def __init__(self, address, *, backend_name: str, complete_fn: CompleteFn, latency_s: float,
+                 rates: dict[str, float], seed: int):
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
-        self.backend_name, self.answer_fn = _resolve_backend(backend)
+        self.backend_name, self.complete_fn = backend_name, complete_fn
         self.latency_s, self.rates = latency_s, rates
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
@@ -134,6 +176,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:  # quiet: /stats has the counts
         pass
+
+    def setup(self) -> None:
+        super().setup()
+        # headers and body leave in two writes; with Nagle on, the body waits for the client's
+        # delayed ACK of the headers, which adds ~40 ms to every response on Linux loopback
+        if self.connection.family in (socket.AF_INET, socket.AF_INET6):
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def _send_json(self, status: int, payload: object, headers: dict[str, str] | None = None) -> None:
         body = json.dumps(payload).encode("utf-8")
@@ -208,26 +257,30 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             self._reject(400, "request needs a non-empty 'messages' list of objects")
             return None
+        for name in ("max_tokens", "max_completion_tokens"):
+            limit = request.get(name)
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+                self._reject(400, f"{name}={limit!r} is not a positive integer")
+                return None
         return request
 
     def _answer(self, request: dict, fault: str | None, number: int) -> None:
-        messages = request["messages"]
         try:
-            text = "" if fault == "empty" else self.server.answer_fn(messages)
+            answer = Completion("", _prompt_words(request["messages"]), 0) if fault == "empty" \
+                else self.server.complete_fn(request)
         except Exception as error:  # a backend bug must reach the client as a 500, not a hang
             self.server.count("backend_errors")
             self._send_json(500, {"error": {"message": f"backend failed: {error}", "type": "server_error"}})
             return
-        prompt_tokens = sum(len(_content_text(m.get("content")).split()) for m in messages)
-        completion_tokens = len(text.split())
+        prompt_tokens, completion_tokens = answer.prompt_tokens, answer.completion_tokens
         payload = {
             "id": f"chatcmpl-drlc-{number}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": str(request.get("model") or f"drlc-{self.server.backend_name}"),
             "system_fingerprint": f"drlc-{self.server.backend_name}",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": "stop", "logprobs": None}],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer.text},
+                         "finish_reason": answer.finish_reason, "logprobs": None}],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens},
         }
@@ -243,19 +296,21 @@ class _Handler(BaseHTTPRequestHandler):
 def make_server(*, host: str = "127.0.0.1", port: int = 0, backend: str | AnswerFn = "lexicon",
                 latency_s: float = 0.0, error_rate: float = 0.0, rate_limit_rate: float = 0.0,
                 garbage_rate: float = 0.0, drop_rate: float = 0.0, empty_rate: float = 0.0,
-                seed: int = 0) -> _CriticServer:
+                seed: int = 0, model_dir: str | None = None) -> _CriticServer:
     """Create (bind, not start) a critic server; ``port=0`` picks a free port.
 
     :param host: interface to bind (loopback by default)
     :param port: TCP port, 0 for any free one
-    :param backend: "lexicon" (offline critic), "echo" (repeats the last user message), or a
-        callable ``messages -> text``; "hf" is not implemented yet
+    :param backend: "lexicon" (offline critic), "echo" (repeats the last user message), "hf"
+        (the checkpoint in ``model_dir``, loaded here, once) or a callable ``messages -> text``
     :param latency_s: delay added to every chat request
     :param error_rate, rate_limit_rate, garbage_rate, drop_rate, empty_rate: fault
         probabilities per chat request, each in [0, 1], summing to at most 1
     :param seed: seed of the fault draws
+    :param model_dir: checkpoint folder of the "hf" backend; must be ``None`` for the others
     :return: a server with ``base_url``, ``stats()``, ``serve_forever()``, ``shutdown()``
-    :raises CriticError: on an unknown backend
+    :raises CriticError: on an unknown backend, "hf" without a loadable ``model_dir``, or a
+        ``model_dir`` given to another backend
     :raises ConfigError: on a fault rate out of range
     """
     rates = {"error": error_rate, "rate_limit": rate_limit_rate, "garbage": garbage_rate,
@@ -263,8 +318,9 @@ def make_server(*, host: str = "127.0.0.1", port: int = 0, backend: str | Answer
     _check_rates(rates)
     if latency_s < 0:
         raise ConfigError(f"critic server latency_s={latency_s!r} is negative; use a value >= 0")
-    _resolve_backend(backend)  # fail on a bad backend before binding a port
-    return _CriticServer((host, port), backend=backend, latency_s=latency_s, rates=rates, seed=seed)
+    backend_name, complete_fn = _resolve_backend(backend, model_dir)  # fail before binding a port
+    return _CriticServer((host, port), backend_name=backend_name, complete_fn=complete_fn,
+                         latency_s=latency_s, rates=rates, seed=seed)
 
 
 @contextmanager

@@ -1,0 +1,135 @@
+"""Critic throughput: concurrency speed-up against a slow endpoint, cache lookups, a free re-run.
+
+256 distinct sentiment requests (prompts/sentiment.md) go to the local lexicon server with
+200 ms injected latency, at client concurrency 1, 4 and 16, each time with a fresh server
+and a fresh cache so every request is paid. Then the filled cache is read (``get`` of
+existing keys, many passes) and the whole round is run again against the last server,
+whose /stats must show 0 new requests (the same server: the endpoint URL, port included, is
+part of the cache key).
+
+Run: ``python benchmarks/critic_throughput.py [--out benchmarks/results/critic_throughput.json]``
+(about 70 s on two cores; concurrency 1 alone is 256 x 0.2 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import openai  # noqa: E402
+
+from pipeline.critic.cache import CriticCache  # noqa: E402
+from pipeline.critic.client import CriticClient  # noqa: E402
+from pipeline.critic.server import serve_in_background  # noqa: E402
+from pipeline.critic.templates import load_template  # noqa: E402
+
+N_REQUESTS = 256
+LATENCY_S = 0.2
+CONCURRENCIES = (1, 4, 16)
+SPEEDUP_TARGET_AT_16 = 12.0
+CACHE_GET_PASSES = 20
+
+_SUBJECTS = ("The film", "The soup", "The hotel", "The concert", "The book", "The game", "The lecture", "The trip")
+_FIRST = ("was lovely", "was awful", "felt boring", "was great", "looked ugly", "was fine", "was brilliant",
+          "was painfully slow")
+_SECOND = ("the staff were kind", "the ending was a mess", "the music was wonderful", "the price was terrible")
+
+
+def sentiment_requests(count: int, seed: int = 0) -> list[list[dict]]:
+    """``count`` distinct texts (subject x two clauses), rendered with the sentiment template."""
+    template = load_template(REPO / "prompts" / "sentiment.md")
+    texts = [f"{s} {a}, but {b}." for s, a, b in itertools.product(_SUBJECTS, _FIRST, _SECOND)]
+    assert len(texts) >= count, "extend the word lists for more distinct texts"
+    random.Random(seed).shuffle(texts)
+    return [template.render({"response": text}) for text in texts[:count]]
+
+
+def timed_round(requests, *, url: str, stats, concurrency: int, cache_dir: Path) -> dict:
+    """Answer every request at ``url`` through the cache in ``cache_dir``; time it and count what the server got."""
+    before = stats()["requests"]
+    with CriticCache(cache_dir) as cache:
+        client = CriticClient(base_url=url, model="critic-m", max_concurrency=concurrency, timeout_s=30.0)
+        started = time.perf_counter()
+        results = client.run(requests, cache)
+        wall = time.perf_counter() - started
+    statuses = sorted({r.status for r in results})
+    return {"concurrency": concurrency, "wall_s": round(wall, 3), "server_requests": stats()["requests"] - before,
+            "statuses": statuses, "requests_per_s": round(len(requests) / wall, 2)}
+
+
+def cache_gets_per_second(cache_dir: Path, passes: int) -> dict:
+    """Time ``get`` of every stored key, ``passes`` times over, then ``key in cache`` likewise.
+
+    Each ``get`` hit also writes three counters (hits, saved tokens) to the cache's SQLite
+    database; ``in`` reads only, so the two rates bound the cost of a lookup.
+    """
+    with CriticCache(cache_dir) as cache:
+        keys = list(cache.keys())
+        started = time.perf_counter()
+        for _ in range(passes):
+            for key in keys:
+                cache.get(key)
+        wall = time.perf_counter() - started
+        started = time.perf_counter()
+        found = sum(key in cache for _ in range(passes) for key in keys)
+        contains_wall = time.perf_counter() - started
+    gets = passes * len(keys)
+    assert found == gets, "every stored key must be found"
+    return {"gets": gets, "keys": len(keys), "wall_s": round(wall, 3), "gets_per_s": round(gets / wall, 1),
+            "contains_per_s": round(gets / contains_wall, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "critic_throughput.json"))
+    args = parser.parse_args()
+    requests = sentiment_requests(N_REQUESTS)
+    assert len({json.dumps(m) for m in requests}) == N_REQUESTS
+    load_before = os.getloadavg()
+    rounds = []
+    with tempfile.TemporaryDirectory(prefix="drlc-bench-") as tmp:
+        for concurrency in CONCURRENCIES:  # a fresh server and a fresh cache each time
+            cache_dir = Path(tmp) / f"c{concurrency}"
+            with serve_in_background(backend="lexicon", latency_s=LATENCY_S) as (url, stats):
+                rounds.append(timed_round(requests, url=url, stats=stats, concurrency=concurrency,
+                                          cache_dir=cache_dir))
+                print(rounds[-1], flush=True)
+                if concurrency == CONCURRENCIES[-1]:  # the re-run must use the same endpoint: it is in the key
+                    lookups = cache_gets_per_second(cache_dir, CACHE_GET_PASSES)
+                    rerun = timed_round(requests, url=url, stats=stats, concurrency=concurrency,
+                                        cache_dir=cache_dir)
+    base = rounds[0]["wall_s"]
+    for entry in rounds:
+        entry["speedup_vs_1"] = round(base / entry["wall_s"], 2)
+    result = {
+        "n_requests": N_REQUESTS, "injected_latency_s": LATENCY_S, "backend": "lexicon",
+        "rounds": rounds, "ideal_wall_s": {str(c): round(-(-N_REQUESTS // c) * LATENCY_S, 2) for c in CONCURRENCIES},
+        "speedup_target_at_16": SPEEDUP_TARGET_AT_16,
+        "speedup_at_16": rounds[-1]["speedup_vs_1"],
+        "target_met": rounds[-1]["speedup_vs_1"] >= SPEEDUP_TARGET_AT_16,
+        "cache_lookups": lookups,
+        "rerun": {"server_requests": rerun["server_requests"], "wall_s": rerun["wall_s"], "statuses": rerun["statuses"]},
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "cpu_count": os.cpu_count(), "python": platform.python_version(), "openai": openai.__version__,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, sort_keys=True, indent=2) + "\n")
+    print(json.dumps({k: result[k] for k in ("speedup_at_16", "target_met", "cache_lookups", "rerun")}, sort_keys=True))
+    if rerun["server_requests"] != 0:
+        raise SystemExit(f"re-run sent {rerun['server_requests']} requests; the cache should have answered all")
+
+
+if __name__ == "__main__":
+    main()
