@@ -64,7 +64,7 @@ def cmd_cache(args) -> None:
 def cmd_critic_serve(args) -> None:
     from pipeline.critic.server import serve_forever
 
-    serve_forever(host=args.host, port=args.port, backend=args.backend, latency_s=args.latency,
+    serve_forever(host=args.host, port=args.port, backend=args.backend, model_dir=args.model_dir, latency_s=args.latency,
                   error_rate=args.error_rate, rate_limit_rate=args.rate_limit_rate,
                   garbage_rate=args.garbage_rate, drop_rate=args.drop_rate, empty_rate=args.empty_rate,
                   seed=args.seed)
@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--backend", default="lexicon", help="lexicon | echo | hf")
+    serve.add_argument("--model-dir", default=None, help="local chat-model checkpoint for --backend hf")
     serve.add_argument("--latency", type=float, default=0.0, help="seconds added to every answer")
     serve.add_argument("--error-rate", type=float, default=0.0, help="share of answers that are HTTP 500")
     serve.add_argument("--rate-limit-rate", type=float, default=0.0, help="share answered 429 + Retry-After")

@@ -70,8 +70,8 @@ class BaseParams:
     n_head: int = 4
     n_embd: int = 128
     block_size: int = 64
-    steps: int = 1500
-    batch_size: int = 32
+    steps: int = 1200
+    batch_size: int = 16
     learning_rate: float = 3e-3
 
     checks = {
@@ -128,8 +128,13 @@ class CriticParams:
     max_cost_usd: float | None = None
     temperature: float = 0.0
     max_tokens: int = 256
+    # USD per 1M prompt tokens and per 1M completion tokens, by model (for cost and budgets)
+    prices: dict[str, list[float]] = field(default_factory=lambda: {
+        "drlc-lexicon": [0.0, 0.0], "gpt-3.5-turbo": [0.5, 1.5], "gpt-4o-mini": [0.15, 0.6]})
 
     checks = {
+        "prices": (lambda x: all(len(v) == 2 and min(v) >= 0 for v in x.values()),
+                   "a mapping of model -> [usd_per_1m_prompt_tokens, usd_per_1m_completion_tokens] >= 0"),
         "alignment": (lambda x: x in ALIGNMENTS, f"one of {ALIGNMENTS}"),
         "backend": (lambda x: x in ("lexicon", "echo", "hf"), "one of ('lexicon', 'echo', 'hf')"),
         "max_concurrency": (_positive, "> 0"),
@@ -263,6 +268,9 @@ def _type_ok(value, annotation) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if annotation is int:
         return isinstance(value, int) and not isinstance(value, bool)
+    if origin is list:
+        (item_t,) = typing.get_args(annotation)
+        return isinstance(value, list) and all(_type_ok(v, item_t) for v in value)
     if origin is dict:
         key_t, val_t = typing.get_args(annotation)
         return isinstance(value, dict) and all(

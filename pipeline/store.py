@@ -101,7 +101,7 @@ def write_table(rows: list[dict], table: str, out_dir: str | Path) -> Path:
 def read_table(path: str | Path, table: str | None = None) -> list[dict]:
     """Read one partition folder (or parquet file) into a list of row dicts."""
     path = Path(path)
-    file = path / "part-0.parquet" if path.is_dir() else path
+    file = path if path.suffix == ".parquet" else path / "part-0.parquet"
     if not file.is_file():
         hint = f" Run the stage that writes '{table}' first (dvc repro)." if table else ""
         raise StoreError(f"Table file '{file}' not found.{hint}")

@@ -143,6 +143,9 @@ class CriticClient:
     :param max_requests: most HTTP attempts per :meth:`run` call (``None`` = unlimited)
     :param max_cost_usd: most dollars per :meth:`run` call (``None`` = unlimited)
     :param sampling: sampling parameters sent with every request (see ``SAMPLING_PARAMS``)
+    :param cache_endpoint: the endpoint as named in cache keys (default ``base_url``). drlc's own
+        local server listens on a fresh port each run, so it passes a stable name instead
+        (``"drlc-local:<backend>"``); otherwise every run would miss the cache.
     :raises CriticError: on a malformed base URL or a missing API key for a remote URL
     :raises ConfigError: on an unknown sampling parameter, or a cost budget without a price
     """
@@ -151,10 +154,11 @@ class CriticClient:
         self, *, base_url: str, model: str, max_concurrency: int = 8, timeout_s: float = 60.0,
         max_retries: int = 5, backoff_base_s: float = 0.5, backoff_max_s: float = 30.0, seed: int = 0,
         prices: dict[str, tuple[float, float]] | None = None, max_requests: int | None = None,
-        max_cost_usd: float | None = None, sampling: dict | None = None,
+        max_cost_usd: float | None = None, sampling: dict | None = None, cache_endpoint: str | None = None,
     ) -> None:
         self._api_key = api_key_for(base_url)
         self.base_url, self.model = str(base_url), model
+        self.cache_endpoint = cache_endpoint or self.base_url
         self.sampling = _check_sampling(sampling)
         if max_concurrency < 1 or max_retries < 0 or timeout_s <= 0:
             raise ConfigError(
@@ -174,7 +178,7 @@ class CriticClient:
 
     def key_for(self, messages: list[dict], sample_index: int = 0) -> str:
         """Return the cache key this client uses for ``messages``."""
-        return cache_key(endpoint=self.base_url, model=self.model, messages=messages,
+        return cache_key(endpoint=self.cache_endpoint, model=self.model, messages=messages,
                          sample_index=sample_index, **self.sampling)
 
     def cost_of(self, model: str, prompt_tokens: int, completion_tokens: int) -> float:

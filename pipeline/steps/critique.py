@@ -11,6 +11,7 @@ import contextlib
 from transformers import AutoTokenizer
 
 from pipeline.config import CriticParams
+from pipeline.errors import CriticError
 from pipeline.critic.annotate import annotate_round
 from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient
@@ -36,6 +37,31 @@ def critic_endpoint(critic: CriticParams):
         yield critic.endpoint, (lambda: {})
 
 
+def cache_endpoint(critic: CriticParams) -> str:
+    """The endpoint as named in cache keys: stable for the local server, whose port changes per run."""
+    return f"drlc-local:{critic.backend}" if critic.endpoint == "local" else critic.endpoint
+
+
+# Never contacted: a cache-only client has max_requests=0. Loopback, so no API key is needed.
+_CACHE_ONLY_URL = "http://127.0.0.1:9/v1"
+
+
+def critic_client(critic: CriticParams, base_url: str | None) -> CriticClient:
+    """The CriticClient for `critic` sending to base_url, with cache keys named by cache_endpoint().
+
+    base_url None gives a cache-only client: it answers from the cache and never sends
+    (max_requests=0, so a cache miss comes back with status "budget"), and needs no API key.
+    Raises CriticError for a malformed URL or a remote URL without OPENAI_API_KEY.
+    """
+    return CriticClient(
+        base_url=base_url or _CACHE_ONLY_URL, model=critic.model, cache_endpoint=cache_endpoint(critic),
+        prices={model: tuple(price) for model, price in critic.prices.items()},
+        max_concurrency=critic.max_concurrency, timeout_s=critic.timeout_s, max_retries=critic.max_retries,
+        max_requests=critic.max_requests if base_url else 0, max_cost_usd=critic.max_cost_usd,
+        sampling={"temperature": critic.temperature, "max_tokens": critic.max_tokens},
+    )
+
+
 def critique(rollout_rows: list[dict], score_rows: list[dict], *, critic: CriticParams, tokenizer_dir: str,
              run_id: str, round_: int) -> tuple[list[dict], dict]:
     """Annotate one round. Returns (annotation rows, stats with the requests the server received)."""
@@ -48,17 +74,19 @@ def critique(rollout_rows: list[dict], score_rows: list[dict], *, critic: Critic
         template = load_template(critic.template)
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         with CriticCache(critic.cache_dir) as cache, critic_endpoint(critic) as (base_url, server_stats):
-            client = CriticClient(
-                base_url=base_url, model=critic.model, max_concurrency=critic.max_concurrency,
-                timeout_s=critic.timeout_s, max_retries=critic.max_retries,
-                max_requests=critic.max_requests, max_cost_usd=critic.max_cost_usd,
-                sampling={"temperature": critic.temperature, "max_tokens": critic.max_tokens},
-            )
+            client = critic_client(critic, base_url)
             annotations = annotate_round(
                 rows, template=template, tokenizer=tokenizer, client=client, cache=cache,
                 threshold=critic.threshold, rewards=dict(critic.rewards), alignment=critic.alignment,
             )
             server_requests = server_stats().get("requests", 0)
+        stopped = sum(a["status"] == "budget" for a in annotations)
+        if stopped:
+            raise CriticError(
+                f"critic budget reached (critic.max_requests={critic.max_requests}, critic.max_cost_usd="
+                f"{critic.max_cost_usd}): {stopped} responses were not critiqued. Every answer received is "
+                f"cached; raise the budget and re-run (cached answers cost nothing)."
+            )
     annotations = [dict(a, run_id=run_id, round=round_) for a in annotations]
     return annotations, summarize(annotations, server_requests)
 

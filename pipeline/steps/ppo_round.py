@@ -69,11 +69,14 @@ def ppo_round(rollouts: list[dict], scores: list[dict], annotations: list[dict],
     )
     save_policy(policy, tokenizer, out_dir)
     save_trainer_state(out_dir, optimizer=optimizer, kl_controller=kl_controller, score_moments=moments)
-    return [
-        {"run_id": run_id, "round": round_, "step": i,
-         **{col: stat[key] for col, key in STEP_COLUMNS.items()}}
-        for i, stat in enumerate(stats)
-    ]
+    return [step_row(stat, run_id=run_id, round_=round_, step=i) for i, stat in enumerate(stats)]
+
+
+def step_row(stat: dict, *, run_id: str, round_: int, step: int) -> dict:
+    """One `ppo_steps` row from one train_round stats dict."""
+    row = {col: float(stat[key]) for col, key in STEP_COLUMNS.items()}
+    row.update(skipped=bool(stat["ppo/skipped"]), epoch=int(stat["ppo/epoch"]))
+    return {"run_id": run_id, "round": round_, "step": step, **row}
 
 
 def summarize(steps: list[dict]) -> dict:
