@@ -1,4 +1,4 @@
-"""evaluate: the final policy against the base on the eval prompts; training curves per round."""
+"""evaluate: the final policy against the base on each prompt set (DExperts protocol); curves per round."""
 from pathlib import Path
 
 from pipeline import stage, store
@@ -10,13 +10,11 @@ def main():
     args = stage.parser(__doc__, "prompts", "base", "policy", "data", "metrics", "curves", "out",
                         "samples").parse_args()
     params = stage.start(args)
-    e = params.evaluate
     policy_name = Path(args.policy).name
     rows, samples, metrics = evaluate(
         store.read_table(args.prompts, "prompts"), base_dir=args.base, policy_dir=args.policy,
         policy_name=policy_name, run_id=params.run.run_id, round_=int(policy_name.split("=")[1]),
-        seed=params.run.seed, n_prompts=e.n_prompts, samples_per_prompt=e.samples_per_prompt,
-        max_new_tokens=e.max_new_tokens, top_p=e.top_p,
+        seed=params.run.seed, params=params.evaluate,
     )
     store.write_table(rows, "eval", args.out)
     store.write_table(samples, "eval_samples", args.samples)

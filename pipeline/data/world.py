@@ -194,6 +194,10 @@ def _sentence(pattern: str, kind: str, polarity: str, rng: random.Random) -> str
 
 
 def _review(rng: random.Random) -> str:
+    return _review_with_tone(rng)[0]
+
+
+def _review_with_tone(rng: random.Random) -> tuple[str, str]:
     tone = rng.choice((POSITIVE, NEGATIVE, "mixed"))
     sentences = []
     for _ in range(rng.randint(1, 3)):
@@ -206,7 +210,7 @@ def _review(rng: random.Random) -> str:
             allowed = [t for t in allowed if "FEELING" not in t[0]]
         pattern, kind = rng.choice(allowed)
         sentences.append(_sentence(pattern, kind, polarity, rng))
-    return " ".join(sentences)
+    return " ".join(sentences), tone
 
 
 def generate_reviews(n: int, *, seed: int) -> list[str]:
@@ -223,6 +227,31 @@ def generate_reviews(n: int, *, seed: int) -> list[str]:
         raise ConfigError(f"number of reviews must be >= 0, got n={n}; pass a count such as 20000")
     rng = random.Random(seed)
     return [_review(rng) for _ in range(n)]
+
+
+def generate_labelled_reviews(n: int, *, seed: int) -> list[tuple[str, int]]:
+    """Generate ``n`` reviews with their tone as a label, to train an evaluation classifier.
+
+    A review's label is the tone it was written with: 1 = positive, 0 = negative. Mixed
+    reviews (a third of the draws) are skipped rather than labelled by majority, because their
+    sentence polarities are drawn independently and often tie. Positive and negative reviews
+    can still hold neutral sentences and "but"/"although" clauses of the other sign. The seed
+    stream is separate from ``generate_reviews`` and ``review_prefixes``; the first ``m``
+    pairs of a longer list equal ``generate_labelled_reviews(m, seed=seed)``.
+
+    Params: n: number of labelled reviews (>= 0); seed: integer seed.
+    Returns: a list of ``n`` (review, label) pairs.
+    Raises: ConfigError if ``n`` is negative.
+    """
+    if n < 0:
+        raise ConfigError(f"number of labelled reviews must be >= 0, got n={n}; pass a count such as 4000")
+    rng = random.Random(f"drlc-labelled-reviews:{seed}")
+    pairs: list[tuple[str, int]] = []
+    while len(pairs) < n:
+        text, tone = _review_with_tone(rng)
+        if tone != "mixed":
+            pairs.append((text, int(tone == POSITIVE)))
+    return pairs
 
 
 def _first_polar_word(words: list[str]) -> int:

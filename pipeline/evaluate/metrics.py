@@ -1,10 +1,12 @@
 """Evaluation metrics, each a small function of plain values.
 
-- distinct_n: DExperts-style diversity. For each prompt, the number of unique n-grams over the
-  number of n-grams across its samples (whitespace tokens); the mean over prompts.
-- positive_share: share of continuations whose sentiment score is >= a threshold.
-- perplexity: conditional perplexity of each continuation given its query under a language
-  model, exp(mean token NLL); the mean over samples.
+- distinct_n: DExperts' diversity. For each prompt, the number of distinct n-grams over the
+  number of words across all its samples (words = whitespace tokens; DExperts splits on
+  single spaces, which also counts empty strings as words; we do not). The mean over prompts
+  that have at least one word.
+- positive_percent: percentage of continuations a classifier calls positive (P >= threshold).
+- conditional_perplexities: perplexity of each continuation given its query under a language
+  model, exp(mean token NLL); the reported fluency is the mean over samples (as in DExperts).
 """
 from __future__ import annotations
 
@@ -15,12 +17,19 @@ import torch.nn.functional as F
 
 
 def distinct_n(samples_by_prompt: list[list[str]], n: int) -> float:
-    """Mean over prompts of unique/total n-grams of that prompt's samples (0 if a prompt has none)."""
+    """Mean over prompts of (distinct n-grams) / (words) in that prompt's samples.
+
+    Prompts whose samples hold no word are left out; 0.0 if every prompt is.
+    """
     ratios = []
     for samples in samples_by_prompt:
-        ngrams = [tuple(words[i:i + n]) for text in samples
-                  for words in [text.split()] for i in range(len(words) - n + 1)]
-        ratios.append(len(set(ngrams)) / len(ngrams) if ngrams else 0.0)
+        grams, n_words = set(), 0
+        for text in samples:
+            words = text.split()
+            n_words += len(words)
+            grams.update(tuple(words[i:i + n]) for i in range(len(words) - n + 1))
+        if n_words:
+            ratios.append(len(grams) / n_words)
     return sum(ratios) / len(ratios) if ratios else 0.0
 
 
@@ -29,22 +38,37 @@ def positive_share(scores: list[float], threshold: float = 0.05) -> float:
     return sum(s >= threshold for s in scores) / len(scores) if scores else 0.0
 
 
+def positive_percent(probabilities: list[float], threshold: float = 0.5) -> float:
+    """Percentage (0-100) of P(positive) values >= threshold."""
+    return 100.0 * positive_share(probabilities, threshold)
+
+
+def nanmean(values: list[float]) -> float:
+    """Mean of the values that are not NaN (NaN if there are none)."""
+    kept = [v for v in values if v == v]
+    return sum(kept) / len(kept) if kept else math.nan
+
+
 @torch.no_grad()
-def conditional_perplexities(lm, *, query_ids: list[list[int]], response_ids: list[list[int]]) -> list[float]:
+def conditional_perplexities(lm, *, query_ids: list[list[int]], response_ids: list[list[int]],
+                             batch_size: int = 64) -> list[float]:
     """exp(mean NLL of the response tokens given the query) for each (query, response) pair.
 
-    Pairs with an empty response get NaN (no tokens to score). One pair per forward pass keeps
-    the code free of padding; evaluation sets are small.
+    Pairs are right-padded into batches (padding after the last token cannot change earlier
+    logits of a causal LM). Pairs with an empty response get NaN (no tokens to score).
     """
     lm.eval()
-    out = []
-    for query, response in zip(query_ids, response_ids):
-        if not response:
-            out.append(math.nan)
-            continue
-        ids = torch.tensor([query + response])  # (1, Tq+Tr)
-        logits = lm(input_ids=ids).logits[0, :-1].float()  # (Tq+Tr-1, V)
-        targets = ids[0, 1:]  # (Tq+Tr-1,)
-        nll = F.cross_entropy(logits, targets, reduction="none")[len(query) - 1:]  # (Tr,)
-        out.append(math.exp(nll.mean().item()))
+    out = [math.nan] * len(query_ids)
+    todo = [i for i, r in enumerate(response_ids) if r]
+    for start in range(0, len(todo), batch_size):
+        index = todo[start:start + batch_size]
+        seqs = [query_ids[i] + response_ids[i] for i in index]
+        width = max(len(s) for s in seqs)
+        ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs])  # (B, T)
+        attention = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])  # (B, T)
+        logits = lm(input_ids=ids, attention_mask=attention).logits[:, :-1].float()  # (B, T-1, V)
+        nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # (B, T-1)
+        for row, i in enumerate(index):
+            q, r = len(query_ids[i]), len(response_ids[i])
+            out[i] = math.exp(nll[row, q - 1:q - 1 + r].mean().item())  # response tokens only
     return out

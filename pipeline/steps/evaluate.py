@@ -1,70 +1,92 @@
-"""`evaluate` stage: sample continuations of the eval prompts from the base and the final policy
-and compute the task's metrics (sentiment: env reward, positive share, dist-n, perplexity)."""
+"""`evaluate` stage: sample continuations of each prompt set from the base and the final policy
+(DExperts protocol) and compute the task's metrics for every (policy, prompt set).
+
+Metrics per (policy, set): positive_percent (naive Bayes classifier, not the training reward),
+env_reward_mean (the training reward, VADER), perplexity (fluency LM), dist_1/2/3.
+"""
 from __future__ import annotations
 
-import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from pipeline.evaluate.metrics import conditional_perplexities, distinct_n, positive_share
+from pipeline.config import EvaluateParams
+from pipeline.evaluate.classifier import train_sentiment_classifier
+from pipeline.evaluate.decode import sample_continuations
+from pipeline.evaluate.metrics import conditional_perplexities, distinct_n, nanmean, positive_percent
+from pipeline.evaluate.prompts import load_prompt_sets
 from pipeline.rewards.sentiment import VaderReward
+from pipeline.store import SCHEMAS
 
 
-@torch.no_grad()
-def sample_continuations(lm, tokenizer, queries: list[list[int]], *, max_new_tokens: int, top_p: float,
-                         seed: int) -> list[list[int]]:
-    """Nucleus samples (top_k off), one per query, left-padded batch; EOS ends a continuation."""
-    torch.manual_seed(seed)
-    lm.eval()
-    width = max(len(q) for q in queries)
-    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(q)) + q for q in queries])  # (B, Tq)
-    mask = (torch.arange(width)[None, :] >= torch.tensor([width - len(q) for q in queries])[:, None]).long()
-    out = lm.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_p=top_p, top_k=0,
-                      max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                      eos_token_id=tokenizer.eos_token_id)[:, width:]  # (B, <=max_new_tokens)
-    continuations = []
-    for row in out.tolist():
-        ids_ = [t for t in row if t != tokenizer.pad_token_id]
-        if tokenizer.eos_token_id in ids_:
-            ids_ = ids_[: ids_.index(tokenizer.eos_token_id)]
-        continuations.append(ids_)
-    return continuations
+class FluencyLM:
+    """The perplexity model: the run's base model (scores sampled ids) or another local model
+    (re-tokenizes query and continuation text with its own tokenizer)."""
+
+    def __init__(self, source: str, base_lm):
+        self.own_tokenizer = None if source == "base" else AutoTokenizer.from_pretrained(source)
+        self.lm = base_lm if source == "base" else AutoModelForCausalLM.from_pretrained(source)
+
+    def perplexities(self, *, queries, continuations, query_texts, texts, batch_size) -> list[float]:
+        if self.own_tokenizer is not None:
+            tok = self.own_tokenizer
+            bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
+            queries = [bos + tok.encode(q) for q in query_texts]
+            continuations = [tok.encode(t) for t in texts]
+        return conditional_perplexities(self.lm, query_ids=queries, response_ids=continuations, batch_size=batch_size)
+
+
+def _score_set(lm, tokenizer, prompts: list[dict], *, e: EvaluateParams, seed: int, classifier, reward,
+               fluency: FluencyLM) -> tuple[dict, list[dict]]:
+    """Sample e.samples_per_prompt continuations per prompt; return (metrics, per-sample rows)."""
+    k = e.samples_per_prompt
+    query_texts = [p["text"] for p in prompts for _ in range(k)]
+    queries = [[tokenizer.bos_token_id] + tokenizer.encode(q) for q in query_texts]
+    continuations = sample_continuations(lm, tokenizer, queries, max_new_tokens=e.max_new_tokens, top_p=e.top_p,
+                                         seed=seed, batch_size=e.batch_size)
+    texts = [tokenizer.decode(c, skip_special_tokens=True) for c in continuations]
+    env = reward.score(texts)
+    positive = classifier.predict_proba(texts)
+    ppl = fluency.perplexities(queries=queries, continuations=continuations, query_texts=query_texts,
+                               texts=texts, batch_size=e.batch_size)
+    per_prompt = [texts[i:i + k] for i in range(0, len(texts), k)]
+    metrics = {"positive_percent": positive_percent(positive), "env_reward_mean": sum(env) / len(env),
+               "perplexity": nanmean(ppl), "dist_1": distinct_n(per_prompt, 1),
+               "dist_2": distinct_n(per_prompt, 2), "dist_3": distinct_n(per_prompt, 3), "n_samples": len(texts)}
+    rows = [{"prompt_id": prompts[i // k]["prompt_id"], "sample": i % k, "query": query_texts[i], "response": texts[i],
+             "env_reward": env[i], "positive_prob": positive[i], "perplexity": ppl[i]} for i in range(len(texts))]
+    return metrics, rows
 
 
 def evaluate(prompt_rows: list[dict], *, base_dir: str, policy_dir: str, policy_name: str, run_id: str,
-             round_: int, seed: int, n_prompts: int, samples_per_prompt: int, max_new_tokens: int,
-             top_p: float) -> tuple[list[dict], list[dict], dict]:
-    """Evaluate base and policy on the same eval prompts and seeds.
+             round_: int, seed: int, params: EvaluateParams) -> tuple[list[dict], list[dict], dict]:
+    """Evaluate the base and the policy on the same prompt sets and seeds.
 
-    Returns (eval rows: one per policy and metric, sample rows, metrics {policy: {metric: value}}).
-    Perplexity is measured under the base model for both policies.
+    Params: prompt_rows: the prompts table (its 'eval' rows are the 'world' set); base_dir,
+    policy_dir: saved models (the base's tokenizer serves both); params: the evaluate section.
+    Returns: (eval rows: one per policy, set and metric "<set>/<metric>"; sample rows; metrics
+    {policy: {set: {metric: value}}} for metrics/eval.json).
+    Raises: DataError for a bad prompts or classifier file (before any model is loaded).
     """
-    prompts = [row for row in prompt_rows if row["split"] == "eval"][:n_prompts]
+    sets = load_prompt_sets(params.prompts, prompt_rows, params.n_prompts)
+    classifier = train_sentiment_classifier(params.classifier_data, seed=seed)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     base_lm = AutoModelForCausalLM.from_pretrained(base_dir)
-    queries = [[tokenizer.bos_token_id] + tokenizer.encode(p["text"]) for p in prompts for _ in range(samples_per_prompt)]
+    fluency = FluencyLM(params.fluency_model, base_lm)
     reward = VaderReward()
+    sample_columns = set(SCHEMAS["eval_samples"].names)
     metrics, sample_rows = {}, []
     for name, model_dir in (("base", base_dir), (policy_name, policy_dir)):
-        lm = base_lm if model_dir == base_dir else AutoModelForCausalLM.from_pretrained(model_dir)
-        continuations = sample_continuations(lm, tokenizer, queries, max_new_tokens=max_new_tokens,
-                                             top_p=top_p, seed=seed)
-        texts = [tokenizer.decode(c, skip_special_tokens=True) for c in continuations]
-        scores = reward.score(texts)
-        per_prompt = [texts[i:i + samples_per_prompt] for i in range(0, len(texts), samples_per_prompt)]
-        ppl = [p for p in conditional_perplexities(base_lm, query_ids=queries, response_ids=continuations) if p == p]
-        metrics[name] = {
-            "env_reward_mean": sum(scores) / len(scores), "positive_share": positive_share(scores),
-            "dist_1": distinct_n(per_prompt, 1), "dist_2": distinct_n(per_prompt, 2),
-            "dist_3": distinct_n(per_prompt, 3), "perplexity": sum(ppl) / max(len(ppl), 1),
-        }
-        sample_rows += [
-            {"run_id": run_id, "round": round_, "policy": name, "prompt_id": prompts[i // samples_per_prompt]["prompt_id"],
-             "sample": i % samples_per_prompt, "query": prompts[i // samples_per_prompt]["text"],
-             "response": text, "env_reward": s}
-            for i, (text, s) in enumerate(zip(texts, scores))
-        ]
+        lm = base_lm if name == "base" else AutoModelForCausalLM.from_pretrained(model_dir)
+        metrics[name] = {}
+        for set_name, prompts in sets.items():
+            metrics[name][set_name], rows = _score_set(lm, tokenizer, prompts, e=params, seed=seed,
+                                                       classifier=classifier, reward=reward, fluency=fluency)
+            for row in rows:  # prompt_set, positive_prob, perplexity are kept where the schema has them
+                row.update(run_id=run_id, round=round_, policy=name, prompt_set=set_name,
+                           prompt_id=f"{set_name}/{row['prompt_id']}")
+                sample_rows.append({k: v for k, v in row.items() if k in sample_columns})
     eval_rows = [
-        {"run_id": run_id, "round": round_, "policy": name, "metric": metric, "value": value, "n": len(queries)}
-        for name, values in metrics.items() for metric, value in values.items()
+        {"run_id": run_id, "round": round_, "policy": name, "metric": f"{set_name}/{metric}", "value": float(value),
+         "n": by_set[set_name]["n_samples"]}
+        for name, by_set in metrics.items() for set_name, values in by_set.items() for metric, value in values.items()
     ]
     return eval_rows, sample_rows, metrics

@@ -1,0 +1,76 @@
+"""`write_report`: metrics side by side with deltas, a curves PNG, clear errors for unfinished runs."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import DataError
+from pipeline.report import load_run, write_report
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(root: Path, name: str, policy: str, positive: float, curves: list[tuple]) -> Path:
+    run = root / name
+    (run / "metrics").mkdir(parents=True)
+    evaluation = {"base": {"world": {"positive_percent": 40.0, "perplexity": 12.5}},
+                  policy: {"world": {"positive_percent": positive, "perplexity": 14.0}}}
+    rounds = [{"round": r, "env_reward_mean": env, "intrinsic_reward_sum": 0.1, "kl": kl, "kl_coef": 0.2,
+               "critic_calls": calls, "cache_hits": 0, "cache_hit_rate": 0.0, "cost_usd": 0.5, "cost_usd_total": 0.5 * r}
+              for r, env, kl, calls in curves]
+    (run / "metrics" / "eval.json").write_text(json.dumps(evaluation))
+    (run / "metrics" / "rounds.json").write_text(json.dumps({"rounds": rounds}))
+    return run
+
+
+def test_report_table_has_every_metric_and_deltas_vs_the_first_run(tmp_path):
+    sparse = _run(tmp_path, "sparse", "round=0002", 50.0, [(1, 0.1, 0.01, 0), (2, 0.2, 0.02, 0)])
+    dense = _run(tmp_path, "dense", "round=0003", 62.5, [(1, 0.1, 0.01, 10), (2, 0.3, 0.03, 8), (3, 0.5, 0.05, 6)])
+    paths = write_report([str(sparse), str(dense)], str(tmp_path / "reports"))
+    assert set(paths) == {"markdown", "curves_png"}
+    text = paths["markdown"].read_text()
+    assert "| metric | sparse | dense | Δ dense − sparse |" in text
+    assert "| final/world/positive_percent | 50 | 62.5 | +12.5 |" in text  # different last rounds line up as final
+    assert "| base/world/perplexity | 12.5 | 12.5 | 0 |" in text
+    assert "| train/rounds | 2 | 3 | +1 |" in text
+    assert "| train/critic_calls_total | 0 | 24 | +24 |" in text
+    assert "| train/cost_usd_total | 1 | 1.5 | +0.5 |" in text
+    assert "| train/last_round_kl | 0.02 | 0.05 | +0.03 |" in text
+    png = paths["curves_png"].read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_a_single_run_has_no_delta_column(tmp_path):
+    run = _run(tmp_path, "a", "round=0001", 50.0, [(1, 0.1, 0.01, 3)])
+    text = write_report([str(run)], str(tmp_path / "out"))["markdown"].read_text()
+    assert "| metric | a |\n" in text and "Δ" not in text.split("## Metrics")[1].split("\n\n")[1]
+
+
+def test_load_run_flattens_metric_names(tmp_path):
+    metrics, curves = load_run(_run(tmp_path, "a", "round=0001", 50.0, [(1, 0.1, 0.01, 3)]))
+    assert metrics["final/world/positive_percent"] == 50.0 and metrics["base/world/positive_percent"] == 40.0
+    assert len(curves) == 1
+
+
+def test_unfinished_runs_raise_data_error(tmp_path):
+    with pytest.raises(DataError, match="not found"):
+        write_report([str(tmp_path / "nope")], str(tmp_path / "r"))
+    (tmp_path / "half" / "metrics").mkdir(parents=True)
+    (tmp_path / "half" / "metrics" / "eval.json").write_text("{}")
+    with pytest.raises(DataError, match="has no metrics/rounds.json"):
+        write_report([str(tmp_path / "half")], str(tmp_path / "r"))
+    with pytest.raises(DataError, match="No run folder"):
+        write_report([], str(tmp_path / "r"))
+
+
+def test_a_run_without_metrics_exits_2_with_one_line(tmp_path):
+    (tmp_path / "run").mkdir()
+    code = ("from pipeline.errors import exit_on_error; from pipeline.report import write_report; "
+            f"exit_on_error(lambda: write_report([{str(tmp_path / 'run')!r}], {str(tmp_path / 'r')!r}))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"drlc: error: Run folder '{tmp_path / 'run'}' has no metrics/eval.json: pass the output folder of a "
+        "finished run (after `dvc repro`)."]
