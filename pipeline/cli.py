@@ -70,6 +70,14 @@ def cmd_critic_serve(args) -> None:
                   seed=args.seed)
 
 
+def cmd_report(args) -> None:
+    from pipeline.report import write_report
+
+    paths = write_report(args.runs, args.out)
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="drlc", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -89,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     catalog.add_argument("--data", default="data")
     catalog.add_argument("--out", default="catalog.sql")
     catalog.set_defaults(func=cmd_catalog)
+
+    report = sub.add_parser("report", help="compare finished runs: Markdown table + PNG of curves")
+    report.add_argument("runs", nargs="+", help="run folders (each with metrics/eval.json and metrics/rounds.json)")
+    report.add_argument("--out", default="reports", help="output folder (default: reports)")
+    report.set_defaults(func=cmd_report)
 
     cache = sub.add_parser("cache", help="inspect, export or import the critic cache")
     cache.add_argument("action", choices=["stats", "export", "import"])

@@ -173,10 +173,12 @@ class PPOParams:
     use_score_scaling: bool = False
     use_score_norm: bool = False
     score_clip: float | None = None
-    mixed_precision: str = "no"  # "bf16" = bf16 autocast for forward/backward; log-probs, values stay fp32
+    # "bf16" = bf16 autocast for forward/backward (log-probs, values stay fp32). Not "no": DVC
+    # rewrites params.yaml unquoted on `dvc exp run -S`, and YAML 1.1 reads `no` as false.
+    mixed_precision: str = "fp32"
 
     checks = {
-        "mixed_precision": (lambda x: x in ("no", "bf16"), "one of ('no', 'bf16')"),
+        "mixed_precision": (lambda x: x in ("fp32", "bf16"), "one of ('fp32', 'bf16')"),
         "learning_rate": (_positive, "> 0"),
         "ppo_epochs": (_positive, "> 0"),
         "mini_batch_size": (_positive, "> 0"),
@@ -203,17 +205,26 @@ class PPOParams:
 
 @dataclass(frozen=True)
 class EvaluateParams:
+    """Evaluation as in the DExperts protocol: N nucleus samples per prompt, scored by a sentiment
+    classifier that is not the training reward, a fluency LM and dist-n."""
+
     policy: str = "round=0003"  # the policy evaluated against the base; must be the last round
-    n_prompts: int = 64
-    samples_per_prompt: int = 4
+    prompts: list[str] = field(default_factory=lambda: ["world"])  # "world" or DExperts JSONL paths
+    n_prompts: int | None = None  # first n prompts of each set (DExperts' sample_size); null = all
+    samples_per_prompt: int = 25
     max_new_tokens: int = 20
     top_p: float = 0.9
+    batch_size: int = 64  # sequences per generation / perplexity batch
+    classifier_data: str = "world"  # "world" = labelled synthetic reviews, or a "<0|1> <text>" file
+    fluency_model: str = "base"  # "base" = the run's base model, or a local HF causal-LM folder
 
     checks = {
-        "n_prompts": (_positive, "> 0"),
+        "prompts": (lambda x: len(x) > 0, "a non-empty list of 'world' or JSONL paths"),
+        "n_prompts": (_positive, "> 0 or null"),
         "samples_per_prompt": (_positive, "> 0"),
         "max_new_tokens": (_positive, "> 0"),
         "top_p": (lambda x: 0 < x <= 1, "in (0, 1]"),
+        "batch_size": (_positive, "> 0"),
     }
 
 

@@ -3,12 +3,15 @@
 Mask convention: `mask` (B, T) float, 1 = response token, 0 = padding.
 Every forward pass passes explicit position ids (cumsum of the attention mask − 1), so a
 sequence gets the same logits whether it is left padded, right padded or not padded.
-All log-probs and values are returned in fp32. Dropout is off in every pass here (eval mode).
+All log-probs and values are returned in fp32, also under bf16 autocast. Dropout is off in every pass
+here (eval mode).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,6 +22,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from pipeline.errors import ConfigError
 
 VALUE_HEAD_FILE = "value_head.safetensors"
+# LMs whose forward is trunk -> last hidden state -> output embeddings, with no logit scaling or
+# soft-capping (Gemma 2, Cohere and Granite scale their logits and are not listed).
+PLAIN_HEAD_MODEL_TYPES = frozenset({"gpt2", "llama", "mistral", "qwen2", "qwen3", "gpt_neox"})
 
 
 class PolicyWithValueHead(torch.nn.Module):
@@ -33,18 +39,36 @@ class PolicyWithValueHead(torch.nn.Module):
         self.lm = lm
         self.v_head = v_head
 
-    def forward(self, *, input_ids: torch.Tensor, attention_mask: torch.Tensor):
-        """Return (logits (B, T, V) fp32, values (B, T) fp32) for a padded batch."""
-        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
-        out = self.lm(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            output_hidden_states=True,
-        )
-        hidden = out.hidden_states[-1]  # (B, T, H)
-        values = self.v_head(hidden.to(self.v_head.weight.dtype)).squeeze(-1).float()  # (B, T)
-        return out.logits.float(), values
+    def forward(self, *, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor | None = None):
+        """Return (logits fp32, values fp32) for a padded batch (B, L).
+
+        positions: optional (B, T) input positions; then logits (B, T, V) and values (B, T) are
+        returned only there. For LMs whose logits are exactly output_embeddings(last hidden
+        state) (PLAIN_HEAD_MODEL_TYPES) the LM head then runs on those T positions only: the
+        (B, L, V) logits are never built, which saves most of the head's time and memory.
+        Without positions: logits (B, L, V), values (B, L).
+        The value head always runs in fp32, even under bf16 autocast.
+        """
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, L)
+        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        if positions is not None and self.plain_head:
+            hidden = self.lm.base_model(**inputs).last_hidden_state  # (B, L, H)
+            hidden = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, T, H)
+            logits = self.lm.get_output_embeddings()(hidden)  # (B, T, V)
+        else:
+            out = self.lm(**inputs, output_hidden_states=True)
+            hidden, logits = out.hidden_states[-1], out.logits  # (B, L, H), (B, L, V)
+            if positions is not None:
+                hidden = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, T, H)
+                logits = logits.gather(1, positions[..., None].expand(-1, -1, logits.shape[-1]))  # (B, T, V)
+        with torch.autocast(device_type=hidden.device.type, enabled=False):
+            values = self.v_head(hidden.float()).squeeze(-1)  # (B, T) or (B, L)
+        return logits.float(), values
+
+    @property
+    def plain_head(self) -> bool:
+        """True when logits = output_embeddings(last hidden state), so the head can run on a subset."""
+        return getattr(self.lm.config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES
 
 
 def _fresh_value_head(hidden_size: int, seed: int) -> torch.nn.Linear:
@@ -174,6 +198,123 @@ def sample_responses(
     return results
 
 
+def _at_least_fp32(tensor: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(tensor.dtype, torch.float32)  # bf16 -> fp32, fp64 stays fp64
+
+
+class _TokenLogProbs(torch.autograd.Function):
+    """log_softmax(z)[token] with a hand-written backward: d/dz = g · (onehot(token) − softmax(z)).
+
+    Autograd's version zero-fills a (B, T, V) gradient for the gather, scatters into it and runs
+    the log-softmax backward over two (B, T, V) tensors; this one computes −g·p from the saved
+    softmax and adds g at the token. Same gradient, about half the (B, T, V) passes.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, tokens, with_entropy: bool):
+        log_p = torch.log_softmax(logits, dim=-1, dtype=_at_least_fp32(logits))  # (B, T, V)
+        logprobs = log_p.gather(-1, tokens[..., None])  # (B, T, 1)
+        probs = log_p.exp()  # (B, T, V)
+        entropy = None
+        if with_entropy:  # H = −Σ p log p as one batched dot product per position
+            flat = probs.shape[-1]
+            entropy = -torch.bmm(probs.reshape(-1, 1, flat), log_p.reshape(-1, flat, 1)).reshape(tokens.shape)
+        ctx.save_for_backward(probs, tokens)
+        ctx.logits_dtype = logits.dtype
+        ctx.mark_non_differentiable(*(t for t in (entropy,) if t is not None))
+        return logprobs[..., 0], entropy
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_logprobs, _grad_entropy):
+        probs, tokens = ctx.saved_tensors
+        grad = probs * -grad_logprobs[..., None]  # (B, T, V)
+        grad.scatter_add_(-1, tokens[..., None], grad_logprobs[..., None])
+        return grad.to(ctx.logits_dtype), None, None
+
+
+def token_logprobs(*, logits: torch.Tensor, tokens: torch.Tensor, with_entropy: bool = False):
+    """Log-prob of `tokens` under softmax(`logits`) and, if asked, the entropy at each position.
+
+    logprobs = log_softmax(logits)[token] (differentiable); entropy = −Σ_v p_v log p_v (no grad).
+    logits (B, T, V) fp32 or bf16 (upcast to fp32 inside the log-softmax), tokens (B, T) long.
+    Returns (logprobs (B, T), entropy (B, T) or None), in fp32 (fp64 for fp64 logits).
+    """
+    if torch.is_grad_enabled() and logits.requires_grad:
+        return _TokenLogProbs.apply(logits, tokens, with_entropy)
+    return _no_grad_token_logprobs(logits, tokens, with_entropy)
+
+
+def _no_grad_token_logprobs(logits, tokens, with_entropy):
+    log_p = torch.log_softmax(logits, dim=-1, dtype=_at_least_fp32(logits))  # (B, T, V)
+    logprobs = log_p.gather(-1, tokens[..., None])[..., 0]  # (B, T)
+    entropy = -(log_p.exp() * log_p).sum(-1) if with_entropy else None  # (B, T)
+    return logprobs, entropy
+
+
+def autocast_context(mixed_precision: str, device: torch.device):
+    """bf16 autocast on `device` when mixed_precision == "bf16", else a no-op context.
+
+    Raises ConfigError for any other value than "fp32" or "bf16".
+    """
+    if mixed_precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    if mixed_precision == "fp32":
+        return contextlib.nullcontext()
+    raise ConfigError(f"mixed_precision {mixed_precision!r} is not supported: use 'fp32' or 'bf16'.")
+
+
+@dataclass(frozen=True)
+class ResponseScores:
+    """What one forward pass says about each response token; every tensor is fp32."""
+
+    logprobs: torch.Tensor  # (B, T) log-prob of the response token, 0 on padding
+    values: torch.Tensor  # (B, T) value of the state before the token, 0 on padding
+    mask: torch.Tensor  # (B, T) 1 = response token
+    logits: torch.Tensor | None  # (B, T, V) logits that predicted the token, when keep_logits
+    entropy: torch.Tensor | None  # (B, T) entropy of that distribution (no grad), when with_entropy
+
+
+def score_responses(
+    policy: PolicyWithValueHead,
+    *,
+    query_ids: list[list[int]],
+    response_ids: list[list[int]],
+    pad_id: int,
+    width: int | None = None,
+    mixed_precision: str = "fp32",
+    keep_logits: bool = False,
+    with_entropy: bool = False,
+) -> ResponseScores:
+    """Score responses given their queries in one right-padded forward pass.
+
+    Builds input = query + response per row. For response token j of row b (at input
+    position p = len(query_b) + j) it uses the logits at p − 1 and the value at p − 1 (the
+    state before the token), as TRL aligned them; the LM head runs on those positions only.
+    The model runs under bf16 autocast when mixed_precision == "bf16"; the log-softmax,
+    log-probs, values and entropy are computed from fp32 logits outside autocast.
+    width: number of response positions T (default: the longest response).
+    Gradients flow through logprobs and values unless the caller disables them.
+    Returns a ResponseScores on the model's device.
+    """
+    device = next(policy.parameters()).device
+    width = width or max(len(r) for r in response_ids)
+    rows = [list(q) + list(r) for q, r in zip(query_ids, response_ids)]
+    length = max(len(row) for row in rows)
+    input_ids = torch.tensor([row + [pad_id] * (length - len(row)) for row in rows], device=device)  # (B, L)
+    attention = torch.tensor([[1] * len(row) + [0] * (length - len(row)) for row in rows], device=device)  # (B, L)
+    steps = torch.arange(width, device=device)  # (T,)
+    q_len = torch.tensor([len(q) for q in query_ids], device=device)  # (B,)
+    r_len = torch.tensor([len(r) for r in response_ids], device=device)  # (B,)
+    mask = (steps[None, :] < r_len[:, None]).float()  # (B, T)
+    before = (q_len[:, None] - 1 + steps[None, :]).clamp(max=length - 1)  # (B, T) state before token j
+    tokens = input_ids.gather(1, (before + 1).clamp(max=length - 1))  # (B, T)
+    with autocast_context(mixed_precision, device):
+        logits, values = policy(input_ids=input_ids, attention_mask=attention, positions=before)  # (B,T,V), (B,T)
+    logprobs, entropy = token_logprobs(logits=logits, tokens=tokens, with_entropy=with_entropy)  # (B, T) each
+    return ResponseScores(logprobs * mask, values * mask, mask, logits if keep_logits else None, entropy)
+
+
 def batch_forward(
     policy: PolicyWithValueHead,
     *,
@@ -182,29 +323,7 @@ def batch_forward(
     pad_id: int,
     width: int | None = None,
 ):
-    """Score responses given their queries in one right-padded forward pass.
-
-    Builds input = query + response per row. For response token j of row b (at input
-    position p = len(query_b) + j) it returns the log-prob of that token from the logits at
-    p − 1 and the value at p − 1 (the state before the token), as TRL aligned them.
-    width: number of response positions T (default: the longest response).
-    Returns (logprobs (B, T), values (B, T), mask (B, T), logits (B, T, V)), all fp32;
-    gradients flow unless the caller disables them.
-    """
-    width = width or max(len(r) for r in response_ids)
-    rows = [list(q) + list(r) for q, r in zip(query_ids, response_ids)]
-    length = max(len(row) for row in rows)
-    input_ids = torch.tensor([row + [pad_id] * (length - len(row)) for row in rows])  # (B, L)
-    attention = torch.tensor([[1] * len(row) + [0] * (length - len(row)) for row in rows])  # (B, L)
-    logits, values = policy(input_ids=input_ids, attention_mask=attention)  # (B, L, V), (B, L)
-    steps = torch.arange(width)  # (T,)
-    q_len = torch.tensor([len(q) for q in query_ids])  # (B,)
-    r_len = torch.tensor([len(r) for r in response_ids])  # (B,)
-    mask = (steps[None, :] < r_len[:, None]).float()  # (B, T)
-    before = (q_len[:, None] - 1 + steps[None, :]).clamp(max=length - 1)  # (B, T) state before token j
-    target = (before + 1).clamp(max=length - 1)  # (B, T)
-    resp_logits = logits.gather(1, before[..., None].expand(-1, -1, logits.shape[-1]))  # (B, T, V)
-    tokens = input_ids.gather(1, target)  # (B, T)
-    logprobs = torch.log_softmax(resp_logits, dim=-1).gather(2, tokens[..., None])[..., 0]  # (B, T)
-    resp_values = values.gather(1, before)  # (B, T)
-    return logprobs * mask, resp_values * mask, mask, resp_logits
+    """score_responses in fp32, returned as (logprobs (B, T), values (B, T), mask (B, T), logits (B, T, V))."""
+    scores = score_responses(policy, query_ids=query_ids, response_ids=response_ids, pad_id=pad_id, width=width,
+                             keep_logits=True)
+    return scores.logprobs, scores.values, scores.mask, scores.logits

@@ -59,7 +59,8 @@ SCHEMAS: dict[str, pa.Schema] = {
     ]),
     "eval_samples": pa.schema(KEYS + [
         ("policy", pa.string()), ("prompt_id", pa.string()), ("sample", pa.int32()),
-        ("query", pa.string()), ("response", pa.string()), ("env_reward", pa.float64()),
+        ("prompt_set", pa.string()), ("query", pa.string()), ("response", pa.string()),
+        ("env_reward", pa.float64()), ("positive_prob", pa.float64()), ("perplexity", pa.float64()),
     ]),
 }
 

@@ -73,3 +73,21 @@ def test_missing_file_and_bad_yaml(tmp_path):
     bad.write_text("run: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_params(bad)
+
+
+def test_params_survive_dvcs_rewrite_of_params_yaml(tmp_path):
+    """`dvc exp run -S` rewrites params.yaml with ruamel (YAML 1.2); we read it with PyYAML (1.1).
+
+    Values such as `no`, `on` or `0001` mean different things in the two; none may change.
+    """
+    from ruamel.yaml import YAML
+
+    yaml12 = YAML()
+    data = yaml12.load((ROOT / "params.yaml").read_text())
+    data["ppo"]["learning_rate"] = 0.001  # what `-S ppo.learning_rate=0.001` does
+    rewritten = tmp_path / "params.yaml"
+    with rewritten.open("w") as f:
+        yaml12.dump(data, f)
+    before, after = load_params(ROOT / "params.yaml"), load_params(rewritten)
+    assert after.ppo.learning_rate == 0.001
+    assert dataclasses.replace(after, ppo=before.ppo) == before

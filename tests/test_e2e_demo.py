@@ -5,12 +5,13 @@ One run of a few minutes checks: every table is written; a second `dvc repro` do
 content; and the policy's env reward rises from the first round to the last.
 """
 import json
+import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.store import VOLATILE_COLUMNS
+from pipeline.store import VOLATILE_COLUMNS, connect
 from e2e import dvc, make_project, tiny_params
 
 TABLES = ["prompts", "rollouts", "scores", "annotations", "ppo_steps", "eval", "eval_samples"]
@@ -59,3 +60,34 @@ def test_second_repro_does_nothing_and_forced_rerun_is_free_and_identical(finish
         assert data["critic/server_requests"] == 0, (metrics.name, data)
         assert data["critic/cache_hits"] == data["critic/critiqued"]
     assert table_contents(finished_run) == before
+
+
+def readme_queries() -> list[str]:
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    return re.findall(r"```sql\n(.*?)```", text, flags=re.S)
+
+
+def test_readme_queries_run_on_a_finished_run(finished_run):
+    queries = readme_queries()
+    assert len(queries) >= 5
+    con = connect(finished_run / "data")
+    for query in queries:
+        assert con.sql(query).fetchall(), query
+
+
+def test_bad_params_stop_the_dag_with_one_line_and_keep_finished_outputs(finished_run):
+    params_file = finished_run / "params.yaml"
+    original = params_file.read_text()
+    kept = sorted(p for p in (finished_run / "data").rglob("*.parquet") if "ppo_steps" not in str(p))
+    kept += sorted((finished_run / "models" / "base").iterdir())
+    before = {p: p.read_bytes() for p in kept}
+    params_file.write_text(original.replace("  cliprange: 0.2\n", "  cliprange: 0.2\n  clip_range: 0.3\n"))
+    try:
+        result = dvc(["repro"], finished_run, check=False)
+    finally:
+        params_file.write_text(original)
+    assert result.returncode != 0
+    errors = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("drlc: error:")]
+    assert len(errors) == 1 and "ppo.clip_range" in errors[0] and "cliprange" in errors[0], errors
+    assert {p: p.read_bytes() for p in kept} == before
+

@@ -1,5 +1,8 @@
 """pipeline.trainer.train_round on a real tiny GPT-2 (1 layer, 32 wide, vocab 64)."""
 import dataclasses
+import importlib
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -52,9 +55,10 @@ def run_round(policy, ref, optimizer, batch, params, seed=0, kl_controller=None,
                        progress=False)
 
 
-def test_rounds_raise_the_reward_on_a_toy_task():
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_rounds_raise_the_reward_on_a_toy_task(precision):
     policy = tiny_policy()
-    ref, params = frozen_copy(policy), toy_params()
+    ref, params = frozen_copy(policy), toy_params(mixed_precision=precision)
     optimizer, controller, moments = make_optimizer(policy, params.learning_rate), None, RunningMoments()
     controller = AdaptiveKLController(params.init_kl_coef, params.target, params.horizon)
     means = []
@@ -202,3 +206,49 @@ def test_trainer_state_round_trip(tmp_path):
     assert all(torch.equal(state[k]["exp_avg"], state2[k]["exp_avg"]) for k in state)
     with pytest.raises(DataError, match="missing"):
         load_trainer_state(tmp_path / "nowhere", optimizer2, controller2, moments2)
+
+
+def test_bf16_first_minibatch_ratio_is_one_within_bf16_rounding():
+    """bf16 keeps 8 significant bits (unit roundoff u = 2⁻⁹ ≈ 2e-3). The toy logits are below 1 in
+    magnitude, so a bf16 logit is off by ≲ 2u and log p = z − logsumexp(z) by ≲ 4u ≈ 8e-3 per token
+    against the fp32 behaviour log-probs. policy_kl and ratio_mean − 1 are means of such errors,
+    so |·| < 5e-3 holds with room (measured ≈ 1e-4); a wrong alignment or a stale old log-prob
+    would be off by O(1). The gap must be > 0: it proves the pass really ran in bf16."""
+    policy = tiny_policy()
+    steps = run_round(policy, frozen_copy(policy), make_optimizer(policy, 3e-3), rollout(policy, seed=0),
+                      toy_params(mixed_precision="bf16"))
+    assert 0 < steps[0]["ppo/behaviour_logprob_gap"] < 1e-2
+    assert steps[0]["ppo/policy_kl"] == pytest.approx(0.0, abs=5e-3)
+    assert steps[0]["ppo/ratio_mean"] == pytest.approx(1.0, abs=5e-3)
+    assert all(isinstance(v, (int, float)) and v == v for s in steps for v in s.values())  # finite, no NaN
+
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "ppo.md"
+
+
+def documented_metric_keys() -> set[str]:
+    """Metric names from the first column of the table under '## Metrics' in docs/ppo.md."""
+    section = DOCS.read_text().split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\|\s*`([a-z_]+/[a-z_]+)`\s*\|", section, flags=re.MULTILINE))
+
+
+def test_logged_keys_match_docs():
+    policy = tiny_policy()
+    steps = run_round(policy, frozen_copy(policy), make_optimizer(policy, 3e-3), rollout(policy, 0), toy_params())
+    assert documented_metric_keys() == set(steps[0]) == STEP_KEYS
+
+
+def test_every_function_named_in_docs_exists():
+    names = set(re.findall(r"`(pipeline(?:\.\w+)+)`", DOCS.read_text()))
+    assert len(names) >= 15, names
+    for name in sorted(names):
+        parts = name.split(".")
+        for split in range(len(parts), 0, -1):  # longest importable module prefix, then attributes
+            try:
+                obj = importlib.import_module(".".join(parts[:split]))
+                break
+            except ModuleNotFoundError:
+                continue
+        for attr in parts[split:]:
+            assert hasattr(obj, attr), f"docs/ppo.md names {name}, but {attr} does not exist"
+            obj = getattr(obj, attr)
