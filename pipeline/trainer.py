@@ -1,10 +1,14 @@
 """One PPO round over a batch of recorded rollouts (legacy TRL 0.11.4 PPOTrainer.step semantics).
 
 Mask convention: `mask` (B, T) float, 1 = response token, 0 = padding.
-Dropout: TRL computed old log-probs in eval mode but the loss pass in train mode, so its first
-ratio was not 1. drlc keeps the policy in eval mode (dropout off) for sampling, the log-prob
-passes and the loss pass, like newer TRL (PPOv2 disables dropout): the ratio at the first
-minibatch is then exactly the behaviour ratio, and `ppo/policy_kl` starts at 0.
+Dropout: drlc keeps the policy in eval mode (dropout off) for sampling, the log-prob passes and
+the loss pass. TRL 0.11.4 did the same in effect (batched_forward_pass calls model.eval() before
+every forward, the loss pass included; train_minibatch's model.train() comes after it), and newer
+TRL disables dropout outright. The first minibatch's ratio is then 1 up to float error, and
+`ppo/policy_kl` starts at 0.
+Mixed precision: with params.mixed_precision == "bf16" every model forward runs under bf16
+autocast (the backward follows the dtypes autocast chose); log-probs, values, KL, rewards,
+advantages and losses are fp32 (see pipeline.policy.score_responses).
 """
 from __future__ import annotations
 
@@ -19,9 +23,8 @@ from tqdm.auto import tqdm
 
 from pipeline.config import PPOParams
 from pipeline.errors import DataError, PPOInputError
-from pipeline.policy import PolicyWithValueHead, batch_forward
+from pipeline.policy import PolicyWithValueHead, score_responses
 from pipeline.ppo import (
-    entropy_from_logits,
     gae,
     kl_penalty,
     masked_mean,
@@ -57,7 +60,8 @@ def validate_batch(batch: RolloutBatch, params: PPOParams) -> None:
         raise PPOInputError("The PPO batch is empty: the rollout produced no responses.")
     for name in ("query_ids", "behaviour_logprobs", "scores", "intrinsic"):
         if len(getattr(batch, name)) != n:
-            raise PPOInputError(f"RolloutBatch.{name} has {len(getattr(batch, name))} rows but there are {n} responses.")
+            rows = len(getattr(batch, name))
+            raise PPOInputError(f"RolloutBatch.{name} has {rows} rows but there are {n} responses.")
     if n % params.backward_batch_size:
         raise PPOInputError(
             f"Batch size {n} is not divisible by mini_batch_size·gradient_accumulation_steps = "
@@ -80,23 +84,24 @@ def validate_batch(batch: RolloutBatch, params: PPOParams) -> None:
         raise PPOInputError("The batch has fewer than 2 response tokens: advantages cannot be whitened.")
 
 
-def _padded(rows: list[list[float]], width: int) -> torch.Tensor:
-    return torch.tensor([list(r) + [0.0] * (width - len(r)) for r in rows], dtype=torch.float32)  # (B, T)
+def _padded(rows: list[list[float]], width: int, device) -> torch.Tensor:
+    padded = [list(r) + [0.0] * (width - len(r)) for r in rows]
+    return torch.tensor(padded, dtype=torch.float32, device=device)  # (B, T)
 
 
 @torch.no_grad()
-def _forward_no_grad(model, batch: RolloutBatch, width: int, chunk: int, keep_logits: bool):
+def _forward_no_grad(model, batch: RolloutBatch, width: int, chunk: int, keep_logits: bool, mixed_precision: str):
     """Log-probs, values, mask (and logits if asked) for the whole batch, in chunks, eval mode."""
     model.eval()
     parts = [
-        batch_forward(
+        score_responses(
             model, query_ids=batch.query_ids[s : s + chunk], response_ids=batch.response_ids[s : s + chunk],
-            pad_id=PAD_ID, width=width,
+            pad_id=PAD_ID, width=width, mixed_precision=mixed_precision, keep_logits=keep_logits,
         )
         for s in range(0, len(batch.response_ids), chunk)
     ]
-    logprobs, values, mask = (torch.cat([p[i] for p in parts]) for i in range(3))  # (B, T) each
-    logits = torch.cat([p[3] for p in parts]) if keep_logits else None  # (B, T, V)
+    logprobs, values, mask = (torch.cat([getattr(p, k) for p in parts]) for k in ("logprobs", "values", "mask"))
+    logits = torch.cat([p.logits for p in parts]) if keep_logits else None  # (B, T, V)
     return logprobs, values, mask, logits
 
 
@@ -125,21 +130,22 @@ def train_round(
     validate_batch(batch, params)
     n, width = len(batch.response_ids), max(len(r) for r in batch.response_ids)
     full_kl = params.kl_penalty == "full"
-    # ref log-probs and old values (no grad, eval mode)
-    current_logprobs, old_values, mask, logits = _forward_no_grad(policy, batch, width, params.mini_batch_size, full_kl)
-    ref_logprobs, _, _, ref_logits = _forward_no_grad(ref_model, batch, width, params.mini_batch_size, full_kl)
+    # ref log-probs and old values: one no-grad pass per model per round (eval mode)
+    chunk, precision = params.mini_batch_size, params.mixed_precision
+    current_logprobs, old_values, mask, logits = _forward_no_grad(policy, batch, width, chunk, full_kl, precision)
+    ref_logprobs, _, _, ref_logits = _forward_no_grad(ref_model, batch, width, chunk, full_kl, precision)
     # old log-probs = the recorded behaviour log-probs; the gap to a fresh pass should be float noise
-    old_logprobs = _padded(batch.behaviour_logprobs, width)  # (B, T)
+    old_logprobs = _padded(batch.behaviour_logprobs, width, mask.device)  # (B, T)
     behaviour_gap = ((current_logprobs - old_logprobs).abs() * mask).max().item()
     # score scaling / clipping
-    raw_scores = torch.tensor(batch.scores, dtype=torch.float32)  # (B,)
+    raw_scores = torch.tensor(batch.scores, dtype=torch.float32, device=mask.device)  # (B,)
     scores = scale_scores(scores=raw_scores, moments=score_moments, use_score_scaling=params.use_score_scaling,
                           use_score_norm=params.use_score_norm, score_clip=params.score_clip)  # (B,)
     # per-token rewards: env score at the end + intrinsic critic rewards − β·KL
     kl = kl_penalty(logprobs=old_logprobs, ref_logprobs=ref_logprobs, kind=params.kl_penalty,
                     logits=logits, ref_logits=ref_logits) * mask  # (B, T)
     kl_coef = kl_controller.value
-    intrinsic = _padded(batch.intrinsic, width)  # (B, T)
+    intrinsic = _padded(batch.intrinsic, width, mask.device)  # (B, T)
     rewards, _ = token_rewards(scores=scores, kl=kl, intrinsic=intrinsic, mask=mask, kl_coef=kl_coef)  # (B, T)
     # GAE over the whole batch
     advantages, returns = gae(values=old_values, rewards=rewards, mask=mask, gamma=params.gamma,
@@ -189,18 +195,18 @@ def _optimizer_step(policy, optimizer, batch, tensors, indices, params: PPOParam
     sums, skipped, applied, tokens = dict.fromkeys(keys, 0.0), 0, 0, 0
     mini_batches = [indices[s : s + params.mini_batch_size] for s in range(0, len(indices), params.mini_batch_size)]
     for mb in mini_batches:
-        logprobs, vpreds, _, logits = batch_forward(
+        scored = score_responses(
             policy, query_ids=[batch.query_ids[i] for i in mb], response_ids=[batch.response_ids[i] for i in mb],
-            pad_id=PAD_ID, width=width,
-        )  # (b, T), (b, T), _, (b, T, V)
+            pad_id=PAD_ID, width=width, mixed_precision=params.mixed_precision, with_entropy=True,
+        )
+        logprobs, vpreds = scored.logprobs, scored.values  # (b, T) each, fp32
         mask = tensors["mask"][mb]  # (b, T)
         pg_loss, pg_stats = policy_loss(logprobs=logprobs, old_logprobs=tensors["old_logprobs"][mb],
                                         advantages=tensors["advantages"][mb], mask=mask, cliprange=params.cliprange)
         vf_loss, vf_clipfrac = value_loss(vpreds=vpreds, old_values=tensors["old_values"][mb],
                                           returns=tensors["returns"][mb], mask=mask,
                                           cliprange_value=params.cliprange_value)
-        with torch.no_grad():
-            entropy = masked_mean(entropy_from_logits(logits), mask).item()
+        entropy = masked_mean(scored.entropy, mask).item()
         stats = {**pg_stats, "policy_loss": pg_loss.item(), "value_loss": vf_loss.item(),
                  "vf_clipfrac": vf_clipfrac, "entropy": entropy}
         for key in keys:

@@ -5,6 +5,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from pipeline.errors import ConfigError
+import pipeline.policy
 from pipeline.policy import (
     PolicyWithValueHead,
     _fresh_value_head,
@@ -13,7 +14,10 @@ from pipeline.policy import (
     load_reference,
     sample_responses,
     save_policy,
+    score_responses,
+    token_logprobs,
 )
+from pipeline.ppo import entropy_from_logits
 
 torch.set_num_threads(1)
 VOCAB = 64
@@ -156,3 +160,67 @@ def test_missing_pad_token_raises_config_error(tmp_path):
         load_policy(tmp_path / "m")
     with pytest.raises(ConfigError, match="does not exist"):
         load_policy(tmp_path / "absent")
+
+
+QUERIES, RESPONSES = [[5, 6, 7], [8], [9, 10]], [[20, 21], [22, 23, 24, 25], [26]]  # B = 3, T = 4
+
+
+def test_head_on_response_positions_matches_full_logits_path(monkeypatch):
+    """The LM head on the T response positions only gives what the full (B, L, V) path gives."""
+    policy = tiny_policy(n_layer=2)
+    assert policy.plain_head
+    with torch.no_grad():
+        fast = score_responses(policy, query_ids=QUERIES, response_ids=RESPONSES, pad_id=PAD, keep_logits=True,
+                               with_entropy=True)
+        monkeypatch.setattr(pipeline.policy, "PLAIN_HEAD_MODEL_TYPES", frozenset())
+        assert not policy.plain_head
+        full = score_responses(policy, query_ids=QUERIES, response_ids=RESPONSES, pad_id=PAD, keep_logits=True,
+                               with_entropy=True)
+    for name in ("logprobs", "values", "mask", "logits", "entropy"):
+        torch.testing.assert_close(getattr(fast, name), getattr(full, name), atol=1e-5, rtol=0)
+    # entropy = −Σ p log p, checked against the independent softmax/logsumexp formula
+    torch.testing.assert_close(fast.entropy, entropy_from_logits(fast.logits), atol=1e-5, rtol=0)
+
+
+def test_bf16_scores_are_fp32_and_close_to_fp32():
+    policy = tiny_policy(n_layer=2)
+    kwargs = dict(query_ids=QUERIES, response_ids=RESPONSES, pad_id=PAD, keep_logits=True, with_entropy=True)
+    with torch.no_grad():
+        fp32 = score_responses(policy, **kwargs)
+        bf16 = score_responses(policy, mixed_precision="bf16", **kwargs)
+    for name in ("logprobs", "values", "logits", "entropy"):
+        assert getattr(bf16, name).dtype == torch.float32
+        # bf16 rounds matmul inputs/outputs to 8 significant bits; these tiny-model numbers are O(1)
+        torch.testing.assert_close(getattr(bf16, name), getattr(fp32, name), atol=3e-2, rtol=0)
+    assert not torch.equal(bf16.logprobs, fp32.logprobs)  # autocast really ran
+    assert (bf16.logprobs * (1 - bf16.mask)).abs().sum() == 0
+
+
+def test_bf16_gradients_reach_every_trainable_parameter_in_fp32():
+    policy = tiny_policy()
+    scores = score_responses(policy, query_ids=QUERIES, response_ids=RESPONSES, pad_id=PAD, mixed_precision="bf16")
+    (scores.logprobs.sum() + scores.values.sum()).backward()
+    for name, param in policy.named_parameters():
+        assert param.grad is not None and param.grad.dtype == torch.float32, name
+        assert torch.isfinite(param.grad).all(), name
+
+
+def test_unknown_mixed_precision_raises_config_error():
+    with pytest.raises(ConfigError, match="fp16"):
+        score_responses(tiny_policy(), query_ids=QUERIES, response_ids=RESPONSES, pad_id=PAD, mixed_precision="fp16")
+
+
+def test_token_logprobs_gradient_equals_autograd_log_softmax_gather():
+    """The hand-written backward against torch's own log_softmax + gather, in float64."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 4, 7, dtype=torch.float64, generator=generator, requires_grad=True)  # B≠T≠V
+    tokens = torch.randint(0, 7, (3, 4), generator=generator)
+    weights = torch.randn(3, 4, dtype=torch.float64, generator=generator)
+    logprobs, entropy = token_logprobs(logits=logits, tokens=tokens, with_entropy=True)
+    expected = torch.log_softmax(logits, -1).gather(-1, tokens[..., None])[..., 0]
+    torch.testing.assert_close(logprobs, expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(entropy, entropy_from_logits(logits.detach()).double(), atol=1e-6, rtol=0)
+    ours, = torch.autograd.grad((logprobs * weights).sum(), logits)
+    theirs, = torch.autograd.grad((expected * weights).sum(), logits)
+    torch.testing.assert_close(ours, theirs, atol=1e-12, rtol=0)
+    assert torch.autograd.gradcheck(lambda z: token_logprobs(logits=z, tokens=tokens)[0], (logits,))

@@ -1,0 +1,332 @@
+"""Time one PPO update: drlc's train_round vs the bare forward+backward floor vs legacy TRL 0.11.4.
+
+Settings (the issue's): batch 16, query 8 tokens, response 20 tokens, ppo_epochs 4, minibatch 16,
+GPT-2 shapes built from GPT2Config (vocab 50257, dropout at its defaults), random token ids.
+Each measured thing lives in its own persistent worker process (so peak RSS is per thing):
+
+  drlc-fp32 / drlc-bf16   pipeline.trainer.train_round (the policy is reset to its start weights
+                          before each repeat, outside the timer, so every repeat does the same work)
+  floor-fp32 / floor-bf16 the model work any PPO round must do, nothing else: 2 no-grad forwards
+                          over the batch (policy, reference) + ppo_epochs × minibatches of
+                          forward + backward of a scalar loss on the full logits; the Adam steps are
+                          timed apart (`adam_s`)
+  trl-fp32                trl 0.11.4 PPOTrainer.step, run with --trl-python (its own venv)
+
+Repeats are interleaved (one repeat of every worker, in a rotating order, then the next), so
+machine load hits all alike. Medians over --repeats after --warmup discarded repeats.
+
+Usage:  python benchmarks/ppo_update.py [--repeats 5] [--trl-python /tmp/trl-venv/bin/python]
+Writes benchmarks/results/ppo_update.json (sorted keys).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPES = {  # name: (n_layer, n_embd, n_head)
+    "gpt2-2x128": (2, 128, 4),
+    "gpt2-4x256": (4, 256, 4),
+    "gpt2-small-12x768": (12, 768, 12),
+}
+VOCAB, BATCH, QUERY_LEN, RESPONSE_LEN, PPO_EPOCHS, MINI_BATCH = 50257, 16, 8, 20, 4, 16
+TRL_MEASURED_BY_ISSUE_AUTHOR = {"gpt2-2x128": 0.28, "gpt2-4x256": 0.60}  # s, idle machine, fp32
+
+
+# ----------------------------------------------------------------------------- workers
+def _config(shape: str):
+    from transformers import GPT2Config
+
+    n_layer, n_embd, n_head = SHAPES[shape]
+    return GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=VOCAB, n_positions=64)
+
+
+def _random_batch():
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    queries = torch.randint(0, VOCAB - 1, (BATCH, QUERY_LEN), generator=generator)  # (B, Q)
+    responses = torch.randint(0, VOCAB - 1, (BATCH, RESPONSE_LEN), generator=generator)  # (B, R)
+    scores = torch.randn(BATCH, generator=generator)  # (B,)
+    return queries, responses, scores
+
+
+def _drlc_worker(shape: str, precision: str):
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    sys.path.insert(0, str(ROOT))
+    from pipeline.config import PPOParams
+    from pipeline.policy import PolicyWithValueHead, _fresh_value_head, batch_forward, frozen_copy
+    from pipeline.ppo import AdaptiveKLController, RunningMoments
+    from pipeline.trainer import RolloutBatch, make_optimizer, train_round
+
+    torch.manual_seed(0)
+    policy = PolicyWithValueHead(GPT2LMHeadModel(_config(shape)), _fresh_value_head(SHAPES[shape][1], 0)).eval()
+    ref = frozen_copy(policy)
+    queries, responses, scores = _random_batch()
+    with torch.no_grad():  # behaviour log-probs as the fp32 rollout stage records them
+        behaviour, _, _, _ = batch_forward(policy, query_ids=queries.tolist(), response_ids=responses.tolist(),
+                                           pad_id=0)
+    batch = RolloutBatch(queries.tolist(), responses.tolist(), behaviour.tolist(), scores.tolist(),
+                         [[0.0] * RESPONSE_LEN for _ in range(BATCH)])
+    params = PPOParams(ppo_epochs=PPO_EPOCHS, mini_batch_size=MINI_BATCH,
+                       mixed_precision="bf16" if precision == "bf16" else "fp32")
+    optimizer = make_optimizer(policy, params.learning_rate)
+    start_weights = {k: v.clone() for k, v in policy.state_dict().items()}
+
+    def run():
+        policy.load_state_dict(start_weights)
+        controller = AdaptiveKLController(params.init_kl_coef, params.target, params.horizon)
+        started = time.perf_counter()
+        steps = train_round(policy=policy, ref_model=ref, optimizer=optimizer, batch=batch, params=params,
+                            kl_controller=controller, score_moments=RunningMoments(), seed=0, progress=False)
+        seconds = time.perf_counter() - started
+        first = steps[0]
+        return {"seconds": seconds, "skipped": sum(s["ppo/skipped"] for s in steps),
+                "first_policy_kl": first["ppo/policy_kl"], "behaviour_logprob_gap": first["ppo/behaviour_logprob_gap"]}
+
+    return run
+
+
+def _floor_worker(shape: str, precision: str):
+    import contextlib
+
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(_config(shape)).eval()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.41e-5)
+    queries, responses, _ = _random_batch()
+    input_ids = torch.cat([queries, responses], dim=1)  # (B, L)
+    attention = torch.ones_like(input_ids)  # (B, L)
+
+    def autocast():
+        if precision == "bf16":
+            return torch.autocast(device_type="cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def forward(ids, mask):
+        with autocast():
+            return model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+
+    def run():
+        started = time.perf_counter()
+        with torch.no_grad():
+            for _ in range(2):  # policy and reference passes
+                for s in range(0, BATCH, MINI_BATCH):
+                    forward(input_ids[s : s + MINI_BATCH], attention[s : s + MINI_BATCH])
+        for _ in range(PPO_EPOCHS):
+            for s in range(0, BATCH, MINI_BATCH):
+                forward(input_ids[s : s + MINI_BATCH], attention[s : s + MINI_BATCH]).float().mean().backward()
+        seconds = time.perf_counter() - started
+        adam_started = time.perf_counter()
+        for _ in range(PPO_EPOCHS * (BATCH // MINI_BATCH)):
+            optimizer.step()
+        adam = time.perf_counter() - adam_started
+        optimizer.zero_grad(set_to_none=True)
+        return {"seconds": seconds, "adam_s": adam}
+
+    return run
+
+
+def _trl_worker(shape: str, precision: str):
+    import numpy as np
+    import torch
+    from tokenizers import Tokenizer, models
+    from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast
+    from trl import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
+
+    assert precision == "fp32", "the TRL baseline runs in fp32 only"
+    torch.manual_seed(0)
+    np.random.seed(0)
+    model = AutoModelForCausalLMWithValueHead.from_pretrained(GPT2LMHeadModel(_config(shape)))
+    vocab = {"<pad>": 0, **{f"w{i}": i for i in range(1, VOCAB)}}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<pad>")),
+                                        pad_token="<pad>", eos_token=f"w{VOCAB - 1}")
+    config = PPOConfig(batch_size=BATCH, mini_batch_size=MINI_BATCH, ppo_epochs=PPO_EPOCHS, seed=0)
+    trainer = PPOTrainer(config=config, model=model, ref_model=None, tokenizer=tokenizer)
+    queries, responses, scores = _random_batch()
+    q, r, s = list(queries), list(responses), list(scores)
+
+    def run():
+        started = time.perf_counter()
+        trainer.step(q, r, s)
+        return {"seconds": time.perf_counter() - started}
+
+    return run
+
+
+def worker_main(kind: str, shape: str, precision: str, threads: int) -> None:
+    """Serve `run` / `stats` commands on stdin, one JSON line per answer on stdout."""
+    import torch
+
+    torch.set_num_threads(threads)
+    run = {"drlc": _drlc_worker, "floor": _floor_worker, "trl": _trl_worker}[kind](shape, precision)
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        if line.strip() == "run":
+            print(json.dumps(run()), flush=True)
+        elif line.strip() == "stats":
+            peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+            print(json.dumps({"peak_rss_mb": peak_mb}), flush=True)
+
+
+# ----------------------------------------------------------------------------- orchestrator
+class Worker:
+    """A persistent worker subprocess answering one JSON line per command."""
+
+    def __init__(self, python: str, kind: str, shape: str, precision: str, threads: int):
+        self.name = f"{kind}-{precision}"
+        cmd = [python, str(Path(__file__).resolve()), "--worker", kind, "--shape", shape,
+               "--precision", precision, "--threads", str(threads)]
+        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error",
+               "PYTHONWARNINGS": "ignore"}
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                                     cwd=str(ROOT))
+        self.results: list[dict] = []
+        ready = self._read()
+        assert ready.get("ready"), ready
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker {self.name} died (exit {self.proc.wait()})")
+        return json.loads(line)
+
+    def ask(self, command: str) -> dict:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> dict:
+        stats = self.ask("stats")
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        return stats
+
+
+def summarise(results: list[dict], peak: dict) -> dict:
+    times = [r["seconds"] for r in results]
+    out = {"median_s": statistics.median(times), "min_s": min(times), "times_s": times,
+           "response_tokens_per_s": BATCH * RESPONSE_LEN / statistics.median(times), **peak}
+    for key in ("adam_s", "skipped", "first_policy_kl", "behaviour_logprob_gap"):
+        if key in results[0]:
+            out[key] = statistics.median(r[key] for r in results)
+    return out
+
+
+def bench_shape(shape: str, args) -> dict:
+    specs = [(sys.executable, "drlc", "fp32"), (sys.executable, "drlc", "bf16"),
+             (sys.executable, "floor", "fp32"), (sys.executable, "floor", "bf16")]
+    if args.trl_python:
+        specs.append((args.trl_python, "trl", "fp32"))
+    workers = [Worker(python, kind, shape, precision, args.threads) for python, kind, precision in specs]
+    load_before = os.getloadavg()
+    repeats = args.large_repeats if shape == "gpt2-small-12x768" else args.repeats
+    for repeat in range(args.warmup + repeats):
+        shift = repeat % len(workers)
+        for worker in workers[shift:] + workers[:shift]:  # rotating order
+            result = worker.ask("run")
+            if repeat >= args.warmup:
+                worker.results.append(result)
+        print(f"  {shape} repeat {repeat + 1}/{args.warmup + repeats}", file=sys.stderr, flush=True)
+    row = {"loadavg_before": load_before, "loadavg_after": os.getloadavg()}
+    for worker in workers:
+        row[worker.name.replace("-", "_")] = summarise(worker.results, worker.close())
+    for precision in ("fp32", "bf16"):
+        drlc = row[f"drlc_{precision}"]["median_s"]
+        row[f"drlc_over_floor_{precision}"] = drlc / row[f"floor_{precision}"]["median_s"]
+        if "trl_fp32" in row:
+            row[f"drlc_{precision}_over_trl_fp32"] = drlc / row["trl_fp32"]["median_s"]
+    return row
+
+
+def trl_status(trl_python: str | None) -> tuple[str | None, str | None]:
+    """(python to use, reason it is missing)."""
+    if not trl_python:
+        return None, "no --trl-python given"
+    if not Path(trl_python).exists():
+        return None, f"{trl_python} does not exist: create the venv (see docs/ppo.md)"
+    probe = subprocess.run([trl_python, "-c", "import trl, transformers"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return None, f"importing trl with {trl_python} failed: {probe.stderr.strip().splitlines()[-1:]}"
+    return trl_python, None
+
+
+def machine_info(args, trl_python) -> dict:
+    import torch
+
+    info = {"cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": args.threads,
+            "python": platform.python_version(), "platform": platform.platform(), "processor": platform.processor()}
+    if trl_python:
+        probe = subprocess.run([trl_python, "-c", "import trl, transformers, torch; "
+                                "print(trl.__version__, transformers.__version__, torch.__version__)"],
+                               capture_output=True, text=True)
+        info["trl_venv_versions"] = dict(zip(("trl", "transformers", "torch"), probe.stdout.split()))
+    import transformers
+
+    info["transformers"] = transformers.__version__
+    return info
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--large-repeats", type=int, default=3, help="repeats for gpt2-small-12x768")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--trl-python", default="/tmp/trl-venv/bin/python")
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ppo_update.json"))
+    parser.add_argument("--worker", choices=("drlc", "floor", "trl"))
+    parser.add_argument("--shape", choices=tuple(SHAPES))
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    args = parser.parse_args()
+    if args.worker:
+        worker_main(args.worker, args.shape, args.precision, args.threads)
+        return
+    trl_python, trl_missing = trl_status(args.trl_python)
+    args.trl_python = trl_python
+    result = {
+        "settings": {"batch": BATCH, "query_len": QUERY_LEN, "response_len": RESPONSE_LEN, "ppo_epochs": PPO_EPOCHS,
+                     "mini_batch": MINI_BATCH, "vocab": VOCAB, "repeats": args.repeats, "warmup": args.warmup,
+                     "large_repeats": args.large_repeats,
+                     "shapes": {name: dict(zip(("n_layer", "n_embd", "n_head"), SHAPES[name]))
+                                for name in args.shapes.split(",")}},
+        "machine": machine_info(args, trl_python),
+        "trl": None if trl_missing else {"python": trl_python},
+        "trl_missing_reason": trl_missing,
+        "trl_measured_by_issue_author_s": TRL_MEASURED_BY_ISSUE_AUTHOR,
+        "results": {},
+        "loadavg_start": os.getloadavg(),
+    }
+    for shape in args.shapes.split(","):
+        result["results"][shape] = bench_shape(shape, args)
+    result["loadavg_end"] = os.getloadavg()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    print_table(result)
+
+
+def print_table(result: dict) -> None:
+    print(f"{'shape':20} {'what':11} {'median s':>9} {'tok/s':>8} {'peak MB':>8}")
+    for shape, row in result["results"].items():
+        for name in ("drlc_fp32", "drlc_bf16", "floor_fp32", "floor_bf16", "trl_fp32"):
+            if name in row:
+                r = row[name]
+                print(f"{shape:20} {name:11} {r['median_s']:9.3f} {r['response_tokens_per_s']:8.0f} "
+                      f"{r['peak_rss_mb']:8.0f}")
+
+
+if __name__ == "__main__":
+    main()
