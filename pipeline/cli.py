@@ -78,6 +78,12 @@ def cmd_report(args) -> None:
         print(f"{kind}: {path}")
 
 
+def cmd_replay(args) -> None:
+    from pipeline.replay import replay
+
+    replay(args.run, args.out, overrides=args.set, allow_new_calls=args.allow_new_calls)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="drlc", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -97,6 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
     catalog.add_argument("--data", default="data")
     catalog.add_argument("--out", default="catalog.sql")
     catalog.set_defaults(func=cmd_catalog)
+
+    replay = sub.add_parser("replay", help="re-run PPO over a finished run's rollouts and cached critic answers")
+    replay.add_argument("--from", dest="run", required=True, help="folder of a finished run")
+    replay.add_argument("--out", required=True, help="new run folder to write (must not exist)")
+    replay.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="change a reward, critic-alignment or PPO setting, e.g. ppo.learning_rate=1e-4")
+    replay.add_argument("--allow-new-calls", action="store_true",
+                        help="send critic requests that are not cached (e.g. after raising critic.threshold)")
+    replay.set_defaults(func=cmd_replay)
 
     report = sub.add_parser("report", help="compare finished runs: Markdown table + PNG of curves")
     report.add_argument("runs", nargs="+", help="run folders (each with metrics/eval.json and metrics/rounds.json)")

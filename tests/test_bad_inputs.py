@@ -86,7 +86,7 @@ def test_stage_with_an_unknown_round(workdir):
     assert_clean_failure(result, "0042", "0001")
 
 
-@pytest.mark.parametrize("args", [[], ["check"], ["report"], ["sql"], ["catalog"], ["cache"], ["critic"], ["critic", "serve"]])
+@pytest.mark.parametrize("args", [[], ["check"], ["replay"], ["report"], ["sql"], ["catalog"], ["cache"], ["critic"], ["critic", "serve"]])
 def test_every_subcommand_has_help(args, workdir):
     result = drlc([*args, "--help"], workdir)
     assert result.returncode == 0 and "usage: drlc" in result.stdout

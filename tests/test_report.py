@@ -72,5 +72,12 @@ def test_a_run_without_metrics_exits_2_with_one_line(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"drlc: error: Run folder '{tmp_path / 'run'}' has no metrics/eval.json: pass the output folder of a "
+        f"drlc: error: Run folder '{tmp_path / 'run'}' has no metrics/rounds.json: pass the output folder of a "
         "finished run (after `dvc repro`)."]
+
+
+def test_a_replay_folder_without_evaluation_reports_its_training_rows(tmp_path):
+    run = _run(tmp_path, "a", "round=0001", 50.0, [(1, 0.1, 0.01, 3)])
+    (run / "metrics" / "eval.json").unlink()
+    metrics, _ = load_run(run)
+    assert metrics["train/rounds"] == 1 and not any(k.startswith(("base/", "final/")) for k in metrics)

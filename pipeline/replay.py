@@ -1,0 +1,257 @@
+"""Zero-cost replay: train a fresh policy on the rollouts a finished run recorded.
+
+`replay(RUN, OUT, overrides=[...])` starts from RUN's models/base and runs, round by round,
+the same PPO code as the `ppo` stage (pipeline.steps.ppo_round.ppo_round) over RUN's recorded
+rollouts, with the stored environment rewards and intrinsic rewards rebuilt from the cached
+critic answers under the new settings (reward per label, alignment, a lower threshold). PPO
+ratios use the recorded behaviour log-probs. Nothing is generated and, unless
+`allow_new_calls`, no critic request is sent: the client is cache-only, so a cache miss is an
+error naming the cause. With `allow_new_calls` only the missing answers are requested (through
+drlc's local server when critic.endpoint is local) and stored in RUN's cache.
+
+Every check (params, input tables, cached answers, PPO batch shapes) runs before anything is
+written; OUT is built in a temporary sibling folder and renamed at the end, so a failed replay
+leaves no OUT. OUT has the layout of a project folder: params.yaml (the effective params),
+data/<table>/round=NNNN, models/base and models/round=NNNN, metrics/ppo, metrics/critique,
+metrics/rounds.json and replay.json (source, overrides, critic requests, seconds). It has no
+evaluation: that needs generation (run the evaluate stage on OUT's models for it).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from pipeline import store
+from pipeline.config import Params, apply_override, load_params, params_from_dict
+from pipeline.errors import ConfigError, CriticError, DataError
+from pipeline.preflight import check_inputs
+from pipeline.stage import write_json
+
+FROZEN = {  # key or section -> why a replay cannot change it (the recorded data depend on it)
+    "run.task": "the recorded rollouts, scores and critic answers belong to this task",
+    "world": "the prompts and the pretraining corpus were generated with it",
+    "base": "models/base was pretrained with it",
+    "rollout": "the recorded rollouts were sampled with it",
+    "score": "the stored environment rewards were computed with it",
+    "evaluate": "replay makes no generation, so it does not evaluate",
+    "rounds": "replay trains exactly the recorded rounds",
+}
+INPUT_TABLES = ("rollouts", "scores")
+
+
+def replay(run_dir: str | Path, out_dir: str | Path, *, overrides: list[str],
+           allow_new_calls: bool = False, progress: bool = True) -> dict:
+    """Retrain a fresh policy from RUN's models/base on RUN's recorded rounds; write the run to OUT.
+
+    :param run_dir: a finished project folder (params.yaml, data/, models/base, critic cache)
+    :param out_dir: the new run folder; must not exist yet
+    :param overrides: `section.key=value` assignments applied to RUN's params (ppo.*, run.seed,
+        run.run_id, critic reward values, alignment, a lower threshold, ...)
+    :param allow_new_calls: request the critic answers missing from the cache (e.g. for a
+        raised threshold); otherwise no request is ever sent
+    :param progress: print one line per round and show progress bars
+    :return: {"critic_requests", "rounds", "seconds", "run_dir", "out_dir", "overrides"}
+    :raises ConfigError: a key that cannot change in a replay, an unknown key (with the nearest
+        valid one), a bad value, an existing OUT, or critic answers missing without allow_new_calls
+    :raises DataError: RUN lacks params.yaml, models/base, a recorded table or its critic cache
+    :raises CriticError: the critic budget stopped new requests (allow_new_calls only)
+    :raises PPOInputError: the recorded batches do not fit the new PPO settings
+    """
+    started = time.perf_counter()
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    params = effective_params(run_dir, overrides)
+    if out_dir.exists():
+        raise ConfigError(f"Replay output '{out_dir}' already exists: pass a new folder (nothing is overwritten).")
+    check_inputs(_without_remote(params), root=run_dir)
+    inputs = read_inputs(run_dir, params, allow_new_calls=allow_new_calls)
+    annotations, critique_metrics, requests = rebuild_annotations(
+        run_dir, params, inputs, allow_new_calls=allow_new_calls, progress=progress)
+    _check_batches(inputs, annotations, params)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    build_dir = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.replay-"))
+    try:
+        _write_run(build_dir, run_dir, params, inputs, annotations, critique_metrics, progress=progress)
+        summary = {"run_dir": str(run_dir), "out_dir": str(out_dir), "overrides": list(overrides),
+                   "allow_new_calls": allow_new_calls, "critic_requests": requests,
+                   "rounds": params.round_keys(), "seconds": round(time.perf_counter() - started, 3)}
+        write_json(summary, build_dir / "replay.json")
+        build_dir.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(build_dir, ignore_errors=True)
+        raise
+    if progress:
+        print(f"replay: {len(summary['rounds'])} rounds in {summary['seconds']:.1f}s, "
+              f"{requests} critic requests sent -> {out_dir}")
+    return summary
+
+
+def effective_params(run_dir: Path, overrides: list[str]) -> Params:
+    """RUN's params with the overrides applied; raises ConfigError for a key a replay cannot change."""
+    params_file = run_dir / "params.yaml"
+    if not params_file.is_file():
+        raise DataError(f"'{run_dir}' has no params.yaml: --from must name a finished project folder.")
+    original = load_params(params_file)
+    raw = copy.deepcopy(yaml.safe_load(params_file.read_text()))
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    params = params_from_dict(raw)
+    before, after = _flat(original), _flat(params)
+    for key in sorted(after):
+        if after[key] != before[key]:
+            why = FROZEN.get(key) or FROZEN.get(key.split(".")[0])
+            if why:
+                raise ConfigError(f"'{key}' cannot change in a replay ({before[key]!r} -> {after[key]!r}): {why}. "
+                                  f"Start a new run (dvc repro) to change it.")
+    return params
+
+
+def _flat(params: Params) -> dict:
+    """{"section.key": value} for every section field, plus "rounds" as one value."""
+    flat = {"rounds": dataclasses.asdict(params)["rounds"]}
+    for section, values in dataclasses.asdict(params).items():
+        if section != "rounds":
+            flat.update({f"{section}.{key}": value for key, value in values.items()})
+    return flat
+
+
+def _without_remote(params: Params) -> Params:
+    """Params for check_inputs minus its API-key check: a cache-only replay needs no key."""
+    return dataclasses.replace(params, critic=dataclasses.replace(params.critic, endpoint="local"))
+
+
+def read_inputs(run_dir: Path, params: Params, *, allow_new_calls: bool = False) -> dict[str, dict[str, list[dict]]]:
+    """{round key: {"rollouts": rows, "scores": rows}}; DataError lists every missing input at once."""
+    needed = [run_dir / "models" / "base"] + [
+        store.partition_dir(run_dir / "data", table, int(key)) / "part-0.parquet"
+        for key in params.round_keys() for table in INPUT_TABLES]
+    if params.critic.enabled and not allow_new_calls:
+        needed.append(_cache_dir(run_dir, params))
+    missing = [str(path.relative_to(run_dir)) for path in needed if not path.exists()]
+    if missing:
+        raise DataError(f"Run folder '{run_dir}' is not a finished run: missing {missing}. "
+                        f"Finish it with `dvc repro` there first.")
+    inputs = {}
+    for key in params.round_keys():
+        tables = {t: store.read_table(store.partition_dir(run_dir / "data", t, int(key)), t) for t in INPUT_TABLES}
+        if not tables["rollouts"]:
+            raise DataError(f"'{run_dir}/data/rollouts/round={key}' has no rows: re-run that round's rollout stage.")
+        inputs[key] = tables
+    return inputs
+
+
+def _cache_dir(run_dir: Path, params: Params) -> Path:
+    return run_dir / params.critic.cache_dir  # an absolute cache_dir stays as it is
+
+
+def rebuild_annotations(run_dir: Path, params: Params, inputs: dict, *, allow_new_calls: bool,
+                        progress: bool) -> tuple[dict[str, list[dict]], dict[str, dict], int]:
+    """Annotations and critique metrics per round from the cached critic answers.
+
+    Returns (annotations by round, critique metrics by round, critic requests sent in total).
+    Raises ConfigError when answers are missing and allow_new_calls is off.
+    """
+    from transformers import AutoTokenizer
+
+    from pipeline.critic.annotate import annotate_round
+    from pipeline.critic.cache import CriticCache
+    from pipeline.critic.templates import load_template
+    from pipeline.steps.critique import critic_client, critic_endpoint, skipped_row
+    from pipeline.steps.critique import summarize as critique_summary
+
+    critic, run_id = params.critic, params.run.run_id
+    annotations, metrics, total = {}, {}, 0
+    with contextlib.ExitStack() as stack:
+        if critic.enabled:
+            template = load_template(run_dir / critic.template)
+            tokenizer = AutoTokenizer.from_pretrained(str(run_dir / "models" / "base"))
+            cache = stack.enter_context(CriticCache(_cache_dir(run_dir, params)))
+            base_url = stack.enter_context(critic_endpoint(critic))[0] if allow_new_calls else None
+            client = critic_client(critic, base_url)
+        for key, tables in inputs.items():
+            env = {row["rollout_id"]: row["env_reward"] for row in tables["scores"]}
+            rows = [dict(row, env_reward=env[row["rollout_id"]]) for row in tables["rollouts"]]
+            if not critic.enabled:
+                rows_out, sent = [skipped_row(row) for row in rows], 0
+            else:
+                rows_out = annotate_round(rows, template=template, tokenizer=tokenizer, client=client, cache=cache,
+                                          threshold=critic.threshold, rewards=dict(critic.rewards),
+                                          alignment=critic.alignment, progress=progress)
+                sent = client.last_stats.requests_sent
+                _check_complete(rows_out, key, params, allow_new_calls)
+            total += sent
+            annotations[key] = [dict(a, run_id=run_id, round=int(key)) for a in rows_out]
+            metrics[key] = critique_summary(annotations[key], sent)
+    return annotations, metrics, total
+
+
+def _check_complete(annotations: list[dict], key: str, params: Params, allow_new_calls: bool) -> None:
+    """Raise if some critiqued response got no answer because the client could not send."""
+    stopped = sum(a["status"] == "budget" for a in annotations)
+    if not stopped:
+        return
+    critic = params.critic
+    if allow_new_calls:
+        raise CriticError(f"critic budget reached in round {key} (critic.max_requests={critic.max_requests}, "
+                          f"critic.max_cost_usd={critic.max_cost_usd}): {stopped} responses not critiqued. "
+                          f"Answers received are cached; raise the budget and replay again.")
+    raise ConfigError(
+        f"Round {key}: {stopped} responses to critique have no cached critic answer under 'critic.threshold' = "
+        f"{critic.threshold} (and critic.model/template/endpoint/temperature/max_tokens as set): a replay without "
+        f"new calls can only lower the threshold. Pass --allow-new-calls to request just the missing answers.")
+
+
+def _check_batches(inputs: dict, annotations: dict, params: Params) -> None:
+    """Fail before writing if a recorded round does not fit the PPO settings (e.g. mini_batch_size)."""
+    from pipeline.steps.ppo_round import join_round
+    from pipeline.trainer import validate_batch
+
+    for key, tables in inputs.items():
+        validate_batch(join_round(tables["rollouts"], tables["scores"], annotations[key]), params.ppo)
+
+
+def _write_run(build_dir: Path, run_dir: Path, params: Params, inputs: dict, annotations: dict,
+               critique_metrics: dict, *, progress: bool) -> None:
+    """Write OUT's params, copied inputs, annotations, and train every round with ppo_round."""
+    from pipeline.evaluate.curves import round_curves
+    from pipeline.steps.ppo_round import ppo_round
+    from pipeline.steps.ppo_round import summarize as ppo_summary
+
+    data, models, run_id = build_dir / "data", build_dir / "models", params.run.run_id
+    (build_dir / "params.yaml").write_text(yaml.safe_dump(_raw(params), sort_keys=False))
+    shutil.copytree(run_dir / "models" / "base", models / "base")
+    prompts = store.partition_dir(run_dir / "data", "prompts", 0)
+    if (prompts / "part-0.parquet").is_file():
+        rows = [dict(row, run_id=run_id) for row in store.read_table(prompts, "prompts")]
+        store.write_table(rows, "prompts", store.partition_dir(data, "prompts", 0))
+    for key, tables in inputs.items():
+        round_ = int(key)
+        for table, rows in (*tables.items(), ("annotations", annotations[key])):
+            store.write_table([dict(row, run_id=run_id) for row in rows], table,
+                              store.partition_dir(data, table, round_))
+        write_json(critique_metrics[key], build_dir / "metrics" / "critique" / f"round={key}.json")
+        prev = params.rounds[key].prev
+        steps = ppo_round(
+            tables["rollouts"], tables["scores"], annotations[key], policy_dir=str(models / prev),
+            reference_dir=str(models / "base"), out_dir=str(models / f"round={key}"), params=params.ppo,
+            run_id=run_id, round_=round_, seed=params.run.seed,
+        )
+        store.write_table(steps, "ppo_steps", store.partition_dir(data, "ppo_steps", round_))
+        write_json(ppo_summary(steps), build_dir / "metrics" / "ppo" / f"round={key}.json")
+        if progress:
+            print(f"replay: round {key}: {len(steps)} PPO steps, "
+                  f"{critique_metrics[key]['critic/critiqued']} critiqued responses")
+    write_json({"rounds": round_curves(data)}, build_dir / "metrics" / "rounds.json")
+
+
+def _raw(params: Params) -> dict:
+    """Params as the plain mapping params.yaml holds (load_params of it gives `params` back)."""
+    raw = dataclasses.asdict(params)
+    raw["rounds"] = {key: {"prev": spec["prev"]} for key, spec in raw["rounds"].items()}
+    return raw
