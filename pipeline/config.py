@@ -25,6 +25,21 @@ ALIGNMENTS = ("exact", "substring")
 ROUND_KEY = re.compile(r"^\d{4}$")
 
 
+class _YamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, plus YAML 1.2 floats without a dot such as `1e-4` (1.1 reads a string)."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def read_yaml(text: str):
+    return yaml.load(text, Loader=_YamlLoader)
+
+
 def _positive(x) -> bool:
     return x is None or x > 0
 
@@ -343,7 +358,7 @@ def apply_override(raw: dict, assignment: str) -> None:
         if not isinstance(node.get(part), dict):
             raise ConfigError(f"Override key '{dotted}' does not exist.{_suggest(part, node)}")
         node = node[part]
-    node[leaf] = yaml.safe_load(text)
+    node[leaf] = read_yaml(text)
 
 
 def params_from_dict(raw: dict) -> Params:
@@ -372,7 +387,7 @@ def load_params(path: str | Path = "params.yaml", overrides: list[str] | tuple =
     if not path.is_file():
         raise ConfigError(f"Params file '{path}' not found: run from the project root or pass --params.")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = read_yaml(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"Params file '{path}' is not valid YAML: {str(err).splitlines()[0]}") from None
     for assignment in overrides:

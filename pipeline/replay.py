@@ -19,7 +19,6 @@ evaluation: that needs generation (run the evaluate stage on OUT's models for it
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import shutil
 import tempfile
@@ -29,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from pipeline import store
-from pipeline.config import Params, apply_override, load_params, params_from_dict
+from pipeline.config import Params, apply_override, load_params, params_from_dict, read_yaml
 from pipeline.errors import ConfigError, CriticError, DataError
 from pipeline.preflight import check_inputs
 from pipeline.stage import write_json
@@ -98,7 +97,7 @@ def effective_params(run_dir: Path, overrides: list[str]) -> Params:
     if not params_file.is_file():
         raise DataError(f"'{run_dir}' has no params.yaml: --from must name a finished project folder.")
     original = load_params(params_file)
-    raw = copy.deepcopy(yaml.safe_load(params_file.read_text()))
+    raw = read_yaml(params_file.read_text())
     for assignment in overrides:
         apply_override(raw, assignment)
     params = params_from_dict(raw)

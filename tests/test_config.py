@@ -91,3 +91,8 @@ def test_params_survive_dvcs_rewrite_of_params_yaml(tmp_path):
     before, after = load_params(ROOT / "params.yaml"), load_params(rewritten)
     assert after.ppo.learning_rate == 0.001
     assert dataclasses.replace(after, ppo=before.ppo) == before
+
+
+def test_exponent_floats_without_a_dot_are_floats(tmp_path):
+    params = load_params(ROOT / "params.yaml", ["ppo.learning_rate=1e-4", "ppo.target=6E0"])
+    assert params.ppo.learning_rate == 1e-4 and params.ppo.target == 6.0
