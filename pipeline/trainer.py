@@ -9,6 +9,9 @@ TRL disables dropout outright. The first minibatch's ratio is then 1 up to float
 Mixed precision: with params.mixed_precision == "bf16" every model forward runs under bf16
 autocast (the backward follows the dtypes autocast chose); log-probs, values, KL, rewards,
 advantages and losses are fp32 (see pipeline.policy.score_responses).
+Data parallel: with a `DataParallel` (pipeline.distributed) each process scores its share of the
+rows and of every minibatch; per-token tensors are gathered and minibatch statistics and gradients
+summed with token weights, so N processes make the update one process makes on the whole batch.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from pipeline.config import PPOParams
+from pipeline.distributed import DataParallel
 from pipeline.errors import DataError, PPOInputError
 from pipeline.policy import PolicyWithValueHead, score_responses
 from pipeline.ppo import (
@@ -53,8 +57,11 @@ def _finite(values) -> bool:
     return all(math.isfinite(v) for v in values)
 
 
-def validate_batch(batch: RolloutBatch, params: PPOParams) -> None:
-    """Raise PPOInputError naming the first malformed part of `batch`; touches no model."""
+def validate_batch(batch: RolloutBatch, params: PPOParams, world_size: int = 1) -> None:
+    """Raise PPOInputError naming the first malformed part of `batch`; touches no model.
+
+    world_size: number of data-parallel processes; each takes an equal share of every minibatch.
+    """
     n = len(batch.response_ids)
     if n == 0:
         raise PPOInputError("The PPO batch is empty: the rollout produced no responses.")
@@ -66,6 +73,12 @@ def validate_batch(batch: RolloutBatch, params: PPOParams) -> None:
         raise PPOInputError(
             f"Batch size {n} is not divisible by mini_batch_size·gradient_accumulation_steps = "
             f"{params.backward_batch_size}: change ppo.mini_batch_size or rollout.batch_size."
+        )
+    if params.mini_batch_size % world_size:
+        raise PPOInputError(
+            f"ppo.mini_batch_size = {params.mini_batch_size} is not divisible by the {world_size} data-parallel "
+            f"processes (each takes an equal share of every minibatch): make ppo.mini_batch_size a multiple "
+            f"of {world_size} or launch a number of processes that divides it."
         )
     for i in range(n):
         length = len(batch.response_ids[i])
@@ -89,6 +102,10 @@ def _padded(rows: list[list[float]], width: int, device) -> torch.Tensor:
     return torch.tensor(padded, dtype=torch.float32, device=device)  # (B, T)
 
 
+def _subset(batch: RolloutBatch, rows: list[int]) -> RolloutBatch:
+    return RolloutBatch(*([getattr(batch, f)[i] for i in rows] for f in RolloutBatch.__dataclass_fields__))
+
+
 @torch.no_grad()
 def _forward_no_grad(model, batch: RolloutBatch, width: int, chunk: int, keep_logits: bool, mixed_precision: str):
     """Log-probs, values, mask (and logits if asked) for the whole batch, in chunks, eval mode."""
@@ -103,6 +120,21 @@ def _forward_no_grad(model, batch: RolloutBatch, width: int, chunk: int, keep_lo
     logprobs, values, mask = (torch.cat([getattr(p, k) for p in parts]) for k in ("logprobs", "values", "mask"))
     logits = torch.cat([p.logits for p in parts]) if keep_logits else None  # (B, T, V)
     return logprobs, values, mask, logits
+
+
+def _no_grad_passes(policy, ref_model, batch: RolloutBatch, width: int, params: PPOParams) -> dict:
+    """Fresh log-probs, old values, mask and per-token KL of `batch`'s rows, all (B, T) fp32.
+
+    One no-grad pass per model in chunks of mini_batch_size (eval mode), as TRL's step. KL uses
+    the recorded behaviour log-probs as the policy's (see docs/ppo.md, item 1).
+    """
+    full_kl, chunk, precision = params.kl_penalty == "full", params.mini_batch_size, params.mixed_precision
+    logprobs, values, mask, logits = _forward_no_grad(policy, batch, width, chunk, full_kl, precision)
+    ref_logprobs, _, _, ref_logits = _forward_no_grad(ref_model, batch, width, chunk, full_kl, precision)
+    old_logprobs = _padded(batch.behaviour_logprobs, width, mask.device)  # (B, T)
+    kl = kl_penalty(logprobs=old_logprobs, ref_logprobs=ref_logprobs, kind=params.kl_penalty,
+                    logits=logits, ref_logits=ref_logits) * mask  # (B, T)
+    return {"logprobs": logprobs, "values": values, "mask": mask, "kl": kl}
 
 
 def make_optimizer(policy: PolicyWithValueHead, learning_rate: float) -> torch.optim.Adam:
@@ -121,33 +153,40 @@ def train_round(
     score_moments,
     seed: int,
     progress: bool = True,
+    data_parallel: DataParallel | None = None,
 ) -> list[dict]:
     """Run `ppo_epochs` of PPO over one batch of rollouts; return one stats dict per optimizer step.
 
     Updates `policy`, `optimizer`, `kl_controller` and `score_moments` in place.
-    Raises PPOInputError for a malformed batch before any model is touched.
+    data_parallel: None for one process. Otherwise every process passes the same whole `batch`,
+    scores its share of it, and ends with the same weights, optimizer state and stats as a single
+    process would (up to float summation order).
+    Raises PPOInputError for a malformed batch (or a minibatch that does not split evenly over the
+    processes) before any model is touched.
     """
-    validate_batch(batch, params)
+    dp = data_parallel
+    validate_batch(batch, params, dp.world_size if dp else 1)
     n, width = len(batch.response_ids), max(len(r) for r in batch.response_ids)
-    full_kl = params.kl_penalty == "full"
-    # ref log-probs and old values: one no-grad pass per model per round (eval mode)
-    chunk, precision = params.mini_batch_size, params.mixed_precision
-    current_logprobs, old_values, mask, logits = _forward_no_grad(policy, batch, width, chunk, full_kl, precision)
-    ref_logprobs, _, _, ref_logits = _forward_no_grad(ref_model, batch, width, chunk, full_kl, precision)
+    # fresh log-probs, old values and per-token KL: one no-grad pass per model per round; data
+    # parallel, each process takes its rows and the (B, T) results are gathered in row order
+    if dp is None:
+        passes = _no_grad_passes(policy, ref_model, batch, width, params)
+    else:
+        mine = _no_grad_passes(policy, ref_model, _subset(batch, dp.shard(range(n))), width, params)
+        passes = {key: dp.gather_rows(tensor) for key, tensor in mine.items()}
+    current_logprobs, old_values, mask, kl = passes["logprobs"], passes["values"], passes["mask"], passes["kl"]
     # old log-probs = the recorded behaviour log-probs; the gap to a fresh pass should be float noise
     old_logprobs = _padded(batch.behaviour_logprobs, width, mask.device)  # (B, T)
     behaviour_gap = ((current_logprobs - old_logprobs).abs() * mask).max().item()
-    # score scaling / clipping
+    # score scaling / clipping (every process holds every score: the moments see the whole batch)
     raw_scores = torch.tensor(batch.scores, dtype=torch.float32, device=mask.device)  # (B,)
     scores = scale_scores(scores=raw_scores, moments=score_moments, use_score_scaling=params.use_score_scaling,
                           use_score_norm=params.use_score_norm, score_clip=params.score_clip)  # (B,)
     # per-token rewards: env score at the end + intrinsic critic rewards − β·KL
-    kl = kl_penalty(logprobs=old_logprobs, ref_logprobs=ref_logprobs, kind=params.kl_penalty,
-                    logits=logits, ref_logits=ref_logits) * mask  # (B, T)
     kl_coef = kl_controller.value
     intrinsic = _padded(batch.intrinsic, width, mask.device)  # (B, T)
     rewards, _ = token_rewards(scores=scores, kl=kl, intrinsic=intrinsic, mask=mask, kl_coef=kl_coef)  # (B, T)
-    # GAE over the whole batch
+    # GAE and advantage whitening over the whole batch (also data parallel: global whitening)
     advantages, returns = gae(values=old_values, rewards=rewards, mask=mask, gamma=params.gamma,
                               lam=params.lam, whiten_rewards=params.whiten_rewards)  # (B, T) each
     round_stats = {
@@ -160,16 +199,16 @@ def train_round(
     tensors = {"old_logprobs": old_logprobs, "old_values": old_values, "advantages": advantages,
                "returns": returns, "mask": mask}
     # ppo_epochs of shuffled minibatches, one optimizer step per backward batch
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)  # same seed in every process: same minibatches
     policy.eval()  # dropout off in the loss pass too: see the module docstring
     steps, early_stop = [], False
     n_steps = params.ppo_epochs * (n // params.backward_batch_size)
-    bar = _progress(n_steps, progress)
+    bar = _progress(n_steps, progress and (dp is None or dp.is_main))
     for epoch in range(params.ppo_epochs):
         order = torch.randperm(n, generator=generator).tolist()
         for start in range(0, n, params.backward_batch_size):
             indices = order[start : start + params.backward_batch_size]
-            step = _optimizer_step(policy, optimizer, batch, tensors, indices, params, width)
+            step = _optimizer_step(policy, optimizer, batch, tensors, indices, params, width, dp)
             steps.append({**step, "ppo/epoch": epoch, **round_stats})
             bar.update(1)
             # optional early stop on the policy KL, as TRL (1.5 × target_kl)
@@ -188,39 +227,57 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, desc="ppo", disable=not enabled)
 
 
-def _optimizer_step(policy, optimizer, batch, tensors, indices, params: PPOParams, width) -> dict:
-    """Accumulate gradients over the minibatches of `indices`, clip, step; return the step's stats."""
+STEP_STATS = ("policy_loss", "value_loss", "approx_kl", "policy_kl", "clipfrac", "vf_clipfrac", "entropy",
+              "ratio_mean")  # every one a token mean over the minibatch
+
+
+def _optimizer_step(policy, optimizer, batch, tensors, indices, params: PPOParams, width, dp=None) -> dict:
+    """Accumulate gradients over the minibatches of `indices`, clip, step; return the step's stats.
+
+    Data parallel: each process scores its share of every minibatch. Its loss and stats (token
+    means over its share) are weighted by its share of the minibatch's tokens and summed over the
+    processes, which gives the token means over the whole minibatch, as one process computes
+    them; so the ratio guard and the early stop decide the same in every process.
+    """
     started = time.perf_counter()
-    keys = ("policy_loss", "value_loss", "approx_kl", "policy_kl", "clipfrac", "vf_clipfrac", "entropy", "ratio_mean")
-    sums, skipped, applied, tokens = dict.fromkeys(keys, 0.0), 0, 0, 0
+    sums, skipped, applied, tokens = dict.fromkeys(STEP_STATS, 0.0), 0, 0, 0
     mini_batches = [indices[s : s + params.mini_batch_size] for s in range(0, len(indices), params.mini_batch_size)]
     for mb in mini_batches:
+        rows = mb if dp is None else dp.shard(mb)
         scored = score_responses(
-            policy, query_ids=[batch.query_ids[i] for i in mb], response_ids=[batch.response_ids[i] for i in mb],
+            policy, query_ids=[batch.query_ids[i] for i in rows], response_ids=[batch.response_ids[i] for i in rows],
             pad_id=PAD_ID, width=width, mixed_precision=params.mixed_precision, with_entropy=True,
         )
         logprobs, vpreds = scored.logprobs, scored.values  # (b, T) each, fp32
-        mask = tensors["mask"][mb]  # (b, T)
-        pg_loss, pg_stats = policy_loss(logprobs=logprobs, old_logprobs=tensors["old_logprobs"][mb],
-                                        advantages=tensors["advantages"][mb], mask=mask, cliprange=params.cliprange)
-        vf_loss, vf_clipfrac = value_loss(vpreds=vpreds, old_values=tensors["old_values"][mb],
-                                          returns=tensors["returns"][mb], mask=mask,
+        mask = tensors["mask"][rows]  # (b, T)
+        pg_loss, pg_stats = policy_loss(logprobs=logprobs, old_logprobs=tensors["old_logprobs"][rows],
+                                        advantages=tensors["advantages"][rows], mask=mask, cliprange=params.cliprange)
+        vf_loss, vf_clipfrac = value_loss(vpreds=vpreds, old_values=tensors["old_values"][rows],
+                                          returns=tensors["returns"][rows], mask=mask,
                                           cliprange_value=params.cliprange_value)
         entropy = masked_mean(scored.entropy, mask).item()
         stats = {**pg_stats, "policy_loss": pg_loss.item(), "value_loss": vf_loss.item(),
                  "vf_clipfrac": vf_clipfrac, "entropy": entropy}
-        for key in keys:
+        loss = pg_loss + params.vf_coef * vf_loss
+        if dp is not None:
+            share = mask.sum().item() / tensors["mask"][mb].sum().item()  # this process's share of the tokens
+            summed = dp.all_reduce_sum(torch.tensor([stats[k] * share for k in STEP_STATS], dtype=torch.float64,
+                                                    device=mask.device))
+            stats, loss = dict(zip(STEP_STATS, summed.tolist())), loss * share
+        for key in STEP_STATS:
             sums[key] += stats[key]
-        tokens += int(mask.sum().item())
-        if ratio_exceeds(pg_stats["ratio_mean"], params.ratio_threshold):
+        tokens += int(tensors["mask"][mb].sum().item())
+        if ratio_exceeds(stats["ratio_mean"], params.ratio_threshold):
             skipped += 1  # TRL zeroed this loss with a warning; drlc skips it and counts it
             continue
-        loss = (pg_loss + params.vf_coef * vf_loss) / params.gradient_accumulation_steps
-        loss.backward()
+        (loss / params.gradient_accumulation_steps).backward()
         applied += 1
     grad_norm = 0.0
     if applied:
-        trainable = [p for p in policy.parameters() if p.requires_grad and p.grad is not None]
+        trainable = [p for p in policy.parameters() if p.requires_grad]
+        if dp is not None:
+            dp.all_reduce_gradients(trainable)
+        trainable = [p for p in trainable if p.grad is not None]
         max_norm = params.max_grad_norm if params.max_grad_norm is not None else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable, max_norm).item()
         optimizer.step()
@@ -232,22 +289,36 @@ def _optimizer_step(policy, optimizer, batch, tensors, indices, params: PPOParam
     return step
 
 
-def save_trainer_state(directory: str | Path, optimizer, kl_controller, score_moments) -> None:
-    """Write optimizer.pt (Adam moments) and trainer_state.json (KL controller, score moments)."""
+def save_trainer_state(directory: str | Path, optimizer, kl_controller, score_moments, *,
+                       round_: int | None = None) -> None:
+    """Write optimizer.pt and trainer_state.json: what the next round reads besides the weights.
+
+    optimizer.pt holds Adam's moments and step count (its bias correction continues);
+    trainer_state.json the KL controller's β, the score running moments and `round`, the round
+    that wrote the checkpoint (the cursor a following round checks it starts after).
+    No LR scheduler exists (constant lr, as TRL's default) and no RNG state is saved: every random
+    draw of a round comes from generators seeded by (run seed, round), see
+    pipeline.steps.rollout.round_seed, so nothing random carries over from one round to the next.
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     torch.save(optimizer.state_dict(), directory / "optimizer.pt")
-    state = {"kl_controller": kl_controller.state_dict(), "score_moments": score_moments.state_dict()}
+    state = {"kl_controller": kl_controller.state_dict(), "score_moments": score_moments.state_dict(),
+             "round": round_}
     (directory / "trainer_state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
 
 
-def load_trainer_state(directory: str | Path, optimizer, kl_controller, score_moments) -> None:
-    """Restore what save_trainer_state wrote, in place. Raises DataError if a file is missing."""
+def load_trainer_state(directory: str | Path, optimizer, kl_controller, score_moments) -> int | None:
+    """Restore what save_trainer_state wrote, in place; return the round that wrote it (or None).
+
+    Raises DataError if a file is missing.
+    """
     directory = Path(directory)
     for name in ("optimizer.pt", "trainer_state.json"):
         if not (directory / name).is_file():
             raise DataError(f"Trainer state '{directory / name}' is missing: resume from a complete round.")
-    optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
+    optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location="cpu", weights_only=True))
     state = json.loads((directory / "trainer_state.json").read_text())
     kl_controller.load_state_dict(state["kl_controller"])
     score_moments.load_state_dict(state["score_moments"])
+    return state.get("round")

@@ -1,5 +1,9 @@
-"""ppo: one round of PPO on the round's rollouts with env + critic span rewards."""
+"""ppo: one round of PPO on the round's rollouts with env + critic span rewards.
+
+Data parallel: `accelerate launch --multi_gpu --num_processes N stages/ppo.py ...` (docs/ppo.md).
+"""
 from pipeline import stage, store
+from pipeline.distributed import is_main_process
 from pipeline.steps.ppo_round import ppo_round, summarize
 
 
@@ -13,6 +17,8 @@ def main():
         reference_dir=args.reference, out_dir=args.out, params=params.ppo,
         run_id=params.run.run_id, round_=int(args.round), seed=params.run.seed,
     )
+    if not is_main_process():
+        return  # every process computed the same rows; the main one writes them
     store.write_table(steps, "ppo_steps", args.steps)
     stage.write_json(summarize(steps), args.metrics)
 

@@ -6,7 +6,8 @@ from pathlib import Path
 import torch
 
 from pipeline.config import PPOParams
-from pipeline.errors import DataError
+from pipeline.distributed import DataParallel
+from pipeline.errors import ConfigError, DataError
 from pipeline.policy import load_policy, load_reference, save_policy
 from pipeline.ppo import AdaptiveKLController, FixedKLController, RunningMoments
 from pipeline.steps.rollout import round_seed
@@ -49,26 +50,40 @@ def new_kl_controller(params: PPOParams):
 def ppo_round(rollouts: list[dict], scores: list[dict], annotations: list[dict], *, policy_dir: str,
               reference_dir: str, out_dir: str, params: PPOParams, run_id: str, round_: int,
               seed: int) -> list[dict]:
-    """Train the policy of `policy_dir` for one round and save it (with optimizer state) to out_dir.
+    """Train the policy of `policy_dir` for one round and save the checkpoint to out_dir.
 
     The reference model is always the base model. Optimizer, KL controller and score moments
-    carry over from the previous round's checkpoint when it has them.
+    carry over from the previous round's checkpoint when it has them; the checkpoint written
+    (policy, value head, optimizer.pt, trainer_state.json) is everything the next round reads.
+    Launched with N processes (pipeline.distributed), the round runs data parallel and only the
+    main process writes the checkpoint; every process returns the same rows.
     Returns the `ppo_steps` rows, one per gradient step.
+    Raises ConfigError if policy_dir holds the checkpoint of this round or a later one.
     """
     batch = join_round(rollouts, scores, annotations)
+    data_parallel = DataParallel.from_environment()
     torch.manual_seed(round_seed(seed, round_, 3))
     policy, tokenizer = load_policy(policy_dir, seed=seed)
     reference = load_reference(reference_dir)
+    if data_parallel is not None:
+        policy, reference = policy.to(data_parallel.device), reference.to(data_parallel.device)
     optimizer = make_optimizer(policy, params.learning_rate)
     kl_controller, moments = new_kl_controller(params), RunningMoments()
     if (Path(policy_dir) / "trainer_state.json").is_file():
-        load_trainer_state(policy_dir, optimizer=optimizer, kl_controller=kl_controller, score_moments=moments)
+        previous = load_trainer_state(policy_dir, optimizer=optimizer, kl_controller=kl_controller,
+                                      score_moments=moments)
+        if previous is not None and previous >= round_:
+            raise ConfigError(f"--policy {policy_dir} holds the checkpoint of round {previous}, but this is "
+                              f"round {round_}: a round starts from an earlier round (check `prev` in 'rounds').")
     stats = train_round(
         policy=policy, ref_model=reference, optimizer=optimizer, batch=batch, params=params,
         kl_controller=kl_controller, score_moments=moments, seed=round_seed(seed, round_, 4),
+        progress=data_parallel is None or data_parallel.is_main, data_parallel=data_parallel,
     )
-    save_policy(policy, tokenizer, out_dir)
-    save_trainer_state(out_dir, optimizer=optimizer, kl_controller=kl_controller, score_moments=moments)
+    if data_parallel is None or data_parallel.is_main:
+        save_policy(policy, tokenizer, out_dir)
+        save_trainer_state(out_dir, optimizer=optimizer, kl_controller=kl_controller, score_moments=moments,
+                           round_=round_)
     return [step_row(stat, run_id=run_id, round_=round_, step=i) for i, stat in enumerate(stats)]
 
 

@@ -1,0 +1,121 @@
+"""Data-parallel PPO: the `ppo` stage under `accelerate launch` with 2 CPU processes (gloo).
+
+The 2-process round must make the update one process makes on the same global batch: same
+ppo_steps rows and weights up to float summation order (each process scores half of every
+minibatch, so padding widths, matmul blocking and reduction order differ).
+Measured (4 Adam steps, lr 3e-3, weights move up to 1.2e-2): stats differ by <= 4e-7 and weights by
+<= 3e-7, except the attention key bias (5.8e-6): its exact gradient is 0 (softmax ignores a shift
+that is the same for every key), so Adam divides float noise by noise there and the result is
+arbitrary; it is checked loosely. A wrong scheme is far outside the bounds: averaging each
+process's token mean instead of token-weighting them moved weights by 3.6e-3 and policy_loss by 1.5e-2.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from pipeline import store
+from pipeline.errors import PPOInputError
+from pipeline.policy import load_policy
+from pipeline.steps.ppo_round import ppo_round
+from pipeline.trainer import validate_batch
+from tests.e2e import tiny_params
+from tests.test_resume import PARAMS, SEED, as_batch, round_tables, save_tiny_base
+
+torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parents[1]
+WEIGHT_ATOL, KEY_BIAS_ATOL = 2e-6, 1e-4
+STAT_RTOL, STAT_ATOL = 1e-4, 1e-6
+KEY_BIAS = slice(32, 64)  # c_attn.bias = [query | key | value] biases, n_embd = 32 each
+FILLER = {  # schema columns the ppo stage does not read
+    "rollouts": {"prompt_id": "p", "query": "q", "response": "r", "seed": 0, "max_new_tokens": 6, "policy": "base"},
+    "scores": {"scorer": "toy", "scorer_version": "1"},
+    "annotations": {"critiqued": True, "status": "ok", "cache_key": "k", "cache_hit": False, "critic_model": "m",
+                    "template_sha": "s", "raw_text": "", "spans": [], "prompt_tokens": 0, "completion_tokens": 0,
+                    "cost_usd": 0.0, "error": None},
+}
+
+
+def write_round(tmp: Path, **ppo) -> tuple[Path, dict]:
+    """A params file (seed SEED, the given ppo settings) and round 1's three tables from the base."""
+    save_tiny_base(tmp / "base")
+    raw = tiny_params(n_rounds=1, critic={"enabled": False}, ppo={**PARAMS.__dict__, **ppo})
+    raw["run"].update(seed=SEED, run_id="dp")
+    (tmp / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    policy, _ = load_policy(tmp / "base", seed=SEED)
+    for table, rows in zip(("rollouts", "scores", "annotations"), round_tables(policy, 1)):
+        rows = [{"run_id": "dp", "round": 1, **row, **FILLER[table]} for row in rows]
+        store.write_table(rows, table, tmp / table)
+    return tmp / "params.yaml", {table: store.read_table(tmp / table, table) for table in FILLER}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_stage(tmp: Path, params: Path, out: str, processes: int = 2) -> subprocess.CompletedProcess:
+    """`accelerate launch --multi_gpu --num_processes N stages/ppo.py ...` (torchrun + gloo on CPU)."""
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
+                str(processes), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                "--main_process_port", str(free_port())]
+    stage = ["stages/ppo.py", "--params", str(params), "--round", "0001", "--policy", str(tmp / "base"),
+             "--reference", str(tmp / "base"), "--rollouts", str(tmp / "rollouts"), "--scores", str(tmp / "scores"),
+             "--annotations", str(tmp / "annotations"), "--out", str(tmp / out), "--steps", str(tmp / f"{out}-steps"),
+             "--metrics", str(tmp / f"{out}.json")]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TQDM_DISABLE="1", CUDA_VISIBLE_DEVICES="")
+    return subprocess.run(launcher + stage, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_two_processes_make_the_one_process_update(tmp_path):
+    params, tables = write_round(tmp_path)
+    started = time.perf_counter()
+    result = launch_stage(tmp_path, params, "two")
+    launched_s = time.perf_counter() - started
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    one = ppo_round(tables["rollouts"], tables["scores"], tables["annotations"], policy_dir=str(tmp_path / "base"),
+                    reference_dir=str(tmp_path / "base"), out_dir=str(tmp_path / "one"), params=PARAMS,
+                    run_id="dp", round_=1, seed=SEED)
+    two = store.read_table(tmp_path / "two-steps", "ppo_steps")
+    assert len(two) == len(one) == PARAMS.ppo_epochs * 16 // PARAMS.backward_batch_size
+    for row_one, row_two in zip(one, two):
+        for column, value in row_one.items():
+            if isinstance(value, float) and column != "tokens_per_s":
+                assert row_two[column] == pytest.approx(value, rel=STAT_RTOL, abs=STAT_ATOL), column
+            elif column != "tokens_per_s":
+                assert row_two[column] == value, column
+    weights_one, weights_two = (load_policy(tmp_path / name, seed=0)[0].state_dict() for name in ("one", "two"))
+    start = load_policy(tmp_path / "base", seed=SEED)[0].state_dict()
+    key_bias = "lm.transformer.h.0.attn.c_attn.bias"
+    diff = {k: (weights_one[k] - weights_two[k]).abs() for k in weights_one}
+    key_bias_diff = diff[key_bias][KEY_BIAS].max().item()
+    diff[key_bias][KEY_BIAS] = 0.0
+    max_diff = max(d.max().item() for d in diff.values())
+    moved = max((weights_one[k] - start[k]).abs().max().item() for k in weights_one)
+    print(f"\n2-process launch {launched_s:.1f} s; max |w1 - w2| = {max_diff:.2e} "
+          f"(attention key bias {key_bias_diff:.2e}); max |w1 - w0| = {moved:.2e}")
+    assert max_diff < WEIGHT_ATOL and key_bias_diff < KEY_BIAS_ATOL < moved
+    adam_one, adam_two = (torch.load(tmp_path / name / "optimizer.pt", weights_only=True)["state"]
+                          for name in ("one", "two"))
+    assert all(int(adam_one[k]["step"]) == int(adam_two[k]["step"]) for k in adam_one)
+    assert (tmp_path / "one" / "trainer_state.json").read_text().count("round") == 1
+    assert sorted(p.name for p in (tmp_path / "two-steps").iterdir()) == ["part-0.parquet"]
+
+
+def test_minibatch_not_divisible_by_processes_raises_before_training(tmp_path):
+    params, tables = write_round(tmp_path)
+    odd = PARAMS.__class__(**{**PARAMS.__dict__, "mini_batch_size": 1, "gradient_accumulation_steps": 1})
+    batch = as_batch(tables["rollouts"], tables["scores"], tables["annotations"])
+    validate_batch(batch, odd, world_size=1)
+    with pytest.raises(PPOInputError, match=r"ppo.mini_batch_size = 1 is not divisible by the 2 data-parallel"):
+        validate_batch(batch, odd, world_size=2)
