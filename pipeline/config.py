@@ -19,7 +19,9 @@ import yaml
 
 from pipeline.errors import ConfigError
 
-TASKS = ("sentiment",)
+from pipeline.tasks import task_names
+
+TASKS = task_names()  # one module per task in pipeline/tasks/
 KL_PENALTIES = ("kl", "abs", "mse", "full")
 ALIGNMENTS = ("exact", "substring")
 ROUND_KEY = re.compile(r"^\d{4}$")
@@ -59,15 +61,21 @@ class RunParams:
 
 @dataclass(frozen=True)
 class WorldParams:
-    """The seeded synthetic review world (demo profile) and the prompts drawn from it."""
+    """Where the task's text comes from, and the prompts drawn from it.
 
-    n_reviews: int = 20000  # pretraining corpus for the base model
+    `source: world` = the task's seeded synthetic world (demo profile); else a local data file
+    or folder in the task's format (local-data and paper profiles; see pipeline/tasks/<task>.py).
+    """
+
+    source: str = "world"
+    n_reviews: int = 20000  # pretraining corpus of the world: reviews, comments or document+summary pairs
     n_train_prompts: int = 512
     n_eval_prompts: int = 64
     prefix_min_words: int = 2
     prefix_max_words: int = 5
 
     checks = {
+        "source": (lambda x: bool(x.strip()), "'world' or the path of a local data file"),
         "n_reviews": (_positive, "> 0"),
         "n_train_prompts": (_positive, "> 0"),
         "n_eval_prompts": (_positive, "> 0"),
@@ -119,10 +127,22 @@ class RolloutParams:
 
 @dataclass(frozen=True)
 class ScoreParams:
-    scorer: str = "vader"
-    scale: float = 1.0
+    """The environment reward (pipeline/rewards/<task>.py); valid scorers depend on run.task."""
 
-    checks = {"scorer": (lambda x: x in ("vader",), "one of ('vader',)")}
+    scorer: str = "vader"  # one of the task's scorers (pipeline/tasks/<task>.py SCORERS)
+    scale: float = 1.0
+    model: str | None = None  # hf_classifier: a local HF text-classification folder (or hub id)
+    label: str | None = None  # hf_classifier: the label whose logit/probability is read
+    batch_size: int = 64  # texts per scorer call
+    endpoint: str | None = None  # perspective: API URL (null = Google's commentanalyzer)
+    rate_limit_per_s: float = 1.0  # perspective: requests per second
+    cache_dir: str = "cache/scores"  # perspective: content-hashed answer cache
+
+    checks = {
+        "scale": (_positive, "> 0"),
+        "batch_size": (_positive, "> 0"),
+        "rate_limit_per_s": (_positive, "> 0"),
+    }
 
 
 @dataclass(frozen=True)
@@ -373,12 +393,23 @@ def params_from_dict(raw: dict) -> Params:
         raise ConfigError(
             f"'evaluate.policy' = {params.evaluate.policy!r} must name the last round: {last!r}."
         )
+    _check_task(params)
     if params.world.prefix_min_words > params.world.prefix_max_words:
         raise ConfigError(
             f"'world.prefix_min_words' = {params.world.prefix_min_words} exceeds "
             f"'world.prefix_max_words' = {params.world.prefix_max_words}."
         )
     return params
+
+
+def _check_task(params: Params) -> None:
+    """The scorer must be one of the task's (each task module lists its SCORERS)."""
+    from pipeline.tasks import get_task
+
+    scorers = get_task(params.run.task).SCORERS
+    if params.score.scorer not in scorers:
+        raise ConfigError(f"'score.scorer' = {params.score.scorer!r} is not a scorer of task "
+                          f"{params.run.task!r}: use one of {scorers}.")
 
 
 def load_params(path: str | Path = "params.yaml", overrides: list[str] | tuple = ()) -> Params:

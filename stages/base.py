@@ -7,7 +7,7 @@ def main():
     args = stage.parser(__doc__, "corpus", "out").parse_args()
     params = stage.start(args)
     b = params.base
-    corpus = store.read_lines(f"{args.corpus}/reviews.txt")
+    corpus = store.read_lines(f"{args.corpus}/corpus.txt")
     stats = build_base_model(
         corpus, out_dir=args.out, seed=params.run.seed, vocab_size=b.vocab_size, n_layer=b.n_layer,
         n_head=b.n_head, n_embd=b.n_embd, block_size=b.block_size, steps=b.steps,

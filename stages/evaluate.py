@@ -14,7 +14,7 @@ def main():
     rows, samples, metrics = evaluate(
         store.read_table(args.prompts, "prompts"), base_dir=args.base, policy_dir=args.policy,
         policy_name=policy_name, run_id=params.run.run_id, round_=int(policy_name.split("=")[1]),
-        seed=params.run.seed, params=params.evaluate,
+        seed=params.run.seed, params=params.evaluate, task=params.run.task, score=params.score,
     )
     store.write_table(rows, "eval", args.out)
     store.write_table(samples, "eval_samples", args.samples)

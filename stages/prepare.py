@@ -1,4 +1,4 @@
-"""prepare: the synthetic world's pretraining corpus and the train/eval prompts."""
+"""prepare: the task's pretraining corpus and the train/eval prompts (synthetic world or local data)."""
 from pipeline import stage, store
 from pipeline.steps.prepare import prepare
 
@@ -6,13 +6,9 @@ from pipeline.steps.prepare import prepare
 def main():
     args = stage.parser(__doc__, "corpus", "prompts").parse_args()
     params = stage.start(args)
-    w = params.world
-    corpus, prompts = prepare(
-        run_id=params.run.run_id, seed=params.run.seed, n_reviews=w.n_reviews,
-        n_train_prompts=w.n_train_prompts, n_eval_prompts=w.n_eval_prompts,
-        prefix_min_words=w.prefix_min_words, prefix_max_words=w.prefix_max_words,
-    )
-    store.write_lines(corpus, f"{args.corpus}/reviews.txt")
+    corpus, prompts = prepare(task=params.run.task, run_id=params.run.run_id, seed=params.run.seed,
+                              world=params.world)
+    store.write_lines(corpus, f"{args.corpus}/corpus.txt")
     store.write_table(prompts, "prompts", args.prompts)
 
 

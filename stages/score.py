@@ -1,14 +1,17 @@
-"""score: the environment reward of every response of the round."""
+"""score: the environment reward of every response of the round (pipeline/rewards/<task>.py)."""
 from pipeline import stage, store
 from pipeline.steps.score import score
 
 
 def main():
-    args = stage.parser(__doc__, "rollouts", "out", with_round=True).parse_args()
+    parser = stage.parser(__doc__, "rollouts", "out", with_round=True)
+    parser.add_argument("--prompts", help="prompts table with each prompt's reference (needed by summarization)")
+    args = parser.parse_args()
     params = stage.start(args)
     rows = score(
-        store.read_table(args.rollouts, "rollouts"), run_id=params.run.run_id, round_=int(args.round),
-        scorer=params.score.scorer, scale=params.score.scale,
+        store.read_table(args.rollouts, "rollouts"),
+        store.read_table(args.prompts, "prompts") if args.prompts else None,
+        task=params.run.task, run_id=params.run.run_id, round_=int(args.round), params=params.score,
     )
     store.write_table(rows, "scores", args.out)
 

@@ -10,12 +10,14 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECT_FILES = ["pipeline", "stages", "prompts", "dvc.yaml", "params.yaml", ".dvcignore"]
+PROJECT_FILES = ["pipeline", "stages", "prompts", "configs", "dvc.yaml", "params.yaml", ".dvcignore"]
 
 
-def tiny_params(n_rounds: int = 3, **section_overrides) -> dict:
-    """The demo params shrunk so the whole DAG runs in a few minutes on 2 CPU cores."""
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+def tiny_params(n_rounds: int = 3, task: str = "sentiment", **section_overrides) -> dict:
+    """The demo params of `task` (params.yaml, or configs/demo-<task>.yaml) shrunk so the whole DAG
+    runs in a few minutes on 2 CPU cores."""
+    source = ROOT / ("params.yaml" if task == "sentiment" else f"configs/demo-{task}.yaml")
+    raw = yaml.safe_load(source.read_text())
     raw["run"]["run_id"] = "e2e"
     raw["world"].update(n_reviews=4000, n_train_prompts=128, n_eval_prompts=8)
     raw["base"].update(steps=400, batch_size=32, vocab_size=512)
@@ -47,7 +49,9 @@ def make_project(tmp: Path, params: dict) -> Path:
 
 
 def run(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(cwd), DVC_NO_ANALYTICS="1", TQDM_DISABLE="1")
+    # PATH starts with this interpreter's folder so that the stage commands' `python` is this one
+    env = dict(os.environ, PYTHONPATH=str(cwd), DVC_NO_ANALYTICS="1", TQDM_DISABLE="1",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     env.pop("OPENAI_API_KEY", None)
     result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     if check and result.returncode != 0:

@@ -16,7 +16,7 @@ from pipeline.critic.client import CriticClient, CriticResult
 from pipeline.critic.parse import parse_answer
 from pipeline.errors import DataError
 
-__all__ = ["ANNOTATION_FIELDS", "annotate_round", "critiqued_indices", "round_requests"]
+__all__ = ["ANNOTATION_FIELDS", "annotate_round", "critiqued_indices", "round_requests", "task_fields"]
 
 ANNOTATION_FIELDS = (
     "rollout_id", "critiqued", "status", "cache_key", "cache_hit", "critic_model", "template_sha",
@@ -41,7 +41,14 @@ def critiqued_indices(rows: list[dict], *, threshold: float) -> list[int]:
     return [i for i, row in enumerate(rows) if float(row["env_reward"]) <= threshold]
 
 
-def round_requests(rows: list[dict], *, template, threshold: float) -> list[list[dict]]:
+def task_fields(template):
+    """The per-row placeholder filler of the template's task (``pipeline.tasks.<task>.critic_fields``)."""
+    from pipeline.tasks import get_task
+
+    return get_task(template.task).critic_fields
+
+
+def round_requests(rows: list[dict], *, template, threshold: float, fields=None) -> list[list[dict]]:
     """Return the critic requests of one round: the template rendered for each critiqued row.
 
     The one place that decides which rollouts are critiqued and what is sent for them;
@@ -51,11 +58,13 @@ def round_requests(rows: list[dict], *, template, threshold: float) -> list[list
     :param rows: rollouts with rollout_id, response, response_ids and env_reward
     :param template: a loaded critic template (``pipeline.critic.templates.Template``)
     :param threshold: environment reward at or below which a rollout is critiqued
+    :param fields: row -> placeholder values; default: the template task's ``critic_fields``
+        (sentiment/toxicity: the response; summarization: document, summary and score)
     :return: one chat message list per critiqued row, in row order (duplicates kept)
     :raises DataError: if a row lacks a rollout field
     """
-    return [template.render({"response": rows[i]["response"]})
-            for i in critiqued_indices(rows, threshold=threshold)]
+    fields = fields or task_fields(template)
+    return [template.render(fields(rows[i])) for i in critiqued_indices(rows, threshold=threshold)]
 
 
 def _skipped_row(row: dict) -> dict:
@@ -92,11 +101,11 @@ def _critiqued_row(row: dict, result: CriticResult, *, template, tokenizer, rewa
 
 def annotate_round(rows: list[dict], *, template, tokenizer, client: CriticClient, cache: CriticCache,
                    threshold: float, rewards: dict[str, float], alignment: str,
-                   progress: bool = True) -> list[dict]:
+                   progress: bool = True, fields=None) -> list[dict]:
     """Critique the low-reward rollouts of one round and return one annotation per rollout.
 
     A row is critiqued when ``env_reward <= threshold``; its request is the template
-    rendered with ``{"response": row["response"]}``. The result is deterministic for the
+    rendered with ``fields(row)`` (see :func:`round_requests`). The result is deterministic for the
     same rows, template, client settings and cache contents. Only ``ok`` rows carry
     non-zero token rewards; a failed or budget-stopped request is recorded, not raised.
 
@@ -109,11 +118,12 @@ def annotate_round(rows: list[dict], *, template, tokenizer, client: CriticClien
     :param rewards: span label -> per-token reward (e.g. {"positive": 1.0, "negative": -1.0})
     :param alignment: span-to-token alignment mode, passed to ``align_spans``
     :param progress: show a tqdm bar over critic requests
+    :param fields: row -> placeholder values, as in :func:`round_requests`
     :return: dicts with exactly the keys in ``ANNOTATION_FIELDS``, in input order
     :raises DataError: if a row lacks a rollout field
     """
     chosen = critiqued_indices(rows, threshold=threshold)
-    requests = round_requests(rows, template=template, threshold=threshold)
+    requests = round_requests(rows, template=template, threshold=threshold, fields=fields)
     results = client.run(requests, cache, progress=progress) if requests else []
     annotations = [_skipped_row(row) for row in rows]
     for i, result in zip(chosen, results):

@@ -11,7 +11,8 @@ format, written by :func:`pipeline.critic.parse.format_answer`.
   chain (VADER's negation words, "no", anything ending in "n't", optionally followed by
   "a"/"an"/"the") flips the sign and is kept too: "not good" is negative, "very bad"
   is one span. Negation words are never spans by themselves; emoticons are ignored.
-- toxicity (provisional): words from a small built-in list of insults, as whole words.
+- toxicity: the terms of the offline toxicity reward's lexicon (pipeline/rewards/toxicity.py
+  TOXIC_TERMS), as whole words, so the critic names exactly what the lexicon reward counts.
 - summarization (provisional): maximal runs of summary content words that never occur in
   the document, all labelled "irrelevant"; "incoherent" and "factually incorrect" are
   never produced. This is a placeholder, not a faithfulness judge.
@@ -24,18 +25,14 @@ from functools import lru_cache
 
 from pipeline.critic.parse import TASK_LABELS, format_answer
 from pipeline.errors import CriticError
+from pipeline.rewards.toxicity import TOXIC_TERMS
 
 __all__ = ["answer", "TOXIC_WORDS"]
 
 _TASK_LINE = re.compile(r"^Task:[ \t]*(\S+)[ \t]*$", re.MULTILINE)
 _WORD = re.compile(r"\w+(?:['’]\w+)*")
 _DETERMINERS = frozenset({"a", "an", "the"})
-TOXIC_WORDS = frozenset({
-    "idiot", "idiots", "idiotic", "stupid", "moron", "morons", "moronic", "dumb", "loser", "losers",
-    "jerk", "jerks", "fool", "fools", "imbecile", "cretin", "scum", "trash", "pathetic", "worthless",
-    "ugly", "disgusting", "shut up", "hate you", "freak", "creep", "clown", "dumbass", "bastard",
-    "crap", "damn", "hell", "suck", "sucks",
-})
+TOXIC_WORDS = frozenset(TOXIC_TERMS)  # exactly the terms the offline toxicity reward counts
 _STOPWORDS = frozenset(
     "a an the and or but of to in on at for with by from as is are was were be been being it its this that "
     "these those he she they we you i his her their our your my me him them us not no so than then there "

@@ -47,7 +47,7 @@ def read_dexperts_prompts(path: str | Path, n_prompts: int | None = None) -> lis
 
 
 def load_prompt_sets(sources: list[str], world_rows: list[dict], n_prompts: int | None) -> dict[str, list[dict]]:
-    """{set name: rows {prompt_id, text}} for each source ('world' or a JSONL path), in order.
+    """{set name: rows {prompt_id, text[, reference]}} for each source ('world' or a JSONL path), in order.
 
     Raises: DataError if two sources share a name or the world has no eval prompts.
     """
@@ -57,7 +57,9 @@ def load_prompt_sets(sources: list[str], world_rows: list[dict], n_prompts: int 
         if name in sets:
             raise DataError(f"Two prompt sets are both named '{name}' in 'evaluate.prompts': rename one file.")
         if source == WORLD:
-            rows = [{"prompt_id": r["prompt_id"], "text": r["text"]} for r in world_rows if r["split"] == "eval"]
+            rows = [{"prompt_id": r["prompt_id"], "text": r["text"],  # reference: summarization only
+                     **({"reference": r["reference"]} if r.get("reference") else {})}
+                    for r in world_rows if r["split"] == "eval"]
             if not rows:
                 raise DataError("The prompts table has no 'eval' rows: re-run the prepare stage.")
             sets[name] = rows[:n_prompts]

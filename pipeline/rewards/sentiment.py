@@ -2,7 +2,8 @@
 
 This is where the sentiment task's environment reward is computed. VADER is a lexicon and
 rule scorer (no model weights, no network), so it runs offline and is deterministic; its
-compound score lies in [-1, 1], positive for positive text.
+compound score lies in [-1, 1], positive for positive text. The paper profile instead reads
+the POSITIVE logit of a HF classifier (``ClassifierSentiment``, lvwerra/distilbert-imdb).
 """
 
 from __future__ import annotations
@@ -27,6 +28,22 @@ class VaderReward:
         self.scale = float(scale)
         self._analyzer = SentimentIntensityAnalyzer()
 
-    def score(self, texts: list[str]) -> list[float]:
-        """Return ``scale * compound`` for each text, in order (one VADER call per text)."""
+    def score(self, texts: list[str], *, references: list[str] | None = None) -> list[float]:
+        """Return ``scale * compound`` for each text, in order (one VADER call per text; references unused)."""
         return [self.scale * self._analyzer.polarity_scores(text)["compound"] for text in texts]
+
+
+class ClassifierSentiment:
+    """``scale`` times the raw logit of `label` (default POSITIVE) of a HF text classifier, batched.
+
+    Raises: ConfigError (from HFClassifier) if the model cannot be loaded or lacks the label.
+    """
+
+    def __init__(self, model: str, *, label: str = "POSITIVE", scale: float = 1.0, batch_size: int = 64) -> None:
+        from pipeline.rewards.classifier import HFClassifier
+
+        self.classifier = HFClassifier(model, label=label, output="logit", batch_size=batch_size)
+        self.name, self.version, self.scale = self.classifier.name, self.classifier.version, float(scale)
+
+    def score(self, texts: list[str], *, references: list[str] | None = None) -> list[float]:
+        return [self.scale * v for v in self.classifier.values(texts)]

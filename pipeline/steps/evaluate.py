@@ -1,20 +1,21 @@
 """`evaluate` stage: sample continuations of each prompt set from the base and the final policy
 (DExperts protocol) and compute the task's metrics for every (policy, prompt set).
 
-Metrics per (policy, set): positive_percent (naive Bayes classifier, not the training reward),
-env_reward_mean (the training reward, VADER), perplexity (fluency LM), dist_1/2/3.
+Metrics per (policy, set): the task's own (pipeline/tasks/<task>.py `make_evaluator`:
+sentiment positive_percent by a naive Bayes classifier that is not the reward; toxicity
+expected_max_toxicity and toxicity_probability; summarization rouge1/rouge2/rougeL), then
+env_reward_mean (the training reward), perplexity (fluency LM), dist_1/2/3, n_samples.
 """
 from __future__ import annotations
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from pipeline.config import EvaluateParams
-from pipeline.evaluate.classifier import train_sentiment_classifier
+from pipeline.config import EvaluateParams, ScoreParams
 from pipeline.evaluate.decode import sample_continuations
-from pipeline.evaluate.metrics import conditional_perplexities, distinct_n, nanmean, positive_percent
+from pipeline.evaluate.metrics import conditional_perplexities, distinct_n, nanmean
 from pipeline.evaluate.prompts import load_prompt_sets
-from pipeline.rewards.sentiment import VaderReward
 from pipeline.store import SCHEMAS
+from pipeline.tasks import get_task
 
 
 class FluencyLM:
@@ -34,7 +35,7 @@ class FluencyLM:
         return conditional_perplexities(self.lm, query_ids=queries, response_ids=continuations, batch_size=batch_size)
 
 
-def _score_set(lm, tokenizer, prompts: list[dict], *, e: EvaluateParams, seed: int, classifier, reward,
+def _score_set(lm, tokenizer, prompts: list[dict], *, e: EvaluateParams, seed: int, evaluator, reward,
                fluency: FluencyLM) -> tuple[dict, list[dict]]:
     """Sample e.samples_per_prompt continuations per prompt; return (metrics, per-sample rows)."""
     k = e.samples_per_prompt
@@ -43,12 +44,12 @@ def _score_set(lm, tokenizer, prompts: list[dict], *, e: EvaluateParams, seed: i
     continuations = sample_continuations(lm, tokenizer, queries, max_new_tokens=e.max_new_tokens, top_p=e.top_p,
                                          seed=seed, batch_size=e.batch_size)
     texts = [tokenizer.decode(c, skip_special_tokens=True) for c in continuations]
-    env = reward.score(texts)
-    positive = classifier.predict_proba(texts)
+    env = reward.score(texts, references=[p.get("reference", "") for p in prompts for _ in range(k)])
+    per_prompt = [texts[i:i + k] for i in range(0, len(texts), k)]
+    task_metrics, positive = evaluator.metrics(per_prompt, prompts)
     ppl = fluency.perplexities(queries=queries, continuations=continuations, query_texts=query_texts,
                                texts=texts, batch_size=e.batch_size)
-    per_prompt = [texts[i:i + k] for i in range(0, len(texts), k)]
-    metrics = {"positive_percent": positive_percent(positive), "env_reward_mean": sum(env) / len(env),
+    metrics = {**task_metrics, "env_reward_mean": sum(env) / len(env),
                "perplexity": nanmean(ppl), "dist_1": distinct_n(per_prompt, 1),
                "dist_2": distinct_n(per_prompt, 2), "dist_3": distinct_n(per_prompt, 3), "n_samples": len(texts)}
     rows = [{"prompt_id": prompts[i // k]["prompt_id"], "sample": i % k, "query": query_texts[i], "response": texts[i],
@@ -57,21 +58,24 @@ def _score_set(lm, tokenizer, prompts: list[dict], *, e: EvaluateParams, seed: i
 
 
 def evaluate(prompt_rows: list[dict], *, base_dir: str, policy_dir: str, policy_name: str, run_id: str,
-             round_: int, seed: int, params: EvaluateParams) -> tuple[list[dict], list[dict], dict]:
+             round_: int, seed: int, params: EvaluateParams, task: str = "sentiment",
+             score: ScoreParams | None = None) -> tuple[list[dict], list[dict], dict]:
     """Evaluate the base and the policy on the same prompt sets and seeds.
 
     Params: prompt_rows: the prompts table (its 'eval' rows are the 'world' set); base_dir,
-    policy_dir: saved models (the base's tokenizer serves both); params: the evaluate section.
+    policy_dir: saved models (the base's tokenizer serves both); params: the evaluate section;
+    task: run.task; score: the score section (the training reward; default ScoreParams()).
     Returns: (eval rows: one per policy, set and metric "<set>/<metric>"; sample rows; metrics
     {policy: {set: {metric: value}}} for metrics/eval.json).
     Raises: DataError for a bad prompts or classifier file (before any model is loaded).
     """
     sets = load_prompt_sets(params.prompts, prompt_rows, params.n_prompts)
-    classifier = train_sentiment_classifier(params.classifier_data, seed=seed)
+    task_module = get_task(task)
+    reward = task_module.make_reward(score or ScoreParams())
+    evaluator = task_module.make_evaluator(params, reward, seed=seed)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     base_lm = AutoModelForCausalLM.from_pretrained(base_dir)
     fluency = FluencyLM(params.fluency_model, base_lm)
-    reward = VaderReward()
     sample_columns = set(SCHEMAS["eval_samples"].names)
     metrics, sample_rows = {}, []
     for name, model_dir in (("base", base_dir), (policy_name, policy_dir)):
@@ -79,7 +83,7 @@ def evaluate(prompt_rows: list[dict], *, base_dir: str, policy_dir: str, policy_
         metrics[name] = {}
         for set_name, prompts in sets.items():
             metrics[name][set_name], rows = _score_set(lm, tokenizer, prompts, e=params, seed=seed,
-                                                       classifier=classifier, reward=reward, fluency=fluency)
+                                                       evaluator=evaluator, reward=reward, fluency=fluency)
             for row in rows:  # prompt_set, positive_prob, perplexity are kept where the schema has them
                 row.update(run_id=run_id, round=round_, policy=name, prompt_set=set_name,
                            prompt_id=f"{set_name}/{row['prompt_id']}")

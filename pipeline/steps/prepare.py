@@ -1,24 +1,24 @@
-"""`prepare` stage: the demo world's pretraining corpus and the train/eval prompt sets."""
+"""`prepare` stage: the task's pretraining corpus and its train/eval prompt sets."""
 from __future__ import annotations
 
-from pipeline.data.world import generate_reviews, review_prefixes
+from pipeline.config import WorldParams
+from pipeline.tasks import get_task
 
 
-def prepare(*, run_id: str, seed: int, n_reviews: int, n_train_prompts: int, n_eval_prompts: int,
-            prefix_min_words: int, prefix_max_words: int) -> tuple[list[str], list[dict]]:
-    """Generate the corpus and prompts of the synthetic review world.
+def prepare(*, task: str, run_id: str, seed: int, world: WorldParams) -> tuple[list[str], list[dict]]:
+    """Build the corpus and prompts of `task` from `world.source` (pipeline/tasks/<task>.py `build`).
 
     Returns:
-        (corpus, prompt_rows): review texts for the base model, and rows of the `prompts` table
-        (round 0). Train and eval prompts come from separate seed streams.
+        (corpus, prompt_rows): texts for the base model, and rows of the `prompts` table (round 0;
+        `reference` filled for summarization). Train and eval prompts come from separate seed streams.
+    Raises: DataError for a missing, malformed or (after filtering) empty data source.
     """
-    corpus = generate_reviews(n_reviews, seed=seed)
+    corpus, splits = get_task(task).build(world, seed=seed)
     rows = []
-    for split, n, split_seed in (("train", n_train_prompts, seed + 1), ("eval", n_eval_prompts, seed + 2)):
-        texts = review_prefixes(n, seed=split_seed, min_words=prefix_min_words, max_words=prefix_max_words)
+    for split in ("train", "eval"):
         rows += [
             {"run_id": run_id, "round": 0, "prompt_id": f"{split}-{i:05d}", "split": split,
-             "text": text, "reference": ""}
-            for i, text in enumerate(texts)
+             "text": prompt["text"], "reference": prompt.get("reference", "")}
+            for i, prompt in enumerate(splits[split])
         ]
     return corpus, rows

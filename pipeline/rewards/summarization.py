@@ -1,0 +1,73 @@
+"""The summarization environment reward: ROUGE-1 F1 x 100 of each summary against its reference.
+
+This is where the summarization task's environment reward is computed, and where ROUGE is
+implemented (no rouge_score or hub download). Tokenization follows rouge_score's default:
+lower-case, every run of characters other than a-z and 0-9 is a separator, no stemming.
+
+- ROUGE-N: n-gram overlap with clipped counts; P = overlap / candidate n-grams, R = overlap /
+  reference n-grams, F = 2PR / (P + R) (0 when either is 0).
+- ROUGE-L: P = LCS / candidate tokens, R = LCS / reference tokens, F as above (sentence-level,
+  the whole text as one sequence, as rouge_score's "rougeL").
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from pipeline.errors import DataError
+
+_NON_ALNUM = re.compile(r"[^a-z0-9]+")
+
+
+def rouge_tokens(text: str) -> list[str]:
+    return [t for t in _NON_ALNUM.split(text.lower()) if t]
+
+
+def _f1(overlap: float, n_candidate: int, n_reference: int) -> float:
+    if overlap == 0 or n_candidate == 0 or n_reference == 0:
+        return 0.0
+    precision, recall = overlap / n_candidate, overlap / n_reference
+    return 2 * precision * recall / (precision + recall)
+
+
+def rouge_n(candidate: str, reference: str, n: int) -> float:
+    """ROUGE-N F1 of one candidate against one reference."""
+    c, r = rouge_tokens(candidate), rouge_tokens(reference)
+    c_grams = Counter(tuple(c[i:i + n]) for i in range(len(c) - n + 1))
+    r_grams = Counter(tuple(r[i:i + n]) for i in range(len(r) - n + 1))
+    overlap = sum((c_grams & r_grams).values())
+    return _f1(overlap, sum(c_grams.values()), sum(r_grams.values()))
+
+
+def lcs_length(a: list[str], b: list[str]) -> int:
+    """Length of the longest common subsequence (dynamic programming, O(len(a) * len(b)))."""
+    previous = [0] * (len(b) + 1)
+    for x in a:
+        current = [0]
+        for j, y in enumerate(b):
+            current.append(previous[j] + 1 if x == y else max(previous[j + 1], current[j]))
+        previous = current
+    return previous[-1]
+
+
+def rouge_l(candidate: str, reference: str) -> float:
+    """ROUGE-L F1 of one candidate against one reference."""
+    c, r = rouge_tokens(candidate), rouge_tokens(reference)
+    return _f1(lcs_length(c, r), len(c), len(r))
+
+
+class RougeReward:
+    """reward = scale * 100 * ROUGE-1 F1(response, reference), batched over lists."""
+
+    name = "rouge1"
+    version = "drlc-1"
+
+    def __init__(self, scale: float = 1.0) -> None:
+        self.scale = float(scale)
+
+    def score(self, texts: list[str], *, references: list[str] | None = None) -> list[float]:
+        """Raises DataError if references are missing or do not match the texts one to one."""
+        if references is None or len(references) != len(texts) or not all(references):
+            raise DataError("The summarization reward needs one reference per response: the prompts table's "
+                            "'reference' column is empty or not passed (score stage: --prompts); re-run prepare, or check dvc.yaml.")
+        return [self.scale * 100.0 * rouge_n(t, r, 1) for t, r in zip(texts, references)]

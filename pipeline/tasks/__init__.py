@@ -1,0 +1,55 @@
+"""The task layer: one module per task, found by its file name (pipeline/tasks/<task>.py).
+
+`run.task` names a module here. Adding a task is adding one module (plus its environment
+reward in pipeline/rewards/<task>.py, its critic template in prompts/ and a profile in
+configs/); nothing else lists the tasks. A task module defines:
+
+- ``SCORERS``: the valid ``score.scorer`` values, the offline one first.
+- ``build(world, *, seed) -> (corpus, {"train": [...], "eval": [...]})``: the pretraining
+  corpus of the base model and the prompts of each split, each prompt a dict with ``text``
+  and ``reference`` ("" when the task has none). ``world`` is the WorldParams section;
+  ``world.source`` is "world" (the seeded synthetic world) or a local data path.
+- ``make_reward(score) -> reward``: the environment reward for the ScoreParams section; a
+  reward has ``name``, ``version`` and ``score(texts, *, references) -> list[float]``,
+  batched, higher is better.
+- ``critic_fields(row) -> dict``: the critic template's placeholders for one scored rollout
+  row (query, response, env_reward).
+- ``make_evaluator(evaluate, score, *, seed) -> evaluator``: an object whose
+  ``metrics(texts_by_prompt, prompts)`` returns (task metrics, one per-sample probability or
+  None per text) for evaluation (pipeline/steps/evaluate.py adds perplexity and dist-n).
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from types import ModuleType
+
+from pipeline.errors import ConfigError
+
+_NOT_TASKS = {"common"}
+
+
+def task_names() -> tuple[str, ...]:
+    """The task names: the modules of this package, without importing them."""
+    return tuple(sorted(m.name for m in pkgutil.iter_modules(__path__)
+                        if not m.name.startswith("_") and m.name not in _NOT_TASKS))
+
+
+def get_task(name: str) -> ModuleType:
+    """The task module `name`. Raises ConfigError for an unknown task, listing the known ones."""
+    if name not in task_names():
+        raise ConfigError(f"Unknown task {name!r}: use one of {task_names()} (modules of pipeline/tasks/).")
+    return importlib.import_module(f"pipeline.tasks.{name}")
+
+
+def prefix_prompt_splits(make_prefixes, world, *, seed: int) -> dict[str, list[dict]]:
+    """Train and eval prompts (no reference) from a world's prefix generator.
+
+    `make_prefixes(n, *, seed, min_words, max_words)` as in pipeline/data/world.py; the splits
+    use separate seed streams (seed + 1 for train, seed + 2 for eval) so they never overlap by
+    construction of the stream.
+    """
+    return {split: [{"text": text, "reference": ""} for text in make_prefixes(
+                n, seed=split_seed, min_words=world.prefix_min_words, max_words=world.prefix_max_words)]
+            for split, n, split_seed in (("train", world.n_train_prompts, seed + 1),
+                                         ("eval", world.n_eval_prompts, seed + 2))}
