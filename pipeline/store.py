@@ -106,7 +106,11 @@ def read_table(path: str | Path, table: str | None = None) -> list[dict]:
     if not file.is_file():
         hint = f" Run the stage that writes '{table}' first (dvc repro)." if table else ""
         raise StoreError(f"Table file '{file}' not found.{hint}")
-    return pq.read_table(file).to_pylist()
+    try:
+        return pq.read_table(file).to_pylist()
+    except (pa.ArrowInvalid, OSError) as error:
+        raise StoreError(f"Table file '{file}' is not a readable Parquet file ({str(error).splitlines()[0]}): "
+                         f"delete it and re-run the stage that writes it (dvc repro).") from None
 
 
 def connect(data_root: str | Path = "data") -> duckdb.DuckDBPyConnection:

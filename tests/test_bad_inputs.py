@@ -86,7 +86,8 @@ def test_stage_with_an_unknown_round(workdir):
     assert_clean_failure(result, "0042", "0001")
 
 
-@pytest.mark.parametrize("args", [[], ["check"], ["replay"], ["report"], ["sql"], ["catalog"], ["cache"], ["critic"], ["critic", "serve"]])
+@pytest.mark.parametrize("args", [[], ["check"], ["replay"], ["report"], ["sql"], ["catalog"], ["cache"], ["critic"], ["critic", "serve"],
+                                  ["critic", "batch-prepare"], ["critic", "batch-ingest"]])
 def test_every_subcommand_has_help(args, workdir):
     result = drlc([*args, "--help"], workdir)
     assert result.returncode == 0 and "usage: drlc" in result.stdout
@@ -95,3 +96,85 @@ def test_every_subcommand_has_help(args, workdir):
 def test_sql_error_is_one_line(workdir):
     result = drlc(["sql", "SELECT nope FROM nowhere"], workdir)
     assert_clean_failure(result, "Query failed")
+
+
+# --- more bad inputs: params files, overrides, templates, data files and CLI flags -------------
+
+def bad_template_front_matter(workdir):
+    (workdir / "prompts" / "bad.md").write_text("---\ntask: [\n---\n## system\nTask: sentiment\n")
+    return ["check", "--set", "critic.template=prompts/bad.md"]
+
+
+def template_without_output_format(workdir):
+    template = workdir / "prompts" / "sentiment.md"
+    template.write_text(template.read_text().replace("### Output format", "### Format"))
+    return ["check"]
+
+
+def cache_dir_under_a_file(workdir):
+    (workdir / "blocker").write_text("a file, so nothing can be created below it (not even by root)")
+    return ["check", "--set", "critic.cache_dir=blocker/sub"]
+
+
+def not_a_parquet_file(workdir):
+    (workdir / "x.parquet").write_text("not parquet")
+    from pipeline.critic.cache import CriticCache
+
+    CriticCache(workdir / "cache").close()  # an existing cache: the failed import adds nothing to it
+    return ["cache", "import", "x.parquet", "--dir", "cache"]
+
+
+_HELD_SOCKETS = []
+
+
+def busy_port(workdir):
+    import socket
+
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    _HELD_SOCKETS.append(blocker)  # kept open until the process ends
+    return ["critic", "serve", "--port", str(blocker.getsockname()[1])]
+
+
+@pytest.mark.parametrize("make_args, needles", [
+    (lambda w: (w / "bad.yaml").write_text("run: [\n") and ["check", "--params", "bad.yaml"], ["bad.yaml", "YAML"]),
+    (lambda w: ["check", "--params", "nope.yaml"], ["nope.yaml", "--params"]),
+    (lambda w: ["check", "--set", "nokey"], ["'nokey'", "section.key=value"]),
+    (lambda w: ["check", "--set", "rounds.0002={prev: round=0009}"], ["round=0009", "round=0001"]),
+    (lambda w: ["check", "--set", "evaluate.policy=round=0002"], ["evaluate.policy", "round=0002", "last round"]),
+    (lambda w: ["check", "--set", "critic.max_concurrency=0"], ["critic.max_concurrency", "0", "> 0"]),
+    (lambda w: ["check", "--set", "critic.template=prompts/toxicity.md"], ["toxicity.md", "run.task"]),
+    (bad_template_front_matter, ["prompts/bad.md", "not valid YAML", "'---'"]),
+    (template_without_output_format, ["sentiment.md", "Output format"]),
+    (cache_dir_under_a_file, ["critic.cache_dir", "blocker/sub", "not a directory", "writable directory"]),
+    (not_a_parquet_file, ["x.parquet", "drlc cache export"]),
+    (lambda w: ["cache", "export"], ["cache export", "FILE.parquet"]),
+    (lambda w: ["critic", "serve", "--error-rate", "2"], ["error_rate=2.0", "[0, 1]"]),
+    (lambda w: ["critic", "serve", "--latency", "-1"], ["latency_s=-1.0", ">= 0"]),
+    (lambda w: ["critic", "serve", "--backend", "nope"], ["'nope'", "lexicon"]),
+    (lambda w: ["critic", "serve", "--port", "99999"], ["99999", "--port"]),
+    (busy_port, ["Address already in use", "--port"]),
+    (lambda w: ["report", "nowhere"], ["'nowhere'", "finished runs"]),
+], ids=["params-not-yaml", "params-missing", "override-no-equals", "round-chain", "eval-policy-not-last",
+        "concurrency-zero", "template-other-task", "template-front-matter", "template-no-output-format",
+        "cache-dir-under-file", "cache-import-not-parquet", "cache-export-no-file", "serve-error-rate",
+        "serve-negative-latency", "serve-unknown-backend", "serve-port-out-of-range", "serve-port-busy",
+        "report-missing-run"])
+def test_more_bad_inputs_fail_with_one_line(workdir, make_args, needles):
+    args = make_args(workdir)
+    before = sorted(p.relative_to(workdir) for p in workdir.rglob("*"))
+    result = drlc(args, workdir)
+    assert_clean_failure(result, *needles)
+    after = sorted(p.relative_to(workdir) for p in workdir.rglob("*"))
+    assert after == before  # no partial output
+
+
+def test_stage_with_a_corrupt_input_table(workdir):
+    table = workdir / "data" / "rollouts" / "round=0001" / "part-0.parquet"
+    table.parent.mkdir(parents=True)
+    table.write_bytes(b"PAR1 half-written")
+    out = workdir / "data" / "scores" / "round=0001"
+    result = stage("score", ["--round", "0001", "--rollouts", str(table.parent), "--out", str(out)], workdir)
+    assert_clean_failure(result, "rollouts/round=0001/part-0.parquet", "not a readable Parquet file", "dvc repro")
+    assert not out.exists()

@@ -299,7 +299,8 @@ def import_parquet(cache: CriticCache, path: str | Path) -> int:
     try:
         table = pq.read_table(str(path))
     except (OSError, ValueError) as error:
-        raise StoreError(f"cannot read critic cache export {str(path)!r}: {error}") from error
+        raise StoreError(f"cannot read critic cache export {str(path)!r} ({str(error).splitlines()[0]}); "
+                         "pass a Parquet file written by `drlc cache export`") from None
     missing = [name for name in _PARQUET_COLUMNS if name not in table.column_names]
     if missing:
         raise StoreError(f"critic cache export {str(path)!r} lacks columns {missing}; write it with export_parquet")

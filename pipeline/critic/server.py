@@ -312,6 +312,7 @@ def make_server(*, host: str = "127.0.0.1", port: int = 0, backend: str | Answer
     :raises CriticError: on an unknown backend, "hf" without a loadable ``model_dir``, or a
         ``model_dir`` given to another backend
     :raises ConfigError: on a fault rate out of range
+    :raises CriticError: if host:port cannot be bound (in use, out of range, not a local address)
     """
     rates = {"error": error_rate, "rate_limit": rate_limit_rate, "garbage": garbage_rate,
              "drop": drop_rate, "empty": empty_rate}
@@ -319,8 +320,12 @@ def make_server(*, host: str = "127.0.0.1", port: int = 0, backend: str | Answer
     if latency_s < 0:
         raise ConfigError(f"critic server latency_s={latency_s!r} is negative; use a value >= 0")
     backend_name, complete_fn = _resolve_backend(backend, model_dir)  # fail before binding a port
-    return _CriticServer((host, port), backend_name=backend_name, complete_fn=complete_fn,
-                         latency_s=latency_s, rates=rates, seed=seed)
+    try:
+        return _CriticServer((host, port), backend_name=backend_name, complete_fn=complete_fn,
+                             latency_s=latency_s, rates=rates, seed=seed)
+    except (OSError, OverflowError) as error:  # port in use or out of range, host not on this machine
+        raise CriticError(f"critic server cannot listen on {host}:{port} ({error}); pick a free port in "
+                          "1-65535 (--port, 0 = any free one) on an address of this machine (--host)") from None
 
 
 @contextmanager

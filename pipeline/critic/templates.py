@@ -151,7 +151,10 @@ def _split_front_matter(path: Path, text: str) -> tuple[dict, str]:
     try:
         meta = yaml.safe_load("\n".join(lines[1:end]))
     except yaml.YAMLError as error:
-        raise TemplateError(f"{path}: the front matter is not valid YAML ({error})") from error
+        mark = getattr(error, "problem_mark", None)  # one line: the YAML message spans several
+        where = f" at line {mark.line + 2}" if mark is not None else ""
+        raise TemplateError(f"{path}: the front matter is not valid YAML ({str(error).splitlines()[0]}{where}); "
+                            "fix the YAML between the two '---' lines") from None
     if not isinstance(meta, dict):
         raise TemplateError(f"{path}: the front matter must be a mapping with keys {list(FRONT_MATTER_KEYS)}")
     missing = [key for key in FRONT_MATTER_KEYS if key not in meta]
