@@ -84,6 +84,38 @@ def cmd_replay(args) -> None:
     replay(args.run, args.out, overrides=args.set, allow_new_calls=args.allow_new_calls)
 
 
+def cmd_batch_prepare(args) -> None:
+    from pipeline import store
+    from pipeline.config import load_params
+    from pipeline.critic.annotate import round_requests
+    from pipeline.critic.batch import batch_prepare
+    from pipeline.critic.cache import CriticCache
+    from pipeline.critic.templates import load_template
+    from pipeline.steps.critique import critic_client
+
+    critic = load_params(args.params).critic
+    rewards = {row["rollout_id"]: row["env_reward"]
+               for row in store.read_table(f"{args.data}/scores/round={args.round}", "scores")}
+    rows = [dict(row, env_reward=rewards[row["rollout_id"]])
+            for row in store.read_table(f"{args.data}/rollouts/round={args.round}", "rollouts")]
+    requests = round_requests(rows, template=load_template(critic.template), threshold=critic.threshold)
+    client = critic_client(critic, None)  # only for its cache naming and checked sampling parameters
+    with CriticCache(critic.cache_dir) as cache:
+        n = batch_prepare(requests, endpoint=client.cache_endpoint, model=client.model,
+                          sampling=client.sampling, cache=cache, out_path=args.out)
+    print(f"wrote {n} uncached requests of round {args.round} to {args.out}")
+
+
+def cmd_batch_ingest(args) -> None:
+    from pipeline.config import load_params
+    from pipeline.critic.batch import batch_ingest
+    from pipeline.critic.cache import CriticCache
+
+    with CriticCache(load_params(args.params).critic.cache_dir) as cache:
+        counts = batch_ingest(args.file, cache=cache)
+    print(", ".join(f"{k}: {v}" for k, v in counts.items()))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="drlc", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -139,6 +171,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--empty-rate", type=float, default=0.0, help="share answered 200 with empty content")
     serve.add_argument("--seed", type=int, default=0)
     serve.set_defaults(func=cmd_critic_serve)
+    prepare = critic_sub.add_parser("batch-prepare", help="write a round's uncached requests as Batch-API JSONL")
+    prepare.add_argument("--round", required=True, help="round key, e.g. 0001")
+    prepare.add_argument("--out", required=True, help="JSONL file to write (custom_id = cache key)")
+    prepare.add_argument("--params", default="params.yaml")
+    prepare.add_argument("--data", default="data")
+    prepare.set_defaults(func=cmd_batch_prepare)
+    ingest = critic_sub.add_parser("batch-ingest", help="load a Batch-API output JSONL into the critic cache")
+    ingest.add_argument("file", help="the batch output JSONL")
+    ingest.add_argument("--params", default="params.yaml")
+    ingest.set_defaults(func=cmd_batch_ingest)
     return p
 
 

@@ -98,17 +98,24 @@ def effective_params(run_dir: Path, overrides: list[str]) -> Params:
         raise DataError(f"'{run_dir}' has no params.yaml: --from must name a finished project folder.")
     original = load_params(params_file)
     raw = read_yaml(params_file.read_text())
+    before = _flat(original)
     for assignment in overrides:
         apply_override(raw, assignment)
-    params = params_from_dict(raw)
-    before, after = _flat(original), _flat(params)
+        key = assignment.split("=", 1)[0]
+        _refuse_frozen(key, before.get(key), read_yaml(assignment.split("=", 1)[1]) if "=" in assignment else None)
+    params = params_from_dict(raw)  # checked after the frozen keys: their errors say more
+    after = _flat(params)
     for key in sorted(after):
-        if after[key] != before[key]:
-            why = FROZEN.get(key) or FROZEN.get(key.split(".")[0])
-            if why:
-                raise ConfigError(f"'{key}' cannot change in a replay ({before[key]!r} -> {after[key]!r}): {why}. "
-                                  f"Start a new run (dvc repro) to change it.")
+        _refuse_frozen(key, before[key], after[key])
     return params
+
+
+def _refuse_frozen(key: str, old, new) -> None:
+    """Raise ConfigError if `key` is one a replay cannot change and the value changes."""
+    why = FROZEN.get(key) or FROZEN.get(key.split(".")[0])
+    if why and old != new:
+        raise ConfigError(f"'{key}' cannot change in a replay ({old!r} -> {new!r}): {why}. "
+                          f"Start a new run (dvc repro) to change it.")
 
 
 def _flat(params: Params) -> dict:

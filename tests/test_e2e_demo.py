@@ -6,13 +6,15 @@ content; and the policy's env reward rises from the first round to the last.
 """
 import json
 import re
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from pipeline.store import VOLATILE_COLUMNS, connect
-from e2e import dvc, make_project, tiny_params
+from e2e import dvc, make_project, run, tiny_params
 
 TABLES = ["prompts", "rollouts", "scores", "annotations", "ppo_steps", "eval", "eval_samples"]
 
@@ -73,6 +75,19 @@ def test_readme_queries_run_on_a_finished_run(finished_run):
     con = connect(finished_run / "data")
     for query in queries:
         assert con.sql(query).fetchall(), query
+
+
+def test_batch_prepare_writes_one_line_per_uncached_request(finished_run, tmp_path):
+    params = yaml.safe_load((finished_run / "params.yaml").read_text())
+    params["critic"]["cache_dir"] = str(tmp_path / "empty-cache")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    out = tmp_path / "batch.jsonl"
+    run([sys.executable, "-m", "pipeline", "critic", "batch-prepare", "--round", "0001", "--out", str(out),
+         "--params", str(tmp_path / "params.yaml")], finished_run)
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    annotations = pq.read_table(finished_run / "data" / "annotations" / "round=0001" / "part-0.parquet")
+    keys = {k for k in annotations.column("cache_key").to_pylist() if k}  # the round's distinct requests
+    assert len(lines) == len(keys) > 0 and {line["custom_id"] for line in lines} == keys
 
 
 def test_bad_params_stop_the_dag_with_one_line_and_keep_finished_outputs(finished_run):

@@ -5,7 +5,9 @@ started here, so every request the run or a replay sends is counted by the serve
 """
 from __future__ import annotations
 
+import json
 import shutil
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -18,7 +20,7 @@ from pipeline.config import load_params
 from pipeline.critic.server import serve_in_background
 from pipeline.errors import ConfigError, DataError, PPOInputError
 from pipeline.replay import replay
-from tests.e2e import dvc, make_project, tiny_params
+from tests.e2e import dvc, make_project, run, tiny_params
 
 ROUNDS = (1, 2)
 TABLES = ("prompts", "rollouts", "scores", "annotations", "ppo_steps")
@@ -101,7 +103,10 @@ def test_replay_with_unchanged_settings_reproduces_the_run(finished_run, tmp_pat
     project, stats = finished_run
     before = stats()["requests"]
     out = tmp_path / "same"
-    summary = replay(project, out, overrides=[], progress=False)
+    # Through the CLI, in a fresh process like the stages: torch's thread count (which earlier
+    # tests in this process may have changed) decides the float summation order.
+    run([sys.executable, "-m", "pipeline", "replay", "--from", str(project), "--out", str(out)], project)
+    summary = json.loads((out / "replay.json").read_text())
 
     assert summary["critic_requests"] == 0 and stats()["requests"] == before
     for round_ in ROUNDS:  # the brief asks for round 1; later rounds follow from the same code path
