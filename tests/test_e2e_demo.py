@@ -6,6 +6,7 @@ content; and the policy's env reward rises from the first round to the last.
 """
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -88,6 +89,25 @@ def test_batch_prepare_writes_one_line_per_uncached_request(finished_run, tmp_pa
     annotations = pq.read_table(finished_run / "data" / "annotations" / "round=0001" / "part-0.parquet")
     keys = {k for k in annotations.column("cache_key").to_pylist() if k}  # the round's distinct requests
     assert len(lines) == len(keys) > 0 and {line["custom_id"] for line in lines} == keys
+
+
+def test_sparse_baseline_is_one_dvc_exp_run_and_report_compares_both(finished_run, tmp_path):
+    sparse = tmp_path / "sparse"
+    shutil.copytree(finished_run, sparse, symlinks=True)
+    run(["git", "add", "-A"], sparse)
+    run(["git", "-c", "user.name=drlc-test", "-c", "user.email=test@localhost", "commit", "-qm", "dense run"], sparse)
+    dvc(["exp", "run", "-S", "critic.enabled=false"], sparse)
+    curves = json.loads((sparse / "metrics" / "rounds.json").read_text())["rounds"]
+    assert [c["critic_calls"] for c in curves] == [0, 0, 0]
+
+    report = run([sys.executable, "-m", "pipeline", "report", str(finished_run), str(sparse),
+                  "--out", str(tmp_path / "report")], finished_run)
+    assert "curves.png" in report.stdout and (tmp_path / "report" / "curves.png").stat().st_size > 10_000
+    table = (tmp_path / "report" / "report.md").read_text()
+    for column, project in enumerate((finished_run, sparse)):
+        final = json.loads((project / "metrics" / "eval.json").read_text())["round=0003"]["world"]
+        row = next(line for line in table.splitlines() if line.startswith("| final/world/positive_percent |"))
+        assert float(row.split("|")[2 + column]) == pytest.approx(final["positive_percent"], rel=1e-3)
 
 
 def test_bad_params_stop_the_dag_with_one_line_and_keep_finished_outputs(finished_run):
