@@ -6,8 +6,9 @@ from functools import lru_cache
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
+
+from conftest import train_bpe
 
 from pipeline.critic.align import align_spans, find_occurrences, token_char_ranges
 from pipeline.errors import ConfigError, DataError
@@ -23,13 +24,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     rng = random.Random(0)
     sentences = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))).capitalize() + "."
                  for _ in range(300)]
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(sentences, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>")
+    return train_bpe(sentences, vocab_size=320)
 
 
 def encode(text):

@@ -4,11 +4,11 @@ from functools import lru_cache
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from conftest import train_bpe
+
 from pipeline.critic.annotate import ANNOTATION_FIELDS, annotate_round
-from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient
 from pipeline.critic.server import serve_in_background
 from pipeline.critic.templates import load_template
@@ -24,13 +24,7 @@ TEXTS = ["The movie was awful and boring.", "The movie was good.", "A plot, a ca
 @lru_cache(maxsize=1)
 def tokenizer() -> PreTrainedTokenizerFast:
     """A small byte-level BPE trained on the test texts (no hub download)."""
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    bpe.train_from_iterator(TEXTS * 5, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")
+    return train_bpe(TEXTS * 5)
 
 
 def rows(rewards=(-1.0, 0.5, -0.2, -1.0, 0.0)):
@@ -42,12 +36,6 @@ def annotate(client, cache, batch=None):
     return annotate_round(rows() if batch is None else batch, template=TEMPLATE, tokenizer=tokenizer(),
                           client=client, cache=cache, threshold=0.0, rewards=REWARDS, alignment="exact",
                           progress=False)
-
-
-@pytest.fixture
-def cache(tmp_path):
-    with CriticCache(tmp_path / "cache") as opened:
-        yield opened
 
 
 def test_low_reward_rows_are_critiqued_once_and_aligned(cache):

@@ -5,8 +5,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
+
+from conftest import train_bpe
 
 from pipeline.critic import lexicon
 from pipeline.critic.annotate import annotate_round
@@ -50,12 +51,6 @@ def answer_with_server(url, line, number):
 def write_jsonl(path, records):
     Path(path).write_text("".join(json.dumps(record) + "\n" for record in records))
     return path
-
-
-@pytest.fixture
-def cache(tmp_path):
-    with CriticCache(tmp_path / "cache") as opened:
-        yield opened
 
 
 def test_round_requests_pick_low_rewards_like_annotate_round():
@@ -111,13 +106,7 @@ def test_prepare_answer_ingest_then_a_live_round_sends_nothing(cache, tmp_path):
 
 def bpe_tokenizer():
     """A small byte-level BPE trained on the test texts (no hub download)."""
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    bpe.train_from_iterator(TEXTS * 5, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")
+    return train_bpe(TEXTS * 5)
 
 
 def test_ingested_answers_serve_annotate_round_without_requests(cache, tmp_path):

@@ -22,12 +22,6 @@ def requests_for(count, prefix="text"):
     return [[{"role": "user", "content": f"{prefix} number {i}"}] for i in range(count)]
 
 
-@pytest.fixture
-def cache(tmp_path):
-    with CriticCache(tmp_path / "cache") as opened:
-        yield opened
-
-
 def test_answers_come_back_in_order_and_are_cached(cache):
     with serve_in_background(backend="echo") as (url, stats):
         client = CriticClient(base_url=url, **FAST)
