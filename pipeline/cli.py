@@ -91,13 +91,11 @@ def cmd_batch_prepare(args) -> None:
     from pipeline.critic.batch import batch_prepare
     from pipeline.critic.cache import CriticCache
     from pipeline.critic.templates import load_template
-    from pipeline.steps.critique import critic_client
+    from pipeline.steps.critique import critic_client, scored_rows
 
     critic = load_params(args.params).critic
-    rewards = {row["rollout_id"]: row["env_reward"]
-               for row in store.read_table(f"{args.data}/scores/round={args.round}", "scores")}
-    rows = [dict(row, env_reward=rewards[row["rollout_id"]])
-            for row in store.read_table(f"{args.data}/rollouts/round={args.round}", "rollouts")]
+    rows = scored_rows(store.read_table(f"{args.data}/rollouts/round={args.round}", "rollouts"),
+                       store.read_table(f"{args.data}/scores/round={args.round}", "scores"))
     requests = round_requests(rows, template=load_template(critic.template), threshold=critic.threshold)
     client = critic_client(critic, None)  # only for its cache naming and checked sampling parameters
     with CriticCache(critic.cache_dir) as cache:

@@ -168,7 +168,8 @@ def rebuild_annotations(run_dir: Path, params: Params, inputs: dict, *, allow_ne
     from pipeline.critic.annotate import annotate_round
     from pipeline.critic.cache import CriticCache
     from pipeline.critic.templates import load_template
-    from pipeline.steps.critique import critic_client, critic_endpoint, skipped_row
+    from pipeline.critic.annotate import skipped_row
+    from pipeline.steps.critique import critic_client, critic_endpoint, scored_rows
     from pipeline.steps.critique import summarize as critique_summary
 
     critic, run_id = params.critic, params.run.run_id
@@ -181,8 +182,7 @@ def rebuild_annotations(run_dir: Path, params: Params, inputs: dict, *, allow_ne
             base_url = stack.enter_context(critic_endpoint(critic))[0] if allow_new_calls else None
             client = critic_client(critic, base_url)
         for key, tables in inputs.items():
-            env = {row["rollout_id"]: row["env_reward"] for row in tables["scores"]}
-            rows = [dict(row, env_reward=env[row["rollout_id"]]) for row in tables["rollouts"]]
+            rows = scored_rows(tables["rollouts"], tables["scores"])
             if not critic.enabled:
                 rows_out, sent = [skipped_row(row) for row in rows], 0
             else:

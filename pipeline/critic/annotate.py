@@ -67,7 +67,8 @@ def round_requests(rows: list[dict], *, template, threshold: float, fields=None)
     return [template.render(fields(rows[i])) for i in critiqued_indices(rows, threshold=threshold)]
 
 
-def _skipped_row(row: dict) -> dict:
+def skipped_row(row: dict) -> dict:
+    """The annotation of a response not sent to the critic: status skipped, zero intrinsic reward."""
     return {
         "rollout_id": row["rollout_id"], "critiqued": False, "status": "skipped", "cache_key": "",
         "cache_hit": False, "critic_model": "", "template_sha": "", "raw_text": "", "spans": [],
@@ -79,7 +80,7 @@ def _skipped_row(row: dict) -> dict:
 def _critiqued_row(row: dict, result: CriticResult, *, template, tokenizer, rewards, alignment,
                    requested_model: str) -> dict:
     """Build the annotation of one critiqued rollout from its critic result."""
-    out = _skipped_row(row) | {
+    out = skipped_row(row) | {
         "critiqued": True, "status": result.status, "cache_key": result.cache_key,
         "cache_hit": result.cache_hit, "critic_model": result.model or requested_model,
         "template_sha": template.sha256, "raw_text": result.raw_text, "prompt_tokens": result.prompt_tokens,
@@ -125,7 +126,7 @@ def annotate_round(rows: list[dict], *, template, tokenizer, client: CriticClien
     chosen = critiqued_indices(rows, threshold=threshold)
     requests = round_requests(rows, template=template, threshold=threshold, fields=fields)
     results = client.run(requests, cache, progress=progress) if requests else []
-    annotations = [_skipped_row(row) for row in rows]
+    annotations = [skipped_row(row) for row in rows]
     for i, result in zip(chosen, results):
         annotations[i] = _critiqued_row(rows[i], result, template=template, tokenizer=tokenizer,
                                         rewards=rewards, alignment=alignment, requested_model=client.model)

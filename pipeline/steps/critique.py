@@ -12,19 +12,17 @@ from transformers import AutoTokenizer
 
 from pipeline.config import CriticParams
 from pipeline.errors import CriticError
-from pipeline.critic.annotate import annotate_round
+from pipeline.critic.annotate import annotate_round, skipped_row
 from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient
 from pipeline.critic.server import serve_in_background
 from pipeline.critic.templates import load_template
 
 
-def skipped_row(row: dict) -> dict:
-    """The annotation of a response that was not sent to the critic: zero intrinsic reward."""
-    return {"rollout_id": row["rollout_id"], "critiqued": False, "status": "skipped", "cache_key": "",
-            "cache_hit": False, "critic_model": "", "template_sha": "", "raw_text": "", "spans": [],
-            "token_rewards": [0.0] * len(row["response_ids"]), "prompt_tokens": 0,
-            "completion_tokens": 0, "cost_usd": 0.0, "error": ""}
+def scored_rows(rollout_rows: list[dict], score_rows: list[dict]) -> list[dict]:
+    """The round's rollouts, each with its env_reward from the scores table (the critic's input)."""
+    rewards = {row["rollout_id"]: row["env_reward"] for row in score_rows}
+    return [dict(row, env_reward=rewards[row["rollout_id"]]) for row in rollout_rows]
 
 
 @contextlib.contextmanager
@@ -65,8 +63,7 @@ def critic_client(critic: CriticParams, base_url: str | None) -> CriticClient:
 def critique(rollout_rows: list[dict], score_rows: list[dict], *, critic: CriticParams, tokenizer_dir: str,
              run_id: str, round_: int) -> tuple[list[dict], dict]:
     """Annotate one round. Returns (annotation rows, stats with the requests the server received)."""
-    rewards = {row["rollout_id"]: row["env_reward"] for row in score_rows}
-    rows = [dict(row, env_reward=rewards[row["rollout_id"]]) for row in rollout_rows]
+    rows = scored_rows(rollout_rows, score_rows)
     if not critic.enabled:
         annotations = [skipped_row(row) for row in rows]
         server_requests = 0
