@@ -73,6 +73,9 @@ class WorldParams:
     n_eval_prompts: int = 64
     prefix_min_words: int = 2
     prefix_max_words: int = 5
+    prefix_unit: str = "words"  # words, or tokens of the base tokenizer (the paper's IMDB queries: 4-10 tokens)
+    min_text_chars: int = 0  # local/hub data: drop texts shorter than this (the paper's IMDB filter: 200)
+    min_prompt_toxicity: float | None = None  # toxicity data: keep prompts above this (the paper: 0.6)
 
     checks = {
         "source": (lambda x: bool(x.strip()), "'world' or the path of a local data file"),
@@ -81,13 +84,28 @@ class WorldParams:
         "n_eval_prompts": (_positive, "> 0"),
         "prefix_min_words": (_positive, "> 0"),
         "prefix_max_words": (_positive, "> 0"),
+        "prefix_unit": (lambda x: x in ("words", "tokens"), "one of ('words', 'tokens')"),
+        "min_text_chars": (lambda x: x >= 0, ">= 0"),
+        "min_prompt_toxicity": (_probability, "in [0, 1] or null"),
     }
 
 
 @dataclass(frozen=True)
 class BaseParams:
-    """Tokenizer and tiny GPT-2 pretrained on the world in the `base` stage."""
+    """The model every round starts from, built or loaded in the `base` stage.
 
+    `model: null` trains a BPE tokenizer and pretrains a tiny GPT-2 on the world (demo); else a
+    local Hugging Face causal-LM folder or hub id is loaded (local-data and paper profiles).
+    `sft_steps` > 0 then fine-tunes it on the task corpus with TRL's SFTTrainer (the paper's
+    summarization runs). `lora_r` > 0 trains LoRA adapters (peft) instead of all weights; the
+    reference model is then the same model with the adapters disabled.
+    """
+
+    model: str | None = None
+    sft_steps: int = 0
+    lora_r: int = 0
+    lora_alpha: float = 32.0
+    lora_target_modules: list[str] = field(default_factory=list)  # empty = peft's default for the model type
     vocab_size: int = 1024
     n_layer: int = 2
     n_head: int = 4
@@ -106,6 +124,9 @@ class BaseParams:
         "steps": (_positive, "> 0"),
         "batch_size": (_positive, "> 0"),
         "learning_rate": (_positive, "> 0"),
+        "sft_steps": (lambda x: x >= 0, ">= 0"),
+        "lora_r": (lambda x: x >= 0, ">= 0 (0 = train all weights)"),
+        "lora_alpha": (_positive, "> 0"),
     }
 
 
@@ -116,9 +137,11 @@ class RolloutParams:
 
     batch_size: int = 64
     max_new_tokens: int = 20
+    min_new_tokens: int | None = None  # per-response length limit drawn in [min, max] (seeded); null = max
     generation_batch_size: int = 64
 
     checks = {
+        "min_new_tokens": (_positive, "> 0 or null"),
         "batch_size": (_positive, "> 0"),
         "max_new_tokens": (_positive, "> 0"),
         "generation_batch_size": (_positive, "> 0"),
@@ -137,6 +160,7 @@ class ScoreParams:
     endpoint: str | None = None  # perspective: API URL (null = Google's commentanalyzer)
     rate_limit_per_s: float = 1.0  # perspective: requests per second
     cache_dir: str = "cache/scores"  # perspective: content-hashed answer cache
+    normalize: bool = False  # z-normalise the rewards of each scorer batch (the paper's TL;DR reward model)
 
     checks = {
         "scale": (_positive, "> 0"),
@@ -150,6 +174,7 @@ class CriticParams:
     enabled: bool = True
     endpoint: str = "local"  # "local" = drlc's own server on 127.0.0.1, else an OpenAI-compatible base URL
     backend: str = "lexicon"  # backend of the local server
+    model_dir: str | None = None  # hf backend: "base" (this run's base model: self-critique) or a model folder
     model: str = "drlc-lexicon"
     template: str = "prompts/sentiment.md"
     threshold: float = 0.0  # critique responses with env reward <= threshold
@@ -211,8 +236,12 @@ class PPOParams:
     # "bf16" = bf16 autocast for forward/backward (log-probs, values stay fp32). Not "no": DVC
     # rewrites params.yaml unquoted on `dvc exp run -S`, and YAML 1.1 reads `no` as false.
     mixed_precision: str = "fp32"
+    # freeze the embeddings and the first N transformer blocks and share them with the reference,
+    # as TRL's create_reference_model (the paper: 20 of gpt2-large's 36); null = a full frozen copy
+    num_shared_layers: int | None = None
 
     checks = {
+        "num_shared_layers": (lambda x: x >= 0, ">= 0 or null"),
         "mixed_precision": (lambda x: x in ("fp32", "bf16"), "one of ('fp32', 'bf16')"),
         "learning_rate": (_positive, "> 0"),
         "ppo_epochs": (_positive, "> 0"),
@@ -252,6 +281,8 @@ class EvaluateParams:
     batch_size: int = 64  # sequences per generation / perplexity batch
     classifier_data: str = "world"  # "world" = labelled synthetic reviews, or a "<0|1> <text>" file
     fluency_model: str = "base"  # "base" = the run's base model, or a local HF causal-LM folder
+    reward_model: str | None = None  # summarization: a reward-model folder for RM score and win rate
+    instruction: str | None = None  # text put before every prompt (the paper's few-shot prompting baseline)
 
     checks = {
         "prompts": (lambda x: len(x) > 0, "a non-empty list of 'world' or JSONL paths"),
@@ -394,6 +425,11 @@ def params_from_dict(raw: dict) -> Params:
             f"'evaluate.policy' = {params.evaluate.policy!r} must name the last round: {last!r}."
         )
     _check_task(params)
+    if params.rollout.min_new_tokens is not None and params.rollout.min_new_tokens > params.rollout.max_new_tokens:
+        raise ConfigError(
+            f"'rollout.min_new_tokens' = {params.rollout.min_new_tokens} exceeds "
+            f"'rollout.max_new_tokens' = {params.rollout.max_new_tokens}."
+        )
     if params.world.prefix_min_words > params.world.prefix_max_words:
         raise ConfigError(
             f"'world.prefix_min_words' = {params.world.prefix_min_words} exceeds "
