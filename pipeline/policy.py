@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pipeline.errors import ConfigError
+from pipeline.lora import is_adapter_folder, load_adapter_lm
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 # LMs whose forward is trunk -> last hidden state -> output embeddings, with no logit scaling or
@@ -52,7 +53,7 @@ class PolicyWithValueHead(torch.nn.Module):
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, L)
         inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
         if positions is not None and self.plain_head:
-            hidden = self.lm.base_model(**inputs).last_hidden_state  # (B, L, H)
+            hidden = self.trunk(**inputs).last_hidden_state  # (B, L, H)
             hidden = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, T, H)
             logits = self.lm.get_output_embeddings()(hidden)  # (B, T, V)
         else:
@@ -64,6 +65,12 @@ class PolicyWithValueHead(torch.nn.Module):
         with torch.autocast(device_type=hidden.device.type, enabled=False):
             values = self.v_head(hidden.float()).squeeze(-1)  # (B, T) or (B, L)
         return logits.float(), values
+
+    @property
+    def trunk(self) -> torch.nn.Module:
+        """The transformer below the LM head (inside the peft wrapper for a LoRA policy)."""
+        causal_lm = self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
+        return causal_lm.base_model
 
     @property
     def plain_head(self) -> bool:
@@ -85,6 +92,8 @@ def _fresh_value_head(hidden_size: int, seed: int) -> torch.nn.Linear:
 def load_policy(model_dir: str | Path, *, seed: int = 0):
     """Load a policy and its tokenizer from a local directory.
 
+    A folder with adapter_config.json is a LoRA policy: its base model is loaded with the
+    (trainable) adapters applied (pipeline/lora.py).
     The value head comes from `value_head.safetensors` in the directory when present
     (a saved policy), else it is freshly initialised from `seed` (a base model).
     Returns (PolicyWithValueHead in eval mode, tokenizer).
@@ -99,7 +108,7 @@ def load_policy(model_dir: str | Path, *, seed: int = 0):
             f"Tokenizer in '{model_dir}' has no pad token: set one (e.g. tokenizer.pad_token = "
             "tokenizer.eos_token) and save it again."
         )
-    lm = AutoModelForCausalLM.from_pretrained(model_dir)
+    lm = load_adapter_lm(model_dir) if is_adapter_folder(model_dir) else AutoModelForCausalLM.from_pretrained(model_dir)
     head_path = model_dir / VALUE_HEAD_FILE
     v_head = _fresh_value_head(lm.config.hidden_size, seed)
     if head_path.is_file():
@@ -108,7 +117,10 @@ def load_policy(model_dir: str | Path, *, seed: int = 0):
 
 
 def save_policy(policy: PolicyWithValueHead, tokenizer, out_dir: str | Path) -> None:
-    """Write the LM and tokenizer (save_pretrained) and the value head to `out_dir`."""
+    """Write the LM and tokenizer (save_pretrained) and the value head to `out_dir`.
+
+    For a LoRA policy the LM part is the adapters only (peft's save_pretrained).
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     policy.lm.save_pretrained(out_dir)

@@ -15,7 +15,7 @@ def main():
         store.read_table(args.rollouts, "rollouts"), store.read_table(args.scores, "scores"),
         store.read_table(args.annotations, "annotations"), policy_dir=args.policy,
         reference_dir=args.reference, out_dir=args.out, params=params.ppo,
-        run_id=params.run.run_id, round_=int(args.round), seed=params.run.seed,
+        run_id=params.run.run_id, round_=int(args.round), seed=params.run.seed, base=params.base,
     )
     if not is_main_process():
         return  # every process computed the same rows; the main one writes them

@@ -150,3 +150,21 @@ def test_bad_model_dirs_fail_naming_the_flag(tmp_path):
     no_template = save_checkpoint(tmp_path / "plain", crafted=False, chat_template=None)
     with pytest.raises(CriticError, match="chat_template"):
         make_server(backend="hf", model_dir=no_template)
+
+
+def test_self_critique_serves_the_runs_base_model(tmp_path):
+    """critic.model_dir 'base' serves the run's base model: with a LoRA policy, the policy with
+    adapters disabled (the paper's self-critique)."""
+    from pipeline.config import CriticParams
+    from pipeline.steps.critique import cache_endpoint, critic_endpoint
+
+    base_dir = save_checkpoint(tmp_path / "base", crafted=True)
+    critic = CriticParams(backend="hf", model_dir="base", model="self")
+    assert cache_endpoint(critic) == "drlc-local:hf:base"
+    with critic_endpoint(critic, base_dir) as (url, stats):
+        status, body = post_json(url, {"model": "self", "messages": MESSAGES, "max_tokens": 16})
+        assert stats()["requests"] == 1
+    assert status == 200 and body["choices"][0]["message"]["content"] == "Positive: none Negative: bad"
+    with pytest.raises(CriticError, match="model_dir 'base' needs the run's base model folder"):
+        with critic_endpoint(critic):
+            pass

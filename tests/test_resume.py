@@ -32,10 +32,10 @@ PARAMS = PPOParams(learning_rate=3e-3, mini_batch_size=4, gradient_accumulation_
                    init_kl_coef=0.05, horizon=50.0, target=0.01, use_score_scaling=True, use_score_norm=True)
 
 
-def save_tiny_base(path) -> None:
+def save_tiny_base(path, n_layer: int = 1) -> None:
     """A tiny GPT-2 with a word-level tokenizer saved like the base stage saves it (no value head)."""
     torch.manual_seed(0)
-    config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=64,
+    config = GPT2Config(n_layer=n_layer, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=64,
                         bos_token_id=EOS, eos_token_id=EOS, pad_token_id=PAD)
     vocab = {"<pad>": PAD, "<eos>": EOS, **{f"w{i}": i for i in range(2, VOCAB)}}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))

@@ -25,11 +25,28 @@ def scored_rows(rollout_rows: list[dict], score_rows: list[dict]) -> list[dict]:
     return [dict(row, env_reward=rewards[row["rollout_id"]]) for row in rollout_rows]
 
 
+def critic_model_dir(critic: CriticParams, base_dir: str | None) -> str | None:
+    """The hf backend's checkpoint: critic.model_dir, where "base" is this run's base model folder.
+
+    With a LoRA policy the base model is the policy with its adapters disabled: self-critique.
+    """
+    if critic.model_dir == "base":
+        if base_dir is None:
+            raise CriticError("critic.model_dir 'base' needs the run's base model folder (the critique stage's "
+                              "--tokenizer models/base).")
+        return base_dir
+    return critic.model_dir
+
+
 @contextlib.contextmanager
-def critic_endpoint(critic: CriticParams):
-    """Yield (base_url, server_stats) — a local server if endpoint is 'local', else the remote URL."""
+def critic_endpoint(critic: CriticParams, base_dir: str | None = None):
+    """Yield (base_url, server_stats) — a local server if endpoint is 'local', else the remote URL.
+
+    base_dir: the run's base model folder, served when critic.model_dir is "base".
+    """
     if critic.endpoint == "local":
-        with serve_in_background(backend=critic.backend) as (base_url, stats):
+        model_dir = critic_model_dir(critic, base_dir) if critic.backend == "hf" else None
+        with serve_in_background(backend=critic.backend, model_dir=model_dir) as (base_url, stats):
             yield base_url, stats
     else:
         yield critic.endpoint, (lambda: {})
@@ -37,7 +54,11 @@ def critic_endpoint(critic: CriticParams):
 
 def cache_endpoint(critic: CriticParams) -> str:
     """The endpoint as named in cache keys: stable for the local server, whose port changes per run."""
-    return f"drlc-local:{critic.backend}" if critic.endpoint == "local" else critic.endpoint
+    if critic.endpoint != "local":
+        return critic.endpoint
+    if critic.backend == "hf" and critic.model_dir:
+        return f"drlc-local:hf:{critic.model_dir}"
+    return f"drlc-local:{critic.backend}"
 
 
 # Never contacted: a cache-only client has max_requests=0. Loopback, so no API key is needed.
@@ -70,7 +91,7 @@ def critique(rollout_rows: list[dict], score_rows: list[dict], *, critic: Critic
     else:
         template = load_template(critic.template)
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        with CriticCache(critic.cache_dir) as cache, critic_endpoint(critic) as (base_url, server_stats):
+        with CriticCache(critic.cache_dir) as cache, critic_endpoint(critic, tokenizer_dir) as (base_url, server_stats):
             client = critic_client(critic, base_url)
             annotations = annotate_round(
                 rows, template=template, tokenizer=tokenizer, client=client, cache=cache,

@@ -5,10 +5,12 @@ from pathlib import Path
 
 import torch
 
-from pipeline.config import PPOParams
+from pipeline.config import BaseParams, PPOParams
 from pipeline.distributed import DataParallel
 from pipeline.errors import ConfigError, DataError
-from pipeline.policy import load_policy, load_reference, save_policy
+from pipeline.lora import add_adapters, has_adapters
+from pipeline.policy import load_policy, save_policy
+from pipeline.reference import make_reference
 from pipeline.ppo import AdaptiveKLController, FixedKLController, RunningMoments
 from pipeline.steps.rollout import round_seed
 from pipeline.trainer import (RolloutBatch, load_trainer_state, make_optimizer, save_trainer_state,
@@ -49,10 +51,13 @@ def new_kl_controller(params: PPOParams):
 
 def ppo_round(rollouts: list[dict], scores: list[dict], annotations: list[dict], *, policy_dir: str,
               reference_dir: str, out_dir: str, params: PPOParams, run_id: str, round_: int,
-              seed: int) -> list[dict]:
+              seed: int, base: BaseParams | None = None) -> list[dict]:
     """Train the policy of `policy_dir` for one round and save the checkpoint to out_dir.
 
-    The reference model is always the base model. Optimizer, KL controller and score moments
+    The reference model is the base model: a frozen copy, or with lower layers shared
+    (params.num_shared_layers), or the policy with its LoRA adapters disabled when `base.lora_r`
+    > 0 (a round starting from the base model then adds fresh adapters; see pipeline/reference.py).
+    Optimizer, KL controller and score moments
     carry over from the previous round's checkpoint when it has them; the checkpoint written
     (policy, value head, optimizer.pt, trainer_state.json) is everything the next round reads.
     Launched with N processes (pipeline.distributed), the round runs data parallel and only the
@@ -64,7 +69,10 @@ def ppo_round(rollouts: list[dict], scores: list[dict], annotations: list[dict],
     data_parallel = DataParallel.from_environment()
     torch.manual_seed(round_seed(seed, round_, 3))
     policy, tokenizer = load_policy(policy_dir, seed=seed)
-    reference = load_reference(reference_dir)
+    if base is not None and base.lora_r > 0 and not has_adapters(policy.lm):
+        policy.lm = add_adapters(policy.lm, r=base.lora_r, alpha=base.lora_alpha, base_dir=reference_dir,
+                                 target_modules=base.lora_target_modules, seed=round_seed(seed, round_, 5))
+    reference = make_reference(policy, reference_dir, params.num_shared_layers)
     if data_parallel is not None:
         policy, reference = policy.to(data_parallel.device), reference.to(data_parallel.device)
     optimizer = make_optimizer(policy, params.learning_rate)
