@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from pipeline.errors import ConfigError, DrlcError
+from pipeline.estimate import add_estimate_parser
 
 
 def cmd_check(args) -> None:
@@ -79,9 +80,15 @@ def cmd_report(args) -> None:
 
 
 def cmd_replay(args) -> None:
-    from pipeline.replay import replay
+    from pipeline.replay import replay, write_dvc_replay
 
-    replay(args.run, args.out, overrides=args.set, allow_new_calls=args.allow_new_calls)
+    if args.dvc and not args.evaluate:
+        raise ConfigError("--no-evaluate does not apply with --dvc: run `dvc repro OUT/dvc.yaml:replay` "
+                          "to train without evaluating.")
+    if args.dvc:
+        write_dvc_replay(args.run, args.out, overrides=args.set, allow_new_calls=args.allow_new_calls)
+    else:
+        replay(args.run, args.out, overrides=args.set, allow_new_calls=args.allow_new_calls, evaluate=args.evaluate)
 
 
 def cmd_batch_prepare(args) -> None:
@@ -141,7 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="change a reward, critic-alignment or PPO setting, e.g. ppo.learning_rate=1e-4")
     replay.add_argument("--allow-new-calls", action="store_true",
                         help="send critic requests that are not cached (e.g. after raising critic.threshold)")
+    replay.add_argument("--no-evaluate", dest="evaluate", action="store_false",
+                        help="train only: skip evaluating the final policy (no eval tables, no metrics/eval.json)")
+    replay.add_argument("--dvc", action="store_true",
+                        help="write OUT/params.yaml and OUT/dvc.yaml instead; then run `dvc repro OUT/dvc.yaml`")
     replay.set_defaults(func=cmd_replay)
+
+    add_estimate_parser(sub)
 
     report = sub.add_parser("report", help="compare finished runs: Markdown table + PNG of curves")
     report.add_argument("runs", nargs="+", help="run folders (each with metrics/eval.json and metrics/rounds.json)")

@@ -36,7 +36,16 @@ class DataParallel:
 
     @classmethod
     def from_environment(cls) -> DataParallel | None:
-        """Join the launcher's process group, or return None when the run has a single process."""
+        """Join the launcher's process group, or return None when the run has a single process.
+
+        Raises ConfigError under an accelerate DeepSpeed config: drlc's loop replicates the model
+        and all-reduces gradients itself, so ZeRO would shard nothing (docs/scale-out.md).
+        """
+        if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true"):
+            from pipeline.errors import ConfigError
+
+            raise ConfigError("DeepSpeed (ACCELERATE_USE_DEEPSPEED) is not supported by drlc's PPO loop yet: it "
+                              "would replicate, not shard, the model. Launch with configs/accelerate/multi_gpu.yaml.")
         if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
             return None
         from accelerate import PartialState  # imported only by multi-process runs

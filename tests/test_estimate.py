@@ -1,0 +1,160 @@
+"""`drlc estimate`: offline validation, dry run and the critic call/cost estimate.
+
+Expected numbers are recomputed here from the files themselves (the template's raw text, dvc.yaml,
+the documented counting rule) rather than taken from pipeline.estimate.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline import store
+from pipeline.config import load_params
+from pipeline.errors import ConfigError, DrlcError
+from pipeline.estimate import (add_estimate_parser, critique_rate, estimate_critic, measured_critique_rate,
+                               planned_stages, source_status, token_counter)
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs" / "paper").glob("*.yaml")) + sorted((ROOT / "configs").glob("*.yaml"))
+
+
+def run_cli(argv: list[str]) -> int:
+    """`drlc estimate ...` as pipeline/cli.py's main runs a command: DrlcError -> exit 2."""
+    parser = argparse.ArgumentParser(prog="drlc")
+    add_estimate_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["estimate", *argv, "--root", str(ROOT), "--dvc-file", str(ROOT / "dvc.yaml")])
+    try:
+        args.func(args)
+    except DrlcError as err:
+        print(f"drlc: error: {err}")
+        return 2
+    return 0
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_config_estimates_offline(path, capsys, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert run_cli([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{path}: valid" in out and "== critic ==" in out and "== stages `dvc repro` would run" in out
+
+
+def _sections(template_path: Path) -> list[str]:
+    """The template's system and user texts, cut from the raw file by hand."""
+    body = template_path.read_text().split("---", 2)[2]
+    system = body.split("## system", 1)[1].split("## user", 1)[0]
+    user = body.split("## user", 1)[1]
+    return [system.strip(), user.strip()]
+
+
+def test_sentiment_dense_numbers_match_an_independent_count():
+    params = load_params(ROOT / "configs/paper/sentiment-dense.yaml")
+    system, user = _sections(ROOT / "prompts/sentiment.md")
+    user = user.replace("{response}", "")
+    response = (15 + 20) / 2
+    prompt = round(math.ceil(len(system) / 4) + math.ceil(len(user) / 4) + response + 7)
+    completion = round(math.ceil(len("Positive: none\n") / 4) + math.ceil(len("Negative: none\n") / 4) + response / 2)
+    calls = 16 * 128
+    est = estimate_critic(params, root=ROOT)
+    assert (est.prompt_tokens, est.completion_tokens, est.calls, est.calls_upper_bound) == (
+        prompt, completion, calls, calls)
+    assert est.usd == pytest.approx(calls * (prompt * 0.5 + completion * 1.5) / 1e6)
+    assert est.usd_upper_bound == pytest.approx(calls * (prompt * 0.5 + 256 * 1.5) / 1e6)
+
+
+def test_summarization_prompt_counts_the_document():
+    params = load_params(ROOT / "configs/paper/summarization-rouge-dense.yaml")
+    small = estimate_critic(params, root=ROOT, document_tokens=0)
+    large = estimate_critic(params, root=ROOT, document_tokens=500)
+    assert large.prompt_tokens - small.prompt_tokens == 500
+    assert large.calls == 8 * 128  # threshold 100 >= the ROUGE x 100 maximum: every summary
+
+
+def test_critique_rate_rules(tmp_path):
+    detox = load_params(ROOT / "configs/paper/detox-dense.yaml")
+    assert critique_rate(detox)[0] == 1.0  # threshold 1.0 = the largest 1 - toxicity
+    lower = load_params(ROOT / "configs/paper/detox-dense.yaml", ["critic.threshold=0.5"])
+    rate, source = critique_rate(lower)
+    assert rate == 1.0 and source.startswith("UPPER BOUND")
+    assert critique_rate(lower, stated=0.25) == (0.25, "stated with --critique-rate")
+    with pytest.raises(ConfigError, match="critique-rate"):
+        critique_rate(lower, stated=1.5)
+    assert critique_rate(load_params(ROOT / "configs/paper/detox-baseline.yaml"))[0] == 0.0
+    est = estimate_critic(lower, root=ROOT, stated_rate=0.25)
+    assert est.calls == 0.25 * 32 * 160 and est.calls_upper_bound == 32 * 160
+
+
+def test_critique_rate_measured_from_a_runs_scores(tmp_path):
+    rewards = {1: [0.2, 0.6, 0.9, 0.4], 2: [0.7, 0.3, 0.55, 0.95]}
+    for round_, values in rewards.items():
+        rows = [{"run_id": "r", "round": round_, "rollout_id": f"{round_}-{i}", "env_reward": v,
+                 "scorer": "lexicon", "scorer_version": "1"} for i, v in enumerate(values)]
+        store.write_table(rows, "scores", tmp_path / "scores" / f"round={round_:04d}")
+    params = load_params(ROOT / "configs/paper/detox-dense.yaml", ["critic.threshold=0.5"])
+    below = sum(v <= 0.5 for values in rewards.values() for v in values)  # 0.2, 0.4, 0.3
+    assert measured_critique_rate(params, tmp_path) == pytest.approx(below / 8)
+    assert measured_critique_rate(params, tmp_path / "nothing") is None
+
+
+def test_stages_expand_foreach_over_rounds():
+    params = load_params(ROOT / "configs/paper/detox-dense.yaml")
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    per_round = sum("foreach" in spec for spec in stages.values())
+    planned = planned_stages(params, ROOT / "dvc.yaml")
+    assert len(planned) == len(stages) - per_round + per_round * 160
+    assert "ppo@0160" in planned and "evaluate" in planned
+
+
+def test_source_status(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    (tmp_path / "hub" / "models--org--cached-model").mkdir(parents=True)
+    (tmp_path / "local").mkdir()
+    assert source_status("local", kind="model", root=tmp_path) == "local"
+    assert source_status("org/cached-model", kind="model", root=tmp_path) == "hub (cached)"
+    assert source_status("gpt2-large", kind="model", root=tmp_path).startswith("hub: NOT LOCAL")
+    assert source_status("hub:stanfordnlp/imdb:train", kind="dataset", root=tmp_path).startswith("hub: NOT LOCAL")
+    (tmp_path / "hub" / "datasets--stanfordnlp--imdb").mkdir()
+    assert source_status("hub:stanfordnlp/imdb:train", kind="dataset", root=tmp_path) == "hub (cached)"
+    assert source_status("local:test", kind="dataset", root=tmp_path) == "local"
+    assert source_status("../data/missing.jsonl", kind="dataset", root=tmp_path) == "MISSING local path"
+
+
+def test_token_counter_uses_a_local_base_tokenizer(tmp_path):
+    from conftest import train_bpe
+
+    tokenizer = train_bpe(["the movie was good and the actors were fine"] * 20)
+    tokenizer.save_pretrained(tmp_path / "tok")
+    params = load_params(ROOT / "configs/paper/sentiment-dense.yaml", ["base.model=tok"])
+    count, name = token_counter(params, tmp_path)
+    assert name == "the tokenizer of tok"
+    assert count("the movie was good") == len(tokenizer.encode("the movie was good"))
+    count, name = token_counter(load_params(ROOT / "configs/paper/sentiment-dense.yaml"), tmp_path)
+    assert name == "characters / 4" and count("abcdefghi") == 3
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["configs/paper/sentiment-dense.yaml", "--set", "rollout.batch_size=0"], "'rollout.batch_size' = 0"),
+    (["configs/paper/sentiment-dense.yaml", "--set", "ppo.mini_batch_size=12"], "not divisible"),
+    (["configs/paper/self-critique.yaml", "--processes", "3"], "--processes 3"),
+    (["configs/paper/detox-dense.yaml", "--set", "critic.template=prompts/sentiment.md"], "template"),
+    (["configs/paper/no-such.yaml"], "not found"),
+])
+def test_invalid_config_exits_nonzero_with_a_message(argv, message, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert run_cli(argv) == 2
+    assert message in capsys.readouterr().out
+
+
+def test_report_flags_missing_key_and_hub_ids(capsys, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", "/nonexistent-hub-cache")
+    assert run_cli([str(ROOT / "configs/paper/sentiment-dense.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "OPENAI_API_KEY is not set" in out
+    assert re.search(r"base model\s+gpt2-large\s+\[hub: NOT LOCAL", out)
+    assert "calls per round: 16 of 16 responses; run total: 2048" in out
