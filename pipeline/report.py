@@ -5,6 +5,12 @@ metrics/rounds.json) or of `drlc replay` (training curves only: replay does not 
 one delta column (run - first run) for each later run, and a PNG of the training curves with
 one line per run. In the table, the evaluated policy of each run is called `final`, so runs
 with different round counts line up; `train/*` rows summarise metrics/rounds.json.
+
+Summarization runs evaluated with a reward model (evaluate.reward_model) keep each sample's
+RM score in data/eval_samples/; when the first run and a later run both have them, the report
+adds the later run's pairwise win rate against the first, per prompt set
+(pipeline/evaluate/metrics.py `pairwise_win_rate`: every sample meets every sample of the
+same prompt, ties count half, mean over the prompts both runs evaluated).
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ from pathlib import Path
 
 from pipeline.errors import DataError
 from pipeline.evaluate.curves import CURVE_COLUMNS
+from pipeline.evaluate.metrics import pairwise_win_rate
 
 PLOTTED = ["env_reward_mean", "intrinsic_reward_sum", "kl", "critic_calls", "cache_hit_rate", "cost_usd_total"]
 
@@ -56,6 +63,42 @@ def load_run(run_dir: str | Path) -> tuple[dict[str, float], list[dict]]:
     metrics["train/critic_calls_total"] = sum(c.get("critic_calls") or 0 for c in curves)
     metrics["train/cost_usd_total"] = sum(c.get("cost_usd") or 0.0 for c in curves)
     return metrics, curves
+
+
+def load_rm_scores(run_dir: str | Path) -> dict[tuple[str, str], list[float]]:
+    """{(prompt_id, query): RM scores of the final policy's samples} from data/eval_samples; {} if none.
+
+    prompt_id is "<prompt set>/<id>"; the query is part of the key so that two runs whose
+    prompt ids name different documents are never compared. Tables written before the
+    rm_score column existed, and samples without a score, contribute nothing.
+    """
+    import pyarrow.parquet as pq
+
+    scores: dict[tuple[str, str], list[float]] = {}
+    for path in sorted(Path(run_dir).glob("data/eval_samples/*/part-0.parquet")):
+        table = pq.read_table(path)
+        if "rm_score" not in table.column_names:
+            continue
+        for row in table.select(["policy", "prompt_id", "query", "rm_score"]).to_pylist():
+            if row["policy"] != "base" and row["rm_score"] is not None:
+                scores.setdefault((row["prompt_id"], row["query"]), []).append(row["rm_score"])
+    return scores
+
+
+def win_rate_table(names: list[str], rm_scores: list[dict]) -> str:
+    """Markdown rows: each later run's pairwise RM win rate against the first run, per prompt set; "" if none."""
+    lines = []
+    for name, scores in zip(names[1:], rm_scores[1:]):
+        shared = sorted(set(scores) & set(rm_scores[0]))
+        for prompt_set in sorted({prompt_id.split("/", 1)[0] for prompt_id, _ in shared}):
+            keys = [k for k in shared if k[0].split("/", 1)[0] == prompt_set]
+            rate = pairwise_win_rate([scores[k] for k in keys], [rm_scores[0][k] for k in keys])
+            lines.append(f"| {prompt_set} | {name} | {names[0]} | {_fmt(rate)} | {len(keys)} |")
+    if not lines:
+        return ""
+    return ("## Pairwise win rate (reward model)\n\nShare of sample pairs of the same prompt in which the run's "
+            "final policy scores higher than the reference run's (ties count half), mean over shared prompts.\n\n"
+            "| prompt set | run | vs | win rate | prompts |\n|---|---|---|---|---|\n" + "\n".join(lines) + "\n\n")
 
 
 def _fmt(value) -> str:
@@ -138,6 +181,7 @@ def write_report(run_dirs: list[str], out_dir: str = "reports") -> dict[str, Pat
     text = (f"# drlc report\n\nRuns (the first is the reference for the Δ columns):\n\n{runs}\n\n"
             f"## Metrics\n\n{markdown_table(names, [m for m, _ in loaded])}\n"
             f"`final` = the run's evaluated policy (evaluate.policy). Curve columns: {', '.join(CURVE_COLUMNS)}.\n\n"
+            f"{win_rate_table(names, [load_rm_scores(r) for r in run_dirs])}"
             f"## Training curves\n\n![training curves]({png.name})\n")
     md = out / "report.md"
     md.write_text(text, encoding="utf-8")

@@ -61,6 +61,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("policy", pa.string()), ("prompt_id", pa.string()), ("sample", pa.int32()),
         ("prompt_set", pa.string()), ("query", pa.string()), ("response", pa.string()),
         ("env_reward", pa.float64()), ("positive_prob", pa.float64()), ("perplexity", pa.float64()),
+        ("rm_score", pa.float64()),  # summarization with evaluate.reward_model; absent in older tables (read as null)
     ]),
 }
 

@@ -81,3 +81,47 @@ def test_a_replay_folder_without_evaluation_reports_its_training_rows(tmp_path):
     (run / "metrics" / "eval.json").unlink()
     metrics, _ = load_run(run)
     assert metrics["train/rounds"] == 1 and not any(k.startswith(("base/", "final/")) for k in metrics)
+
+
+def _samples(run: Path, scores: dict[str, list[float]], *, queries: dict | None = None, policy: str = "round=0002"):
+    """Write data/eval_samples/<policy> with the given RM scores per prompt id (plus base rows that must be ignored)."""
+    from pipeline.store import SCHEMAS, write_table
+
+    rows = []
+    for name, prompt_scores in (("base", {k: [99.0] for k in scores}), (policy, scores)):
+        for prompt_id, values in prompt_scores.items():
+            rows += [{"run_id": "r", "round": 2, "policy": name, "prompt_id": prompt_id, "sample": i,
+                      "prompt_set": prompt_id.split("/")[0], "response": "s",
+                      "query": (queries or {}).get(prompt_id, f"doc {prompt_id} TL;DR:"),
+                      "env_reward": 0.0, "positive_prob": None, "perplexity": 1.0, "rm_score": v}
+                     for i, v in enumerate(values)]
+    assert all(set(r) == set(SCHEMAS["eval_samples"].names) for r in rows)
+    write_table(rows, "eval_samples", run / "data" / "eval_samples" / policy)
+
+
+def test_pairwise_rm_win_rate_of_two_summarization_runs(tmp_path):
+    first = _run(tmp_path, "first", "round=0002", 50.0, [(1, 0.1, 0.01, 0)])
+    second = _run(tmp_path, "second", "round=0002", 50.0, [(1, 0.1, 0.01, 0)])
+    _samples(first, {"world/e0": [1.0, 3.0], "world/e1": [5.0], "world/e3": [0.0]})
+    # e2 is only in the second run; e3 names another document there: neither is compared
+    _samples(second, {"world/e0": [2.0], "world/e1": [5.0, 4.0], "world/e2": [7.0], "world/e3": [9.0]},
+             queries={"world/e3": "another doc TL;DR:"})
+    text = write_report([str(first), str(second)], str(tmp_path / "r"))["markdown"].read_text()
+    # e0: 2 beats 1, loses to 3 -> 1/2; e1: 5 ties 5, 4 loses to 5 -> 1/4; mean over the 2 shared prompts
+    assert "| world | second | first | 0.375 | 2 |" in text
+    assert "## Pairwise win rate (reward model)" in text
+
+
+def test_runs_without_rm_scores_or_with_old_tables_get_no_win_rate_section(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    first = _run(tmp_path, "first", "round=0002", 50.0, [(1, 0.1, 0.01, 0)])
+    old = _run(tmp_path, "old", "round=0002", 50.0, [(1, 0.1, 0.01, 0)])
+    _samples(first, {"world/e0": [1.0]})
+    folder = old / "data" / "eval_samples" / "round=0002"
+    folder.mkdir(parents=True)
+    old_row = {"policy": "round=0002", "prompt_id": "world/e0", "query": "doc world/e0 TL;DR:", "env_reward": 1.0}
+    pq.write_table(pa.Table.from_pylist([old_row]), folder / "part-0.parquet")  # written before rm_score existed
+    text = write_report([str(first), str(old)], str(tmp_path / "r"))["markdown"].read_text()
+    assert "Pairwise win rate" not in text and "| final/world/positive_percent | 50 | 50 | 0 |" in text

@@ -7,6 +7,9 @@
 - positive_percent: percentage of continuations a classifier calls positive (P >= threshold).
 - conditional_perplexities: perplexity of each continuation given its query under a language
   model, exp(mean token NLL); the reported fluency is the mean over samples (as in DExperts).
+- win_rate / pairwise_win_rate: the share of comparisons a summary's reward-model score wins
+  (1 if higher, 1/2 if equal within TIE_TOLERANCE = 1e-6, 0 if lower): against its prompt's
+  reference, or against another run's samples of the same prompt.
 """
 from __future__ import annotations
 
@@ -47,6 +50,32 @@ def nanmean(values: list[float]) -> float:
     """Mean of the values that are not NaN (NaN if there are none)."""
     kept = [v for v in values if v == v]
     return sum(kept) / len(kept) if kept else math.nan
+
+
+TIE_TOLERANCE = 1e-6  # scores this close tie: batching/padding moves fp32 RM scores by ~1e-7
+
+
+def _wins(score: float, opponent: float) -> float:
+    """1 if score beats opponent by more than TIE_TOLERANCE, 0 if it loses by more, else 0.5 (a tie)."""
+    return 1.0 if score > opponent + TIE_TOLERANCE else 0.0 if score < opponent - TIE_TOLERANCE else 0.5
+
+
+def win_rate(scores: list[float], opponents: list[float]) -> float:
+    """Mean over i of wins(scores[i], opponents[i]); ties count half. NaN for empty lists."""
+    assert len(scores) == len(opponents)
+    return sum(map(_wins, scores, opponents)) / len(scores) if scores else math.nan
+
+
+def pairwise_win_rate(scores_by_prompt: list[list[float]], opponents_by_prompt: list[list[float]]) -> float:
+    """Mean over prompts of the share of (sample, opponent sample) pairs of that prompt won, ties half.
+
+    Every sample of a prompt meets every opponent sample of the same prompt (k_a x k_b pairs), so
+    samples are not paired by their index. Prompts where either side has no sample are left out;
+    NaN if none is left.
+    """
+    rates = [sum(_wins(a, b) for a in mine for b in theirs) / (len(mine) * len(theirs))
+             for mine, theirs in zip(scores_by_prompt, opponents_by_prompt, strict=True) if mine and theirs]
+    return sum(rates) / len(rates) if rates else math.nan
 
 
 @torch.no_grad()

@@ -8,6 +8,10 @@ lower-case, every run of characters other than a-z and 0-9 is a separator, no st
   reference n-grams, F = 2PR / (P + R) (0 when either is 0).
 - ROUGE-L: P = LCS / candidate tokens, R = LCS / reference tokens, F as above (sentence-level,
   the whole text as one sequence, as rouge_score's "rougeL").
+
+The paper's other summarization reward is a reward model (``RewardModelReward``, loading in
+pipeline/rewards/reward_model.py); ``score.normalize`` z-normalises it per round in
+pipeline/steps/score.py.
 """
 from __future__ import annotations
 
@@ -71,3 +75,27 @@ class RougeReward:
             raise DataError("The summarization reward needs one reference per response: the prompts table's "
                             "'reference' column is empty or not passed (score stage: --prompts); re-run prepare, or check dvc.yaml.")
         return [self.scale * 100.0 * rouge_n(t, r, 1) for t, r in zip(texts, references)]
+
+
+class RewardModelReward:
+    """reward = scale * reward-model score of (query, response); the query is the document ending in "TL;DR:".
+
+    ``needs_queries`` tells the score and evaluate steps to pass ``queries=`` (the documents).
+    Raises: ConfigError (from RewardModel) for a bad model folder; DataError if the queries
+    are missing or do not match the texts one to one.
+    """
+
+    needs_queries = True
+
+    def __init__(self, folder: str, *, scale: float = 1.0, batch_size: int = 8) -> None:
+        from pipeline.rewards.reward_model import RewardModel
+
+        self.model = RewardModel(folder, batch_size=batch_size)
+        self.name, self.version, self.scale = "reward_model", self.model.version, float(scale)
+
+    def score(self, texts: list[str], *, references: list[str] | None = None,
+              queries: list[str] | None = None) -> list[float]:
+        if queries is None or len(queries) != len(texts):
+            raise DataError("The reward-model reward needs the query (document) of every response: the score "
+                            "step passes them from the rollouts table; re-run rollout (dvc repro).")
+        return [self.scale * v for v in self.model.score(queries, texts)]

@@ -3,7 +3,8 @@
 
 Metrics per (policy, set): the task's own (pipeline/tasks/<task>.py `make_evaluator`:
 sentiment positive_percent by a naive Bayes classifier that is not the reward; toxicity
-expected_max_toxicity and toxicity_probability; summarization rouge1/rouge2/rougeL), then
+expected_max_toxicity and toxicity_probability; summarization rouge1/rouge2/rougeL and, with
+evaluate.reward_model, rm_score/rm_reference_score/win_rate), then
 env_reward_mean (the training reward), perplexity (fluency LM), dist_1/2/3, n_samples.
 """
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pipeline.evaluate.metrics import conditional_perplexities, distinct_n, nanm
 from pipeline.evaluate.prompts import load_prompt_sets
 from pipeline.store import SCHEMAS
 from pipeline.tasks import get_task
+
+SAMPLE_SCORE_COLUMNS = ("positive_prob", "rm_score")  # per-sample task scores kept in eval_samples
 
 
 class FluencyLM:
@@ -44,16 +47,22 @@ def _score_set(lm, tokenizer, prompts: list[dict], *, e: EvaluateParams, seed: i
     continuations = sample_continuations(lm, tokenizer, queries, max_new_tokens=e.max_new_tokens, top_p=e.top_p,
                                          seed=seed, batch_size=e.batch_size)
     texts = [tokenizer.decode(c, skip_special_tokens=True) for c in continuations]
-    env = reward.score(texts, references=[p.get("reference", "") for p in prompts for _ in range(k)])
+    needs_queries = getattr(reward, "needs_queries", False)  # the reward-model reward reads the documents
+    documents = {"queries": [p["text"] for p in prompts for _ in range(k)]} if needs_queries else {}
+    env = reward.score(texts, references=[p.get("reference", "") for p in prompts for _ in range(k)], **documents)
     per_prompt = [texts[i:i + k] for i in range(0, len(texts), k)]
-    task_metrics, positive = evaluator.metrics(per_prompt, prompts)
+    task_metrics, per_sample = evaluator.metrics(per_prompt, prompts)
+    # A task returns one per-sample list (positive_prob) or {column: per-sample list}.
+    per_sample = per_sample if isinstance(per_sample, dict) else {"positive_prob": per_sample}
+    columns = {c: per_sample.get(c) or [None] * len(texts) for c in SAMPLE_SCORE_COLUMNS}
     ppl = fluency.perplexities(queries=queries, continuations=continuations, query_texts=query_texts,
                                texts=texts, batch_size=e.batch_size)
     metrics = {**task_metrics, "env_reward_mean": sum(env) / len(env),
                "perplexity": nanmean(ppl), "dist_1": distinct_n(per_prompt, 1),
                "dist_2": distinct_n(per_prompt, 2), "dist_3": distinct_n(per_prompt, 3), "n_samples": len(texts)}
     rows = [{"prompt_id": prompts[i // k]["prompt_id"], "sample": i % k, "query": query_texts[i], "response": texts[i],
-             "env_reward": env[i], "positive_prob": positive[i], "perplexity": ppl[i]} for i in range(len(texts))]
+             "env_reward": env[i], "perplexity": ppl[i], **{c: v[i] for c, v in columns.items()}}
+            for i in range(len(texts))]
     return metrics, rows
 
 

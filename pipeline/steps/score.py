@@ -1,4 +1,9 @@
-"""`score` stage: the sparse environment reward of every response (pipeline/rewards/<task>.py)."""
+"""`score` stage: the sparse environment reward of every response (pipeline/rewards/<task>.py).
+
+``score.normalize`` z-normalises the rewards of the whole round (one PPO rollout batch, the
+unit the paper normalised its TL;DR reward-model scores over), for every task; the chunks
+below only pace the progress bar, so they never change a value.
+"""
 from __future__ import annotations
 
 from tqdm import tqdm
@@ -8,6 +13,14 @@ from pipeline.errors import DataError
 from pipeline.tasks import get_task
 
 SCORE_CHUNK = 256  # responses per scorer call; the progress bar advances per chunk
+NORMALIZED_VERSION_SUFFIX = "+znorm"  # appended to scorer_version when score.normalize is on
+
+
+def z_normalize(values: list[float]) -> list[float]:
+    """(x - mean) / std with the population std (ddof 0); all zeros when std is 0 (one value, or all equal)."""
+    mean = sum(values) / len(values)
+    std = (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+    return [(v - mean) / std if std > 0 else 0.0 for v in values]
 
 
 def score(rollout_rows: list[dict], prompt_rows: list[dict] | None, *, task: str, run_id: str, round_: int,
@@ -28,11 +41,18 @@ def score(rollout_rows: list[dict], prompt_rows: list[dict] | None, *, task: str
                         f"rollout (dvc repro).")
     texts = [row["response"] for row in rollout_rows]
     refs = [references[row["prompt_id"]] for row in rollout_rows]
+    needs_queries = getattr(reward, "needs_queries", False)  # a declared flag: the reward-model reward reads documents
+    queries = [row["query"] for row in rollout_rows] if needs_queries else []
     values = []
     for start in tqdm(range(0, len(texts), SCORE_CHUNK), desc="score", unit="chunk"):
-        values += reward.score(texts[start:start + SCORE_CHUNK], references=refs[start:start + SCORE_CHUNK])
+        chunk = slice(start, start + SCORE_CHUNK)
+        values += reward.score(texts[chunk], references=refs[chunk],
+                               **({"queries": queries[chunk]} if needs_queries else {}))
+    version = reward.version
+    if params.normalize and values:
+        values, version = z_normalize(values), f"{reward.version}{NORMALIZED_VERSION_SUFFIX}"
     return [
         {"run_id": run_id, "round": round_, "rollout_id": row["rollout_id"], "env_reward": value,
-         "scorer": reward.name, "scorer_version": reward.version}
+         "scorer": reward.name, "scorer_version": version}
         for row, value in zip(rollout_rows, values)
     ]

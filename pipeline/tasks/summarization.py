@@ -1,4 +1,7 @@
-"""Summarization task: write a TL;DR of a document; reward = ROUGE-1 F1 x 100 against the reference.
+"""Summarization task: write a TL;DR of a document; reward = ROUGE-1 F1 x 100 against the reference
+(``score.scorer: rouge1``) or a reward model's score (``score.scorer: reward_model``,
+``score.model`` = the model folder, pipeline/rewards/reward_model.py; ``score.normalize``
+z-normalises it per round as the paper did).
 
 - Demo (``world.source: world``): the synthetic news world
   (pipeline/data/summarization_world.py); ROUGE in pipeline/rewards/summarization.py.
@@ -9,13 +12,16 @@
   ``reference``). A query always ends with "TL;DR:". The base corpus is query + reference.
   (The paper fine-tunes GPT-2 on TL;DR first: a later issue.)
 - Critic fields: the document (the query without "TL;DR:"), the summary and its score.
-- Evaluation: ROUGE-1/2/L F1 x 100 of every sample against its prompt's reference.
+- Evaluation: ROUGE-1/2/L F1 x 100 of every sample against its prompt's reference; with
+  ``evaluate.reward_model`` also ``rm_score`` (mean RM score of the samples),
+  ``rm_reference_score`` (mean RM score of the prompts' references) and ``win_rate`` (share of
+  samples scored above their prompt's reference, ties count half; docs/evaluation.md).
 """
 from __future__ import annotations
 
-from pipeline.errors import DataError
+from pipeline.errors import ConfigError, DataError
 
-SCORERS = ("rouge1",)
+SCORERS = ("rouge1", "reward_model")
 SEPARATOR = "TL;DR:"
 DOCUMENT_COLUMNS = ("query", "prompt", "document")
 REFERENCE_COLUMNS = ("reference_responses", "label", "summary", "reference")
@@ -53,9 +59,15 @@ def _build_local(world, *, seed: int) -> tuple[list[str], dict[str, list[dict]]]
 
 
 def make_reward(score):
-    from pipeline.rewards.summarization import RougeReward
+    """The environment reward of the ScoreParams section: ROUGE-1, or a reward model (score.model)."""
+    from pipeline.rewards.summarization import RewardModelReward, RougeReward
 
-    return RougeReward(scale=score.scale)
+    if score.scorer == "rouge1":
+        return RougeReward(scale=score.scale)
+    if not score.model:
+        raise ConfigError("'score.scorer' = 'reward_model' needs 'score.model': a local reward-model folder "
+                          "(docs/evaluation.md: sequence classifier, or trunk config + state dict).")
+    return RewardModelReward(score.model, scale=score.scale, batch_size=score.batch_size)
 
 
 def critic_fields(row: dict) -> dict[str, str]:
@@ -66,9 +78,13 @@ def critic_fields(row: dict) -> dict[str, str]:
 
 
 class Evaluator:
-    """rouge1, rouge2, rougeL: mean F1 x 100 of the samples against their prompt's reference."""
+    """rouge1, rouge2, rougeL: mean F1 x 100 of the samples against their prompt's reference; with a
+    reward model also rm_score, rm_reference_score and win_rate (per-sample column rm_score)."""
 
-    def metrics(self, texts_by_prompt: list[list[str]], prompts: list[dict]) -> tuple[dict, list]:
+    def __init__(self, reward_model=None) -> None:
+        self.reward_model = reward_model
+
+    def metrics(self, texts_by_prompt: list[list[str]], prompts: list[dict]) -> tuple[dict, dict]:
         from pipeline.rewards.summarization import rouge_l, rouge_n
 
         if any(not p.get("reference") for p in prompts):
@@ -76,9 +92,34 @@ class Evaluator:
                             "[world] (the prepared eval split).")
         pairs = [(t, p["reference"]) for texts, p in zip(texts_by_prompt, prompts) for t in texts]
         mean = lambda f: 100.0 * sum(f(t, r) for t, r in pairs) / len(pairs)
-        return {"rouge1": mean(lambda t, r: rouge_n(t, r, 1)), "rouge2": mean(lambda t, r: rouge_n(t, r, 2)),
-                "rougeL": mean(rouge_l)}, [None] * len(pairs)
+        metrics = {"rouge1": mean(lambda t, r: rouge_n(t, r, 1)), "rouge2": mean(lambda t, r: rouge_n(t, r, 2)),
+                   "rougeL": mean(rouge_l)}
+        if self.reward_model is None:
+            return metrics, {"rm_score": [None] * len(pairs)}
+        rm_metrics, sample_scores = self._reward_model_metrics(texts_by_prompt, prompts)
+        return {**metrics, **rm_metrics}, {"rm_score": sample_scores}
+
+    def _reward_model_metrics(self, texts_by_prompt: list[list[str]], prompts: list[dict]) -> tuple[dict, list]:
+        from pipeline.evaluate.metrics import win_rate
+
+        documents = [p["text"] for texts, p in zip(texts_by_prompt, prompts) for _ in texts]
+        samples = self.reward_model.score(documents, [t for texts in texts_by_prompt for t in texts])
+        references = self.reward_model.score([p["text"] for p in prompts], [p["reference"] for p in prompts])
+        opponents = [ref for texts, ref in zip(texts_by_prompt, references) for _ in texts]
+        return {"rm_score": sum(samples) / len(samples), "rm_reference_score": sum(references) / len(references),
+                "win_rate": win_rate(samples, opponents)}, samples
 
 
 def make_evaluator(evaluate, reward, *, seed: int) -> Evaluator:
-    return Evaluator()
+    """The evaluator; evaluate.reward_model (a folder) adds the RM metrics. The training reward's model is
+    reused when it is the same folder."""
+    if not evaluate.reward_model:
+        return Evaluator()
+    from pathlib import Path
+
+    from pipeline.rewards.reward_model import RewardModel
+
+    model = getattr(reward, "model", None)
+    if isinstance(model, RewardModel) and model.folder.resolve() == Path(evaluate.reward_model).resolve():
+        return Evaluator(model)
+    return Evaluator(RewardModel(evaluate.reward_model, batch_size=evaluate.batch_size))
