@@ -82,3 +82,18 @@ def test_another_fluency_model_changes_perplexity_only(model_dirs):
     a, b = own["base"]["world"], other["base"]["world"]
     assert a["perplexity"] != b["perplexity"] and math.isfinite(b["perplexity"])
     assert {k: v for k, v in a.items() if k != "perplexity"} == {k: v for k, v in b.items() if k != "perplexity"}
+
+
+def test_instruction_is_seen_by_the_sampler_only(model_dirs):
+    """The prompting baseline: sampling from instruction + prompt equals sampling from that text as the
+    prompt, while the rows keep the plain prompt and the perplexity is conditioned on it."""
+    instruction = "Overall, the plot "
+    plain = [{"prompt_id": "e0", "split": "eval", "text": "I thought the"}]
+    joined = [{"prompt_id": "e0", "split": "eval", "text": instruction + "I thought the"}]
+    run = lambda rows, **kw: evaluate(rows, base_dir=model_dirs[0], policy_dir=model_dirs[1], policy_name="round=0001",
+                                      run_id="t", round_=1, seed=0, params=_params(**kw))[1]
+    with_instruction, as_prompt, without = run(plain, instruction=instruction), run(joined), run(plain)
+    assert [r["response"] for r in with_instruction] == [r["response"] for r in as_prompt]
+    assert [r["response"] for r in with_instruction] != [r["response"] for r in without]
+    assert {r["query"] for r in with_instruction} == {"I thought the"}
+    assert [r["perplexity"] for r in with_instruction] != [r["perplexity"] for r in as_prompt]

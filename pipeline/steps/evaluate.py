@@ -44,7 +44,11 @@ def _score_set(lm, tokenizer, prompts: list[dict], *, e: EvaluateParams, seed: i
     k = e.samples_per_prompt
     query_texts = [p["text"] for p in prompts for _ in range(k)]
     queries = [[tokenizer.bos_token_id] + tokenizer.encode(q) for q in query_texts]
-    continuations = sample_continuations(lm, tokenizer, queries, max_new_tokens=e.max_new_tokens, top_p=e.top_p,
+    # evaluate.instruction (the prompting baseline) is seen by the sampler only: perplexity and
+    # every score read the continuation of the plain prompt, as for a trained policy
+    prompted = queries if not e.instruction else [
+        [tokenizer.bos_token_id] + tokenizer.encode(e.instruction + q) for q in query_texts]
+    continuations = sample_continuations(lm, tokenizer, prompted, max_new_tokens=e.max_new_tokens, top_p=e.top_p,
                                          seed=seed, batch_size=e.batch_size)
     texts = [tokenizer.decode(c, skip_special_tokens=True) for c in continuations]
     needs_queries = getattr(reward, "needs_queries", False)  # the reward-model reward reads the documents

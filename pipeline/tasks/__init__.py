@@ -11,12 +11,14 @@ configs/); nothing else lists the tasks. A task module defines:
   ``world.source`` is "world" (the seeded synthetic world) or a local data path.
 - ``make_reward(score) -> reward``: the environment reward for the ScoreParams section; a
   reward has ``name``, ``version`` and ``score(texts, *, references) -> list[float]``,
-  batched, higher is better.
+  batched, higher is better; a reward with ``needs_queries = True`` (the summarization reward
+  model reads the document) is also passed ``queries=``.
 - ``critic_fields(row) -> dict``: the critic template's placeholders for one scored rollout
   row (query, response, env_reward).
 - ``make_evaluator(evaluate, score, *, seed) -> evaluator``: an object whose
-  ``metrics(texts_by_prompt, prompts)`` returns (task metrics, one per-sample probability or
-  None per text) for evaluation (pipeline/steps/evaluate.py adds perplexity and dist-n).
+  ``metrics(texts_by_prompt, prompts)`` returns (task metrics, per-sample scores: one list
+  of positive probabilities or Nones, or {column: list} for the columns of ``eval_samples``)
+  for evaluation (pipeline/steps/evaluate.py adds perplexity and dist-n).
 """
 from __future__ import annotations
 
