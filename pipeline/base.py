@@ -1,8 +1,11 @@
-"""The ``base`` stage: a byte-level BPE tokenizer and a tiny GPT-2 pretrained on the world.
+"""The ``base`` stage's models: a tiny GPT-2 pretrained on the world, or a pretrained HF causal LM.
 
 The demo policy starts from a GPT-2 that has learnt the synthetic review world
 (``pipeline.data.world``). Everything here is deterministic: the same texts, sizes and seed
 give the same tokenizer files and bit-identical weights, so the ``base`` stage replays.
+The local-data and paper profiles instead load a pretrained causal LM and its tokenizer
+(``base.model``: a local folder or a hub id) with ``load_pretrained_model`` /
+``load_pretrained_tokenizer``, which turn loading failures into errors that say what to do.
 
 Defaults (the ``DEFAULT_*`` constants), measured on a shared 2-core CPU: 20k reviews,
 vocabulary 1024, 2 layers x 128 wide with 4 heads, block 64, 1200 steps of 16 windows
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -231,3 +235,58 @@ def sample(model_dir: str | Path, prompts: list[str], *, max_new_tokens: int, se
                     row = row[: row.index(tokenizer.eos_token_id)]
                 continuations[index] = tokenizer.decode(row)
     return continuations
+
+
+def load_pretrained_tokenizer(name: str, pad_token: str | None = None):
+    """The tokenizer of ``base.model`` `name` (a local save_pretrained folder or a hub id), with a pad token.
+
+    Params: name: a local folder or a Hugging Face hub id (hub ids need network);
+    pad_token: "eos" = use the eos token as pad when the tokenizer has none (``base.pad_token``).
+    Returns: the tokenizer from ``AutoTokenizer.from_pretrained``.
+    Raises: ConfigError if it cannot be loaded (offline hub id, missing or wrong folder) or has no
+    pad token (the message gives the pad = eos fix the paper's GPT-2 runs used).
+    """
+    from transformers import AutoTokenizer
+
+    tokenizer = _from_pretrained(AutoTokenizer.from_pretrained, name, "tokenizer")
+    if tokenizer.pad_token_id is None and pad_token == "eos" and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    require_pad_token(tokenizer, name)
+    return tokenizer
+
+
+def load_pretrained_model(name: str):
+    """The causal LM of ``base.model`` `name` (``AutoModelForCausalLM.from_pretrained``, its saved dtype).
+
+    Raises: ConfigError if it cannot be loaded (offline hub id, missing folder, not a causal LM).
+    """
+    from transformers import AutoModelForCausalLM
+
+    return _from_pretrained(AutoModelForCausalLM.from_pretrained, name, "causal LM")
+
+
+def require_pad_token(tokenizer, name: str) -> None:
+    """Raise ConfigError naming `name` when `tokenizer` has no pad token (drlc pads every batch)."""
+    if tokenizer.pad_token_id is None:
+        raise ConfigError(
+            f"The tokenizer of 'base.model' = {name!r} has no pad token, and drlc pads batches: set "
+            f"'base.pad_token: eos' (pad = eos, as the paper's GPT-2 runs did), or save a local copy with a pad token (tok = AutoTokenizer.from_pretrained({name!r}); "
+            f"tok.pad_token = tok.eos_token; tok.save_pretrained(DIR); AutoModelForCausalLM.from_pretrained("
+            f"{name!r}).save_pretrained(DIR)) and set 'base.model' to DIR.")
+
+
+def _from_pretrained(loader: Callable, name: str, what: str):
+    """loader(name), with OSError/ValueError turned into a ConfigError that says how to fix it."""
+    path = Path(name).expanduser()
+    if path.is_file():
+        raise ConfigError(f"'base.model' = {name!r} is a file: point it at a folder written by save_pretrained.")
+    try:
+        return loader(str(path) if path.is_dir() else name)
+    except (OSError, ValueError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if path.is_dir():
+            raise ConfigError(f"'base.model' = {name!r}: no {what} could be loaded from this folder ({reason}); "
+                              f"write one there with save_pretrained.") from err
+        raise ConfigError(f"'base.model' = {name!r} is not a local folder and its {what} could not be loaded from "
+                          f"the Hugging Face hub ({reason}); without network, save the model and tokenizer with "
+                          f"save_pretrained where there is network and set 'base.model' to that local folder.") from err

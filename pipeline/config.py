@@ -102,6 +102,7 @@ class BaseParams:
     """
 
     model: str | None = None
+    pad_token: str | None = None  # "eos": pad = eos when the model's tokenizer has no pad (the paper's GPT-2 runs)
     sft_steps: int = 0
     lora_r: int = 0
     lora_alpha: float = 32.0
@@ -125,6 +126,7 @@ class BaseParams:
         "batch_size": (_positive, "> 0"),
         "learning_rate": (_positive, "> 0"),
         "sft_steps": (lambda x: x >= 0, ">= 0"),
+        "pad_token": (lambda x: x == "eos", "'eos' or null"),
         "lora_r": (lambda x: x >= 0, ">= 0 (0 = train all weights)"),
         "lora_alpha": (_positive, "> 0"),
     }

@@ -7,7 +7,7 @@ def main():
     args = stage.parser(__doc__, "corpus", "prompts").parse_args()
     params = stage.start(args)
     corpus, prompts = prepare(task=params.run.task, run_id=params.run.run_id, seed=params.run.seed,
-                              world=params.world)
+                              world=params.world, base_model=params.base.model, pad_token=params.base.pad_token)
     store.write_lines(corpus, f"{args.corpus}/corpus.txt")
     store.write_table(prompts, "prompts", args.prompts)
 

@@ -13,7 +13,7 @@ def main():
         store.read_table(args.prompts, "prompts"), policy_dir=args.policy,
         policy_name=Path(args.policy).name, run_id=params.run.run_id, round_=int(args.round),
         seed=params.run.seed, batch_size=r.batch_size, max_new_tokens=r.max_new_tokens,
-        generation_batch_size=r.generation_batch_size,
+        generation_batch_size=r.generation_batch_size, min_new_tokens=r.min_new_tokens,
     )
     store.write_table(rows, "rollouts", args.out)
 

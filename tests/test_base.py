@@ -114,3 +114,73 @@ def test_bad_inputs_raise(texts, tokenizer, model_dir, tmp_path):
         base.pretrain(["short"], tokenizer, seed=0, out_dir=tmp_path, progress=False, **TINY)
     with pytest.raises(ConfigError, match="n_head=3"):
         base.pretrain(texts, tokenizer, seed=0, out_dir=tmp_path, progress=False, **{**TINY, "n_head": 3})
+
+
+# ---- base.model: a pretrained causal LM loaded instead of the tiny GPT-2 (pipeline/steps/base_model.py) ----
+
+from conftest import train_bpe  # noqa: E402
+from transformers import GPT2Config  # noqa: E402
+
+from pipeline.config import BaseParams  # noqa: E402
+from pipeline.policy import load_policy  # noqa: E402
+from pipeline.steps.base_model import build_base_model  # noqa: E402
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """Hub calls fail at once instead of after minutes of retries (there is no network here anyway)."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+def save_tiny_gpt2(out, texts, *, pad_equals_eos: bool) -> str:
+    """A GPT-2-style pretrained stand-in: eos-only BPE tokenizer (pad = eos optional) + a 1-layer GPT-2."""
+    tokenizer = train_bpe(texts[:300])
+    if pad_equals_eos:
+        tokenizer.pad_token = tokenizer.eos_token
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=len(tokenizer), n_positions=64, n_embd=32, n_layer=1, n_head=2,
+                        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
+    GPT2LMHeadModel(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+def test_base_model_null_pretrains_the_tiny_gpt2(texts, tmp_path):
+    params = BaseParams(vocab_size=400, **{k: v for k, v in TINY.items()})
+    stats = build_base_model(texts, out_dir=tmp_path, seed=0, base=params, progress=False)
+    assert stats["source"] == "pretrained" and stats["steps"] == TINY["steps"] and stats["seconds"] > 0
+    policy, tokenizer = load_policy(tmp_path)
+    assert len(tokenizer) == 400 and policy.lm.config.n_layer == TINY["n_layer"]
+
+
+def test_a_local_pretrained_model_is_saved_as_the_base_with_its_tokenizer(texts, tmp_path):
+    source = save_tiny_gpt2(tmp_path / "gpt2", texts, pad_equals_eos=True)
+    stats = build_base_model(texts, out_dir=tmp_path / "base", seed=0, base=BaseParams(model=source), progress=False)
+    assert stats["source"] == source and "sft_steps" not in stats
+    saved, original = load_file(tmp_path / "base" / "model.safetensors"), load_file(tmp_path / "gpt2" / "model.safetensors")
+    assert saved.keys() == original.keys() and all(torch.equal(saved[k], original[k]) for k in saved)
+    policy, tokenizer = load_policy(tmp_path / "base")
+    assert tokenizer.get_vocab() == AutoTokenizer.from_pretrained(source).get_vocab()
+    assert tokenizer.pad_token_id == tokenizer.eos_token_id
+
+
+def test_a_tokenizer_without_pad_token_is_rejected_with_the_fix(texts, tmp_path):
+    source = save_tiny_gpt2(tmp_path / "nopad", texts, pad_equals_eos=False)
+    assert AutoTokenizer.from_pretrained(source).pad_token is None
+    with pytest.raises(ConfigError, match=r"'base.model' = '.*nopad' has no pad token.*tok.pad_token = tok.eos_token"):
+        build_base_model(texts, out_dir=tmp_path / "base", seed=0, base=BaseParams(model=source), progress=False)
+    assert not (tmp_path / "base").exists()
+
+
+def test_unloadable_models_say_what_to_do(texts, tmp_path, offline):
+    with pytest.raises(ConfigError, match=r"'base.model' = 'openai-community/gpt2-large' is not a local folder.*"
+                                          r"hub.*save_pretrained.*local folder"):
+        build_base_model(texts, out_dir=tmp_path / "a", seed=0, base=BaseParams(model="openai-community/gpt2-large"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"'base.model' = '.*empty': no tokenizer could be loaded from this folder"):
+        build_base_model(texts, out_dir=tmp_path / "b", seed=0, base=BaseParams(model=str(tmp_path / "empty")))
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(ConfigError, match="is a file"):
+        build_base_model(texts, out_dir=tmp_path / "c", seed=0, base=BaseParams(model=str(tmp_path / "weights.bin")))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -151,18 +152,22 @@ sys.path.insert(0, {root!r})
 from pipeline.distributed import DataParallel
 dp = DataParallel.from_environment()
 total = dp.all_reduce_sum(torch.tensor([float(dp.rank + 1)]))
-print(f"rank={{dp.rank}} world={{dp.world_size}} sum={{total.item():g}}", flush=True)
+with open(f"{out}/rank{{dp.rank}}.txt", "w") as f:  # one file per rank: a shared stdout interleaves
+    f.write(f"rank={{dp.rank}} world={{dp.world_size}} sum={{total.item():g}}")
 """
 
 
 def test_multi_gpu_config_launches_two_processes_on_cpu(tmp_path):
     """The config file gives drlc's DataParallel two ranks (gloo on CPU) whose all-reduce sums 1 + 2."""
     script = tmp_path / "probe.py"
-    script.write_text(PROBE.format(root=str(ROOT)))
+    script.write_text(PROBE.format(root=str(ROOT), out=str(tmp_path)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     launcher = Path(sys.executable).with_name("accelerate")
+    with socket.socket() as probe:  # a free port: the default 29500 may be held by another launch
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     done = subprocess.run([str(launcher), "launch", "--config_file", str(ROOT / "configs/accelerate/multi_gpu.yaml"),
-                           str(script)], capture_output=True, text=True, timeout=120, env=env)
+                           "--main_process_port", str(port), str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    lines = sorted(re.findall(r"rank=\d world=\d sum=\S+", done.stdout))
+    lines = sorted(path.read_text() for path in tmp_path.glob("rank*.txt"))
     assert lines == ["rank=0 world=2 sum=3", "rank=1 world=2 sum=3"]

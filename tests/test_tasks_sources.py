@@ -26,7 +26,9 @@ LONG = "This film was a quiet delight from start to finish, and the cast made ev
 
 
 def world(source, **kw) -> WorldParams:
-    return dataclasses.replace(WorldParams(), source=str(source), n_train_prompts=4, n_eval_prompts=2, **kw)
+    """The paper's filters (reviews > 200 chars, prompts > 0.6 toxicity) unless a test overrides them."""
+    return dataclasses.replace(WorldParams(), source=str(source), n_train_prompts=4, n_eval_prompts=2,
+                               **{"min_text_chars": 200, "min_prompt_toxicity": 0.6, **kw})
 
 
 def test_tasks_are_the_modules_and_each_has_the_interface():

@@ -1,10 +1,12 @@
-"""Local data files for the local-data and paper profiles: JSONL, CSV or Parquet, read as records.
+"""Data sources for the local-data and paper profiles, read as records (dicts).
 
-`world.source` names a file, a folder (every .jsonl/.csv/.parquet file in it, sorted by name)
-or ``hf:<dataset id>[:<split>]``, which needs the optional `datasets` package and network. A
-paper profile can instead point at the dataset's files saved locally in the hub's schema
-(e.g. imdb's ``train-*.parquet``), which is how the paper builders are tested offline.
-Nested JSON fields are addressed with dots: ``prompt.text``.
+`world.source` names one of:
+- a JSONL, CSV or Parquet file, or a folder of them (every .jsonl/.json/.csv/.parquet file in
+  it, sorted by name), e.g. the hub's imdb ``train-*.parquet`` files saved locally;
+- a folder written by datasets' ``save_to_disk`` (``DIR`` or ``DIR:<split>`` for a DatasetDict;
+  pipeline/data/hub.py);
+- ``hub:<dataset id>[:<split>]``: ``datasets.load_dataset`` from the Hugging Face hub (network).
+Nested fields are addressed with dots: ``prompt.text``.
 """
 from __future__ import annotations
 
@@ -18,23 +20,30 @@ SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 
 
 def read_records(source: str) -> list[dict]:
-    """All records of `source` (file, folder or hf:<id>[:<split>]), in file and row order.
+    """All records of `source` (see the module docstring), in file and row order.
 
-    Raises: DataError naming the path when it is missing, has no supported file, or a JSONL
-    line is not a JSON object.
+    Raises: DataError naming the source when it is missing, has no supported file, cannot be
+    loaded from the hub, or a JSONL line is not a JSON object.
     """
-    if source.startswith("hf:"):
-        return _hub_records(source)
-    path = Path(source)
+    from pipeline.data.hub import HUB_PREFIX, hub_records, is_saved_dataset, saved_records
+
+    if source.startswith(HUB_PREFIX):
+        return hub_records(source)
+    path, split = Path(source), None
+    head, _, tail = source.rpartition(":")
+    if not path.exists() and head and tail and is_saved_dataset(Path(head)):
+        path, split = Path(head), tail
+    if is_saved_dataset(path):
+        return saved_records(path, split, source=source)
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix in SUFFIXES)
         if not files:
-            raise DataError(f"Data folder '{path}' has no {'/'.join(SUFFIXES)} file: put the data files there "
-                            f"or set 'world.source' to a file.")
+            raise DataError(f"Data folder '{path}' has no {'/'.join(SUFFIXES)} file and is not a save_to_disk "
+                            f"folder: put the data files there or set 'world.source' to a file.")
         return [record for file in files for record in _file_records(file)]
     if not path.is_file():
-        raise DataError(f"Data file '{path}' not found: set 'world.source' to 'world' or an existing "
-                        f"{'/'.join(SUFFIXES)} file.")
+        raise DataError(f"Data file '{path}' not found: set 'world.source' to 'world', an existing "
+                        f"{'/'.join(SUFFIXES)} file or folder, a save_to_disk folder or hub:<dataset id>.")
     return _file_records(path)
 
 
@@ -62,16 +71,6 @@ def _file_records(path: Path) -> list[dict]:
 
         return pq.read_table(path).to_pylist()
     raise DataError(f"Data file '{path}' has suffix '{path.suffix}': use one of {SUFFIXES}.")
-
-
-def _hub_records(source: str) -> list[dict]:
-    _, dataset, *split = source.split(":")
-    try:
-        import datasets
-    except ImportError:
-        raise DataError(f"'world.source' = {source!r} needs the `datasets` package (pip install datasets) and "
-                        f"network; or save the dataset's files locally and set 'world.source' to them.") from None
-    return list(datasets.load_dataset(dataset, split=split[0] if split else "train"))
 
 
 def field(record: dict, name: str):

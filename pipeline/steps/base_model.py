@@ -1,20 +1,54 @@
-"""`base` stage: train the tokenizer and pretrain the tiny GPT-2 that every round starts from."""
+"""`base` stage: the model every round starts from, pretrained here or loaded, optionally fine-tuned.
+
+- ``base.model: null`` (demo): train a byte-level BPE on the corpus and pretrain a tiny GPT-2 on it.
+- ``base.model`` set: load that causal LM and its tokenizer (a local folder, or a hub id when there
+  is network); the tokenizer must have a pad token.
+- ``base.sft_steps`` > 0: then supervised fine-tuning on the corpus with TRL's SFTTrainer
+  (pipeline/sft.py), ``base.batch_size`` texts per step at ``base.learning_rate``.
+
+The model and its tokenizer are written to `out_dir` with save_pretrained (no value head: the
+first round initialises one, pipeline/policy.py).
+"""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
-from pipeline.base import pretrain, train_tokenizer
+from pipeline.base import load_pretrained_model, load_pretrained_tokenizer, pretrain, train_tokenizer
+from pipeline.config import BaseParams
 
 
-def build_base_model(corpus: list[str], *, out_dir: str | Path, seed: int, vocab_size: int, n_layer: int,
-                     n_head: int, n_embd: int, block_size: int, steps: int, batch_size: int,
-                     learning_rate: float) -> dict:
-    """Train a byte-level BPE on the corpus, pretrain a GPT-2 on it, save both to out_dir.
+def build_base_model(corpus: list[str], *, out_dir: str | Path, seed: int, base: BaseParams,
+                     progress: bool = True) -> dict:
+    """Build or load the base model as the module docstring says and save it (and its tokenizer) to out_dir.
 
-    Returns the pretraining stats (final loss, seconds, tokens seen).
+    Params: corpus: the task corpus (data/corpus/corpus.txt lines); out_dir: output folder;
+    seed: run.seed; base: the BaseParams section; progress: show progress bars.
+    Returns: stats: "source" (the model name or "pretrained"), "seconds", and the pretraining stats
+    (final_loss, steps, tokens_seen) or the SFT stats (pipeline/sft.py) when they ran.
+    Raises: ConfigError for a model that cannot be loaded or whose tokenizer has no pad token;
+    DataError for an empty corpus.
     """
-    tokenizer = train_tokenizer(corpus, vocab_size=vocab_size, out_dir=out_dir)
-    return pretrain(
-        corpus, tokenizer, n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
-        steps=steps, batch_size=batch_size, learning_rate=learning_rate, seed=seed, out_dir=out_dir,
-    )
+    started = time.perf_counter()
+    if base.model is None:
+        tokenizer = train_tokenizer(corpus, vocab_size=base.vocab_size, out_dir=out_dir)
+        stats = {"source": "pretrained", **pretrain(
+            corpus, tokenizer, n_layer=base.n_layer, n_head=base.n_head, n_embd=base.n_embd,
+            block_size=base.block_size, steps=base.steps, batch_size=base.batch_size,
+            learning_rate=base.learning_rate, seed=seed, out_dir=out_dir, progress=progress)}
+        if base.sft_steps == 0:
+            return {**stats, "seconds": time.perf_counter() - started}
+        model_name = str(out_dir)
+    else:
+        model_name, stats = base.model, {"source": base.model}
+    tokenizer = load_pretrained_tokenizer(model_name, base.pad_token)
+    model = load_pretrained_model(model_name)
+    if base.sft_steps > 0:
+        from pipeline.sft import supervised_finetune
+
+        stats.update(supervised_finetune(model, tokenizer, corpus, steps=base.sft_steps, batch_size=base.batch_size,
+                                         learning_rate=base.learning_rate, seed=seed, progress=progress))
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    return {**stats, "seconds": time.perf_counter() - started}

@@ -15,6 +15,7 @@ from pipeline.config import EvaluateParams, ScoreParams
 from pipeline.evaluate.decode import sample_continuations
 from pipeline.evaluate.metrics import conditional_perplexities, distinct_n, nanmean
 from pipeline.evaluate.prompts import load_prompt_sets
+from pipeline.steps.rollout import encode_query
 from pipeline.store import SCHEMAS
 from pipeline.tasks import get_task
 
@@ -43,11 +44,10 @@ def _score_set(lm, tokenizer, prompts: list[dict], *, e: EvaluateParams, seed: i
     """Sample e.samples_per_prompt continuations per prompt; return (metrics, per-sample rows)."""
     k = e.samples_per_prompt
     query_texts = [p["text"] for p in prompts for _ in range(k)]
-    queries = [[tokenizer.bos_token_id] + tokenizer.encode(q) for q in query_texts]
+    queries = [encode_query(tokenizer, q) for q in query_texts]
     # evaluate.instruction (the prompting baseline) is seen by the sampler only: perplexity and
     # every score read the continuation of the plain prompt, as for a trained policy
-    prompted = queries if not e.instruction else [
-        [tokenizer.bos_token_id] + tokenizer.encode(e.instruction + q) for q in query_texts]
+    prompted = queries if not e.instruction else [encode_query(tokenizer, e.instruction + q) for q in query_texts]
     continuations = sample_continuations(lm, tokenizer, prompted, max_new_tokens=e.max_new_tokens, top_p=e.top_p,
                                          seed=seed, batch_size=e.batch_size)
     texts = [tokenizer.decode(c, skip_special_tokens=True) for c in continuations]

@@ -1,4 +1,13 @@
-"""`rollout` stage: sample responses to a batch of train prompts from the current policy."""
+"""`rollout` stage: sample responses to a batch of train prompts from the current policy.
+
+Response lengths: with ``rollout.min_new_tokens`` set, each response gets its own limit drawn
+uniformly from [min_new_tokens, max_new_tokens] (both included) by a seeded generator, as the
+paper's runs did with legacy TRL's LengthSampler (sentiment 15-20 new tokens, detoxification
+10-14; note LengthSampler(a, b) itself draws from range(a, b), which excludes b). The batch is
+sampled once with max_new_tokens and each response is then cut to its limit: tokens are drawn
+one at a time, so the first L tokens of a longer sample have exactly the distribution of a
+sample stopped after L tokens, and their behaviour log-probs are unchanged by the cut.
+"""
 from __future__ import annotations
 
 import random
@@ -13,30 +22,56 @@ def round_seed(seed: int, round_: int, stream: int) -> int:
     return (seed * 1_000_003 + round_ * 101 + stream) % (2**31)
 
 
+def encode_query(tokenizer, text: str) -> list[int]:
+    """A query's token ids: BOS (when the tokenizer has one) + the text without other special tokens."""
+    bos = [] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]
+    return bos + tokenizer.encode(text, add_special_tokens=False)
+
+
+def response_limits(n: int, *, min_new_tokens: int | None, max_new_tokens: int, seed: int) -> list[int]:
+    """Per-response new-token limits: uniform integers in [min_new_tokens, max_new_tokens], seeded.
+
+    min_new_tokens None gives max_new_tokens for every response (one fixed length limit).
+    """
+    if min_new_tokens is None:
+        return [max_new_tokens] * n
+    assert 0 < min_new_tokens <= max_new_tokens, (min_new_tokens, max_new_tokens)
+    draw = random.Random(seed)
+    return [draw.randint(min_new_tokens, max_new_tokens) for _ in range(n)]
+
+
 def rollout(prompt_rows: list[dict], *, policy_dir: str, policy_name: str, run_id: str, round_: int,
-            seed: int, batch_size: int, max_new_tokens: int, generation_batch_size: int) -> list[dict]:
+            seed: int, batch_size: int, max_new_tokens: int, generation_batch_size: int,
+            min_new_tokens: int | None = None) -> list[dict]:
     """Pick `batch_size` train prompts (seeded per round) and sample one response to each.
 
-    Queries start with the tokenizer's BOS token, as every review did in pretraining. The
-    behaviour log-probs of the sampled tokens are recorded for PPO ratios and replay.
+    Queries start with the tokenizer's BOS token (when it has one), as every review did in
+    pretraining. Each response stops at EOS or at its length limit (``response_limits``; see the
+    module docstring); the row's ``max_new_tokens`` column records that limit. The behaviour
+    log-probs of the kept tokens are recorded for PPO ratios and replay.
+    Deterministic for (seed, round_, generation_batch_size).
     """
     torch.manual_seed(round_seed(seed, round_, 0))
     train = [row for row in prompt_rows if row["split"] == "train"]
     picker = random.Random(round_seed(seed, round_, 1))
     chosen = picker.sample(train, batch_size) if batch_size <= len(train) else picker.choices(train, k=batch_size)
     policy, tokenizer = load_policy(policy_dir)
-    queries = [[tokenizer.bos_token_id] + tokenizer.encode(row["text"]) for row in chosen]
+    queries = [encode_query(tokenizer, row["text"]) for row in chosen]
     sample_seed = round_seed(seed, round_, 2)
+    limits = response_limits(len(chosen), min_new_tokens=min_new_tokens, max_new_tokens=max_new_tokens,
+                             seed=round_seed(seed, round_, 3))
     samples = sample_responses(
         policy, queries=queries, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
         max_new_tokens=max_new_tokens, seed=sample_seed, batch_size=generation_batch_size,
     )
+    samples = [{"response_ids": s["response_ids"][:limit], "behaviour_logprobs": s["behaviour_logprobs"][:limit]}
+               for s, limit in zip(samples, limits)]
     return [
         {"run_id": run_id, "round": round_, "rollout_id": f"r{round_:04d}-{i:05d}",
          "prompt_id": row["prompt_id"], "query": row["text"],
          "response": tokenizer.decode(sample["response_ids"], skip_special_tokens=True),
          "query_ids": query, "response_ids": sample["response_ids"],
          "behaviour_logprobs": sample["behaviour_logprobs"], "seed": sample_seed,
-         "max_new_tokens": max_new_tokens, "policy": policy_name}
-        for i, (row, query, sample) in enumerate(zip(chosen, queries, samples))
+         "max_new_tokens": limit, "policy": policy_name}
+        for i, (row, query, sample, limit) in enumerate(zip(chosen, queries, samples, limits))
     ]

@@ -2,13 +2,16 @@
 
 - Demo (``world.source: world``): the synthetic review world (pipeline/data/world.py); reward
   = VADER compound (pipeline/rewards/sentiment.py).
-- Local data / paper: a JSONL/CSV/Parquet file or folder of reviews with a ``text`` column
-  (HF ``imdb`` schema: text, label) or ``review`` (text2vec's IMDB sample). Reviews of at most
-  ``MIN_REVIEW_CHARS`` characters are dropped (the paper kept reviews longer than 200 chars),
-  ``<br />`` tags become spaces, and a query is the first k words of a review, k uniform in
-  [world.prefix_min_words, world.prefix_max_words] per prompt (seeded). The paper counted
-  4-10 GPT-2 *tokens*; drlc counts words because the prompts are built before any
-  tokenizer exists. Paper reward: ``score.scorer: hf_classifier`` with the POSITIVE logit.
+- Local data / paper: any source of pipeline/data/local.py (files, a ``save_to_disk`` folder or
+  ``hub:stanfordnlp/imdb``) with a ``text`` column (HF ``imdb`` schema: text, label) or
+  ``review`` (text2vec's IMDB sample). ``<br />`` tags become spaces; reviews of at most
+  ``world.min_text_chars`` characters are dropped (the paper's IMDB filter, as TRL's example:
+  ``len(review) > 200``). A query is the first k units of a review, k uniform in
+  [world.prefix_min_words, world.prefix_max_words] per prompt (seeded), where the unit is
+  ``world.prefix_unit``: ``words``, or ``tokens`` of the pretrained base tokenizer
+  (``base.model``; the paper's queries are 4-10 GPT-2 tokens, decoded back to text as TRL did).
+  With ``tokens`` the two prefix keys count tokens, despite their names.
+  Paper reward: ``score.scorer: hf_classifier`` with the POSITIVE logit.
 - Evaluation: % positive by a naive Bayes classifier that is not the reward (DExperts).
 """
 from __future__ import annotations
@@ -20,35 +23,50 @@ from pipeline.errors import ConfigError, DataError
 from pipeline.tasks import prefix_prompt_splits
 
 SCORERS = ("vader", "hf_classifier")
-MIN_REVIEW_CHARS = 200
 TEXT_COLUMNS = ("text", "review")
 
 
-def build(world, *, seed: int) -> tuple[list[str], dict[str, list[dict]]]:
-    """(corpus, {"train": prompts, "eval": prompts}); see the module docstring for the sources."""
+def build(world, *, seed: int, tokenizer=None) -> tuple[list[str], dict[str, list[dict]]]:
+    """(corpus, {"train": prompts, "eval": prompts}); see the module docstring for the sources.
+
+    tokenizer: the base tokenizer, needed (only) when ``world.prefix_unit`` is ``tokens``.
+    Raises: ConfigError for token prefixes without a tokenizer or on the synthetic world;
+    DataError for a source without a review column or without reviews after filtering.
+    """
+    if world.prefix_unit == "tokens" and (tokenizer is None or world.source == "world"):
+        raise ConfigError("'world.prefix_unit' = 'tokens' needs review data ('world.source' a file, save_to_disk "
+                          "folder or hub:<id>) and a pretrained tokenizer ('base.model' set); else use 'words'.")
     if world.source == "world":
         from pipeline.data.world import generate_reviews, review_prefixes
 
         return generate_reviews(world.n_reviews, seed=seed), prefix_prompt_splits(review_prefixes, world, seed=seed)
-    return _build_local(world, seed=seed)
+    return _build_local(world, seed=seed, tokenizer=tokenizer)
 
 
-def _build_local(world, *, seed: int) -> tuple[list[str], dict[str, list[dict]]]:
+def _build_local(world, *, seed: int, tokenizer) -> tuple[list[str], dict[str, list[dict]]]:
     from pipeline.data.local import field, pick_column, read_records, split_items
 
     records = read_records(world.source)
     column = pick_column(records, TEXT_COLUMNS, source=world.source, what="review text")
     reviews = [re.sub(r"\s+", " ", str(field(r, column)).replace("<br />", " ")).strip() for r in records]
-    reviews = [r for r in reviews if len(r) > MIN_REVIEW_CHARS]
+    reviews = [r for r in reviews if len(r) > world.min_text_chars]
     if not reviews:
-        raise DataError(f"Data source '{world.source}' has no review longer than {MIN_REVIEW_CHARS} characters "
-                        f"in column '{column}': use a file of full reviews.")
+        raise DataError(f"Data source '{world.source}' has no review longer than {world.min_text_chars} characters "
+                        f"in column '{column}': use a file of full reviews or lower 'world.min_text_chars'.")
     splits = split_items(reviews, n_train=world.n_train_prompts, n_eval=world.n_eval_prompts, seed=seed,
                          source=world.source)
     lengths = random.Random(f"drlc-query-lengths:{seed}")
-    prompts = {split: [{"text": " ".join(r.split()[:lengths.randint(world.prefix_min_words, world.prefix_max_words)]),
-                        "reference": ""} for r in items] for split, items in splits.items()}
+    prompts = {split: [{"text": _prefix(review, lengths.randint(world.prefix_min_words, world.prefix_max_words),
+                                        tokenizer if world.prefix_unit == "tokens" else None),
+                        "reference": ""} for review in items] for split, items in splits.items()}
     return reviews[:world.n_reviews], prompts
+
+
+def _prefix(review: str, k: int, tokenizer) -> str:
+    """The first k words of `review`, or (with a tokenizer) its first k tokens decoded as TRL's example did."""
+    if tokenizer is None:
+        return " ".join(review.split()[:k])
+    return tokenizer.decode(tokenizer(review, add_special_tokens=False)["input_ids"][:k])
 
 
 def make_reward(score):
