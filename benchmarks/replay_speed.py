@@ -4,12 +4,13 @@ Builds a fresh copy of the project (tests/e2e.make_project) with the chosen prof
 in three timed parts: setup (`dvc repro base`: prepare + base), rounds (`dvc repro ppo@<last>`:
 rollout, score, critique, ppo of every round) and evaluate (`dvc repro`). Then it times two
 replays of that run, each in its own Python process (imports included, as a CLI call would be):
-one with unchanged settings (checked to reproduce the run's ppo_steps, tokens_per_s aside) and
-one with new critic reward values and learning rate. The critic requests each replay sent come
-from its replay.json.
+one with unchanged settings, evaluated (checked to reproduce the run's ppo_steps, tokens_per_s
+aside, and its metrics/eval.json), and one with new critic reward values and learning rate, once
+training only (evaluate=False) and once with the evaluation of the final policy. The critic
+requests each replay sent come from its replay.json.
 
-Usage:  python benchmarks/replay_speed.py [--profile demo|tiny] [--keep DIR]
-Writes benchmarks/results/replay_speed.json (sorted keys). The machine is shared: timings are
+Usage:  python benchmarks/replay_speed.py [--profile demo|tiny] [--keep DIR] [--out FILE]
+Writes benchmarks/results/replay_speed.json (sorted keys) unless --out. The machine is shared: timings are
 single runs, not medians.
 """
 from __future__ import annotations
@@ -43,13 +44,13 @@ def _timed(fn) -> float:
     return round(time.perf_counter() - started, 2)
 
 
-def _replay(project: Path, out: str, overrides: list[str]) -> dict:
+def _replay(project: Path, out: str, overrides: list[str], *, evaluate: bool) -> dict:
     code = ("import sys; from pipeline.replay import replay; "
-            "replay('.', sys.argv[1], overrides=sys.argv[2:], progress=False)")
-    wall = _timed(lambda: run([sys.executable, "-c", code, out, *overrides], project))
+            "replay('.', sys.argv[2], overrides=sys.argv[3:], evaluate=sys.argv[1] == 'eval', progress=False)")
+    wall = _timed(lambda: run([sys.executable, "-c", code, "eval" if evaluate else "train", out, *overrides], project))
     recorded = json.loads((project / out / "replay.json").read_text())
-    return {"overrides": overrides, "wall_s": wall, "inside_s": recorded["seconds"],
-            "critic_requests": recorded["critic_requests"]}
+    return {"overrides": overrides, "wall_s": wall, "inside_s": recorded["seconds"], "evaluated": evaluate,
+            "evaluate_s": recorded.get("evaluate_seconds"), "critic_requests": recorded["critic_requests"]}
 
 
 def _same_ppo_steps(project: Path, out: str, rounds: list[str]) -> bool:
@@ -66,6 +67,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", choices=["demo", "tiny"], default="demo")
     parser.add_argument("--keep", default=None, help="build the project here instead of a temp dir")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "replay_speed.json"))
     args = parser.parse_args()
     params = _profile_params(args.profile)
     rounds = sorted(params["rounds"])
@@ -77,17 +79,24 @@ def main() -> None:
                     "rounds_s": _timed(lambda: dvc(["repro", "-q", f"ppo@{rounds[-1]}"], project)),
                     "evaluate_s": _timed(lambda: dvc(["repro", "-q"], project))}
         original["total_s"] = round(sum(original.values()), 2)
-        same, changed = _replay(project, "replay-same", []), _replay(project, "replay-changed", CHANGED)
+        same = _replay(project, "replay-same", [], evaluate=True)
+        changed = _replay(project, "replay-changed", CHANGED, evaluate=False)
+        evaluated = _replay(project, "replay-changed-evaluated", CHANGED, evaluate=True)
         same["reproduces_ppo_steps"] = _same_ppo_steps(project, "replay-same", rounds)
+        same["reproduces_eval_json"] = ((project / "metrics" / "eval.json").read_text()
+                                        == (project / "replay-same" / "metrics" / "eval.json").read_text())
     result = {
         "profile": args.profile, "rounds": len(rounds), "rollouts_per_round": params["rollout"]["batch_size"],
         "original": original, "replay_same": same, "replay_changed": changed,
+        "replay_changed_evaluated": evaluated,
         "speedup_vs_total": round(original["total_s"] / changed["wall_s"], 1),
         "speedup_vs_rounds": round(original["rounds_s"] / changed["wall_s"], 1),
+        "speedup_evaluated_vs_rounds_plus_evaluate": round(
+            (original["rounds_s"] + original["evaluate_s"]) / evaluated["wall_s"], 1),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "note": "2 shared cores (other jobs running); one run each, not medians"},
     }
-    out = ROOT / "benchmarks" / "results" / "replay_speed.json"
+    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     print(json.dumps(result, indent=2, sort_keys=True))

@@ -80,7 +80,8 @@ def cmd_report(args) -> None:
 
 
 def cmd_replay(args) -> None:
-    from pipeline.replay import replay, write_dvc_replay
+    from pipeline.replay import replay
+    from pipeline.replay_dvc import write_dvc_replay
 
     if args.dvc and not args.evaluate:
         raise ConfigError("--no-evaluate does not apply with --dvc: run `dvc repro OUT/dvc.yaml:replay` "

@@ -1,20 +1,16 @@
-"""Zero-cost replay: train a fresh policy on the rollouts a finished run recorded.
+"""Zero-cost replay: train a fresh policy on the rollouts a finished run recorded, then evaluate it.
 
-`replay(RUN, OUT, overrides=[...])` starts from RUN's models/base and runs, round by round,
-the same PPO code as the `ppo` stage (pipeline.steps.ppo_round.ppo_round) over RUN's recorded
-rollouts, with the stored environment rewards and intrinsic rewards rebuilt from the cached
-critic answers under the new settings (reward per label, alignment, a lower threshold). PPO
-ratios use the recorded behaviour log-probs. Nothing is generated and, unless
-`allow_new_calls`, no critic request is sent: the client is cache-only, so a cache miss is an
-error naming the cause. With `allow_new_calls` only the missing answers are requested (through
-drlc's local server when critic.endpoint is local) and stored in RUN's cache.
-
-Every check (params, input tables, cached answers, PPO batch shapes) runs before anything is
-written; OUT is built in a temporary sibling folder and renamed at the end, so a failed replay
-leaves no OUT. OUT has the layout of a project folder: params.yaml (the effective params),
-data/<table>/round=NNNN, models/base and models/round=NNNN, metrics/ppo, metrics/critique,
-metrics/rounds.json and replay.json (source, overrides, critic requests, seconds). It has no
-evaluation: that needs generation (run the evaluate stage on OUT's models for it).
+`replay(RUN, OUT, overrides=[...])` starts from RUN's models/base and runs, round by round, the
+`ppo` stage's code (pipeline.steps.ppo_round) over RUN's recorded rollouts, with the stored
+environment rewards and span rewards rebuilt from the cached critic answers under the new
+settings; PPO ratios use the recorded behaviour log-probs. Training generates nothing and sends
+no critic request unless `allow_new_calls` (then only the missing answers, stored in RUN's
+cache). Unless `evaluate=False`, the final policy is then evaluated like the `evaluate` stage, so
+OUT has the eval tables and metrics/eval.json of a normal run. Relative paths in the params are
+resolved against RUN. Every check runs before anything is written; OUT is built in a temporary
+sibling and renamed at the end. `write_dvc_replay` is the DVC form: OUT/params.yaml and
+OUT/dvc.yaml whose stages (replay_stage, evaluate_stage via stages/replay.py) run with
+`dvc repro`. Usage, layout and errors: docs/replay.md.
 """
 from __future__ import annotations
 
@@ -39,75 +35,102 @@ FROZEN = {  # key or section -> why a replay cannot change it (the recorded data
     "base": "models/base was pretrained with it",
     "rollout": "the recorded rollouts were sampled with it",
     "score": "the stored environment rewards were computed with it",
-    "evaluate": "replay makes no generation, so it does not evaluate",
     "rounds": "replay trains exactly the recorded rounds",
 }
 INPUT_TABLES = ("rollouts", "scores")
 
 
-def replay(run_dir: str | Path, out_dir: str | Path, *, overrides: list[str],
-           allow_new_calls: bool = False, progress: bool = True) -> dict:
+def replay(run_dir: str | Path, out_dir: str | Path, *, overrides: list[str], allow_new_calls: bool = False,
+           evaluate: bool = True, progress: bool = True) -> dict:
     """Retrain a fresh policy from RUN's models/base on RUN's recorded rounds; write the run to OUT.
 
     :param run_dir: a finished project folder (params.yaml, data/, models/base, critic cache)
     :param out_dir: the new run folder; must not exist yet
     :param overrides: `section.key=value` assignments applied to RUN's params (ppo.*, run.seed,
-        run.run_id, critic reward values, alignment, a lower threshold, ...)
+        run.run_id, critic reward values, alignment, a lower threshold, evaluate.*, ...)
     :param allow_new_calls: request the critic answers missing from the cache (e.g. for a
-        raised threshold); otherwise no request is ever sent
+        raised threshold) and let a remote evaluation scorer run; otherwise no request is sent
+    :param evaluate: evaluate the final policy like the `evaluate` stage (eval tables, metrics/eval.json)
     :param progress: print one line per round and show progress bars
-    :return: {"critic_requests", "rounds", "seconds", "run_dir", "out_dir", "overrides"}
-    :raises ConfigError: a key that cannot change in a replay, an unknown key (with the nearest
-        valid one), a bad value, an existing OUT, or critic answers missing without allow_new_calls
-    :raises DataError: RUN lacks params.yaml, models/base, a recorded table or its critic cache
+    :return: {"critic_requests", "rounds", "seconds", "evaluate_seconds", "run_dir", "out_dir", "overrides", ...}
+    :raises ConfigError: a frozen or unknown key (with the nearest valid one), a bad value, an
+        existing OUT; missing critic answers or a remote evaluation scorer without allow_new_calls
+    :raises DataError: RUN lacks params.yaml, models/base, a recorded table, its critic cache or
+        (when evaluating) its prompts table or an evaluation prompts file
     :raises CriticError: the critic budget stopped new requests (allow_new_calls only)
     :raises PPOInputError: the recorded batches do not fit the new PPO settings
     """
     started = time.perf_counter()
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     params = effective_params(run_dir, overrides)
-    if out_dir.exists():
-        raise ConfigError(f"Replay output '{out_dir}' already exists: pass a new folder (nothing is overwritten).")
-    check_inputs(_without_remote(params), root=run_dir)
-    inputs = read_inputs(run_dir, params, allow_new_calls=allow_new_calls)
-    annotations, critique_metrics, requests = rebuild_annotations(
-        run_dir, params, inputs, allow_new_calls=allow_new_calls, progress=progress)
-    _check_batches(inputs, annotations, params)
+    refuse_existing(out_dir)
+    prepared = prepare(run_dir, params, allow_new_calls=allow_new_calls, evaluate=evaluate, progress=progress)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     build_dir = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.replay-"))
     try:
-        _write_run(build_dir, run_dir, params, inputs, annotations, critique_metrics, progress=progress)
-        summary = {"run_dir": str(run_dir), "out_dir": str(out_dir), "overrides": list(overrides),
-                   "allow_new_calls": allow_new_calls, "critic_requests": requests,
-                   "rounds": params.round_keys(), "seconds": round(time.perf_counter() - started, 3)}
+        (build_dir / "params.yaml").write_text(yaml.safe_dump(raw_params(params), sort_keys=False))
+        summary = train_rounds(build_dir, run_dir, params, prepared, overrides=overrides, progress=progress)
+        if evaluate:
+            evaluated = time.perf_counter()
+            evaluate_replay(run_dir, build_dir, params, allow_new_calls=allow_new_calls)
+            summary["evaluate_seconds"] = round(time.perf_counter() - evaluated, 3)
+        summary.update(out_dir=str(out_dir), evaluated=evaluate, seconds=round(time.perf_counter() - started, 3))
         write_json(summary, build_dir / "replay.json")
         build_dir.rename(out_dir)
     except BaseException:
         shutil.rmtree(build_dir, ignore_errors=True)
         raise
     if progress:
-        print(f"replay: {len(summary['rounds'])} rounds in {summary['seconds']:.1f}s, "
-              f"{requests} critic requests sent -> {out_dir}")
+        print(f"replay: {len(summary['rounds'])} rounds{' + evaluation' if evaluate else ''} in "
+              f"{summary['seconds']:.1f}s, {summary['critic_requests']} critic requests sent -> {out_dir}")
     return summary
+
+
+def prepare(run_dir: Path, params: Params, *, allow_new_calls: bool, evaluate: bool, progress: bool) -> dict:
+    """Every check before writing; returns {"inputs", "annotations", "critique_metrics", "requests"}."""
+    check_inputs(without_remote(params), root=run_dir)
+    if evaluate:
+        check_evaluation(run_dir, params, allow_new_calls=allow_new_calls)
+    inputs = read_inputs(run_dir, params, allow_new_calls=allow_new_calls)
+    annotations, critique_metrics, requests = rebuild_annotations(
+        run_dir, params, inputs, allow_new_calls=allow_new_calls, progress=progress)
+    _check_batches(inputs, annotations, params)
+    return {"inputs": inputs, "annotations": annotations, "critique_metrics": critique_metrics,
+            "requests": requests, "allow_new_calls": allow_new_calls}
+
+
+def refuse_existing(out_dir: Path) -> None:
+    if out_dir.exists():
+        raise ConfigError(f"Replay output '{out_dir}' already exists: pass a new folder (nothing is overwritten).")
 
 
 def effective_params(run_dir: Path, overrides: list[str]) -> Params:
     """RUN's params with the overrides applied; raises ConfigError for a key a replay cannot change."""
-    params_file = run_dir / "params.yaml"
-    if not params_file.is_file():
-        raise DataError(f"'{run_dir}' has no params.yaml: --from must name a finished project folder.")
-    original = load_params(params_file)
-    raw = read_yaml(params_file.read_text())
-    before = _flat(original)
+    original = run_params(run_dir)
+    raw = read_yaml((run_dir / "params.yaml").read_text())
+    before = flat_params(original)
     for assignment in overrides:
         apply_override(raw, assignment)
         key = assignment.split("=", 1)[0]
         _refuse_frozen(key, before.get(key), read_yaml(assignment.split("=", 1)[1]) if "=" in assignment else None)
     params = params_from_dict(raw)  # checked after the frozen keys: their errors say more
-    after = _flat(params)
+    check_frozen(original, params)
+    return params
+
+
+def run_params(run_dir: Path) -> Params:
+    """RUN's params.yaml, loaded and validated; DataError if RUN has none."""
+    params_file = Path(run_dir) / "params.yaml"
+    if not params_file.is_file():
+        raise DataError(f"'{run_dir}' has no params.yaml: --from must name a finished project folder.")
+    return load_params(params_file)
+
+
+def check_frozen(original: Params, params: Params) -> None:
+    """Raise ConfigError naming the first key that differs from RUN's and that a replay cannot change."""
+    before, after = flat_params(original), flat_params(params)
     for key in sorted(after):
         _refuse_frozen(key, before[key], after[key])
-    return params
 
 
 def _refuse_frozen(key: str, old, new) -> None:
@@ -118,7 +141,7 @@ def _refuse_frozen(key: str, old, new) -> None:
                           f"Start a new run (dvc repro) to change it.")
 
 
-def _flat(params: Params) -> dict:
+def flat_params(params: Params) -> dict:
     """{"section.key": value} for every section field, plus "rounds" as one value."""
     flat = {"rounds": dataclasses.asdict(params)["rounds"]}
     for section, values in dataclasses.asdict(params).items():
@@ -127,7 +150,7 @@ def _flat(params: Params) -> dict:
     return flat
 
 
-def _without_remote(params: Params) -> Params:
+def without_remote(params: Params) -> Params:
     """Params for check_inputs minus its API-key check: a cache-only replay needs no key."""
     return dataclasses.replace(params, critic=dataclasses.replace(params.critic, endpoint="local"))
 
@@ -222,42 +245,107 @@ def _check_batches(inputs: dict, annotations: dict, params: Params) -> None:
         validate_batch(join_round(tables["rollouts"], tables["scores"], annotations[key]), params.ppo)
 
 
-def _write_run(build_dir: Path, run_dir: Path, params: Params, inputs: dict, annotations: dict,
-               critique_metrics: dict, *, progress: bool) -> None:
-    """Write OUT's params, copied inputs, annotations, and train every round with ppo_round."""
+def train_rounds(build_dir: Path, run_dir: Path, params: Params, prepared: dict, *, overrides: list[str],
+           progress: bool) -> dict:
+    """Write the copied inputs and annotations to build_dir and train every round with ppo_round.
+
+    Returns the replay summary so far (run_dir, overrides, critic requests, rounds).
+    """
     from pipeline.evaluate.curves import round_curves
     from pipeline.steps.ppo_round import ppo_round
     from pipeline.steps.ppo_round import summarize as ppo_summary
 
     data, models, run_id = build_dir / "data", build_dir / "models", params.run.run_id
-    (build_dir / "params.yaml").write_text(yaml.safe_dump(_raw(params), sort_keys=False))
     shutil.copytree(run_dir / "models" / "base", models / "base")
     prompts = store.partition_dir(run_dir / "data", "prompts", 0)
     if (prompts / "part-0.parquet").is_file():
         rows = [dict(row, run_id=run_id) for row in store.read_table(prompts, "prompts")]
         store.write_table(rows, "prompts", store.partition_dir(data, "prompts", 0))
-    for key, tables in inputs.items():
-        round_ = int(key)
-        for table, rows in (*tables.items(), ("annotations", annotations[key])):
+    for key, tables in prepared["inputs"].items():
+        round_, annotations = int(key), prepared["annotations"][key]
+        for table, rows in (*tables.items(), ("annotations", annotations)):
             store.write_table([dict(row, run_id=run_id) for row in rows], table,
                               store.partition_dir(data, table, round_))
-        write_json(critique_metrics[key], build_dir / "metrics" / "critique" / f"round={key}.json")
-        prev = params.rounds[key].prev
+        critique_metrics = prepared["critique_metrics"][key]
+        write_json(critique_metrics, build_dir / "metrics" / "critique" / f"round={key}.json")
         steps = ppo_round(
-            tables["rollouts"], tables["scores"], annotations[key], policy_dir=str(models / prev),
+            tables["rollouts"], tables["scores"], annotations, policy_dir=str(models / params.rounds[key].prev),
             reference_dir=str(models / "base"), out_dir=str(models / f"round={key}"), params=params.ppo,
-            run_id=run_id, round_=round_, seed=params.run.seed,
+            run_id=run_id, round_=round_, seed=params.run.seed, base=params.base,
         )
         store.write_table(steps, "ppo_steps", store.partition_dir(data, "ppo_steps", round_))
         write_json(ppo_summary(steps), build_dir / "metrics" / "ppo" / f"round={key}.json")
         if progress:
             print(f"replay: round {key}: {len(steps)} PPO steps, "
-                  f"{critique_metrics[key]['critic/critiqued']} critiqued responses")
+                  f"{critique_metrics['critic/critiqued']} critiqued responses")
     write_json({"rounds": round_curves(data)}, build_dir / "metrics" / "rounds.json")
+    return {"run_dir": str(run_dir), "overrides": list(overrides), "allow_new_calls": prepared["allow_new_calls"],
+            "critic_requests": prepared["requests"], "rounds": params.round_keys()}
 
 
-def _raw(params: Params) -> dict:
+def raw_params(params: Params) -> dict:
     """Params as the plain mapping params.yaml holds (load_params of it gives `params` back)."""
     raw = dataclasses.asdict(params)
     raw["rounds"] = {key: {"prev": spec["prev"]} for key, spec in raw["rounds"].items()}
     return raw
+
+
+def check_evaluation(run_dir: Path, params: Params, *, allow_new_calls: bool) -> None:
+    """Fail before training if the evaluation could not run (remote scorer, no prompts, a missing file)."""
+    from pipeline.evaluate.prompts import load_prompt_sets
+
+    if params.score.scorer == "perspective" and not allow_new_calls:
+        raise ConfigError("Evaluating the replayed policy would send its new samples to the Perspective API "
+                          "('score.scorer' = 'perspective'): pass --allow-new-calls to allow those requests, "
+                          "or --no-evaluate to train only.")
+    prompts = store.partition_dir(run_dir / "data", "prompts", 0)
+    if not (prompts / "part-0.parquet").is_file():
+        raise DataError(f"Run folder '{run_dir}' has no data/prompts/round=0000, which the evaluation samples "
+                        f"from: finish the run with `dvc repro` there, or pass --no-evaluate.")
+    evaluate_params, _ = resolved_evaluation(run_dir, params)
+    load_prompt_sets(evaluate_params.prompts, store.read_table(prompts, "prompts"), evaluate_params.n_prompts)
+
+
+def resolved_evaluation(run_dir: Path, params: Params):
+    """(evaluate, score) sections whose relative paths are resolved against RUN where they exist there."""
+    e, s = params.evaluate, params.score
+    e = dataclasses.replace(
+        e, prompts=[p if p == "world" else _in_run(run_dir, p) for p in e.prompts],
+        classifier_data=e.classifier_data if e.classifier_data == "world" else _in_run(run_dir, e.classifier_data),
+        fluency_model=e.fluency_model if e.fluency_model == "base" else _in_run(run_dir, e.fluency_model),
+        reward_model=_in_run(run_dir, e.reward_model))
+    return e, dataclasses.replace(s, model=_in_run(run_dir, s.model), cache_dir=str(Path(run_dir) / s.cache_dir))
+
+
+def _in_run(run_dir: Path, value: str | None) -> str | None:
+    """RUN/value if value is a relative path that exists in RUN; else value (absolute, a hub id, None)."""
+    if value is None or Path(value).is_absolute() or not (Path(run_dir) / value).exists():
+        return value
+    return str(Path(run_dir) / value)
+
+
+def evaluate_replay(run_dir: Path, out_dir: Path, params: Params, *, allow_new_calls: bool) -> dict:
+    """Evaluate out_dir's final policy against its base like the `evaluate` stage; write its outputs.
+
+    Writes data/eval/<policy>, data/eval_samples/<policy> and metrics/eval.json under out_dir.
+    Returns the metrics ({policy: {prompt set: {metric: value}}}).
+    Raises: as check_evaluation; DataError for a bad classifier file (from the evaluate step).
+    """
+    from pipeline.steps.evaluate import evaluate
+
+    check_evaluation(run_dir, params, allow_new_calls=allow_new_calls)
+    evaluate_params, score = resolved_evaluation(run_dir, params)
+    policy, data = params.evaluate.policy, Path(out_dir) / "data"
+    rows, samples, metrics = evaluate(
+        store.read_table(store.partition_dir(data, "prompts", 0), "prompts"),
+        base_dir=str(Path(out_dir) / "models" / "base"), policy_dir=str(Path(out_dir) / "models" / policy),
+        policy_name=policy, run_id=params.run.run_id, round_=int(policy.split("=")[1]), seed=params.run.seed,
+        params=evaluate_params, task=params.run.task, score=score,
+    )
+    store.write_table(rows, "eval", data / "eval" / policy)
+    store.write_table(samples, "eval_samples", data / "eval_samples" / policy)
+    write_json(metrics, Path(out_dir) / "metrics" / "eval.json")
+    return metrics
+
+
+# --- The DVC form: OUT/dvc.yaml with the stages `replay` and `evaluate` (stages/replay.py) ---------

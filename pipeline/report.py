@@ -1,7 +1,8 @@
 """`drlc report RUN ...`: compare finished runs side by side.
 
 A run is the output folder of a finished `dvc repro` (it holds metrics/eval.json and
-metrics/rounds.json) or of `drlc replay` (training curves only: replay does not generate). The report is a Markdown table of every metric, one column per run plus
+metrics/rounds.json) or of `drlc replay` (which evaluates its final policy too, unless run
+with --no-evaluate). The report is a Markdown table of every metric, one column per run plus
 one delta column (run - first run) for each later run, and a PNG of the training curves with
 one line per run. In the table, the evaluated policy of each run is called `final`, so runs
 with different round counts line up; `train/*` rows summarise metrics/rounds.json.
@@ -46,7 +47,7 @@ def load_run(run_dir: str | Path) -> tuple[dict[str, float], list[dict]]:
     if not run.is_dir():
         raise DataError(f"Run folder '{run}' not found: pass the output folders of finished runs.")
     curves = _read_json(run, "rounds.json").get("rounds")
-    # A replay trains without generating, so it has training curves but no evaluation.
+    # A replay run with --no-evaluate has training curves but no evaluation.
     evaluation = _read_json(run, "eval.json") if (run / "metrics" / "eval.json").is_file() else {}
     if not isinstance(curves, list) or not curves:
         raise DataError(f"'{run}/metrics/rounds.json' has no 'rounds' list: re-run the evaluate stage.")
@@ -168,7 +169,7 @@ def write_report(run_dirs: list[str], out_dir: str = "reports") -> dict[str, Pat
     Params: run_dirs: output folders of finished runs (at least one); the first is the reference.
     Returns: {"markdown": path of report.md, "curves_png": path of curves.png}.
     Raises: DataError if no run is given or a run folder lacks metrics/rounds.json. A run without
-    metrics/eval.json (a replay) contributes its training rows only.
+    metrics/eval.json (a replay with --no-evaluate) contributes its training rows only.
     """
     if not run_dirs:
         raise DataError("No run folder given: pass one or more output folders of finished runs.")

@@ -1,10 +1,12 @@
-"""Replay of a finished run: zero critic requests, exact reproduction, clear errors on bad input.
+"""Replay of a finished run: zero critic requests, exact reproduction (training and evaluation),
+the DVC form under the real `dvc repro`, clear errors on bad input.
 
 One shrunken 2-round run is built with `dvc repro` (a few minutes) against a critic server
 started here, so every request the run or a replay sends is counted by the server itself.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -19,11 +21,14 @@ from pipeline import store
 from pipeline.config import load_params
 from pipeline.critic.server import serve_in_background
 from pipeline.errors import ConfigError, DataError, PPOInputError
-from pipeline.replay import replay
+from pipeline.replay import check_evaluation, replay
+from pipeline.replay_dvc import write_dvc_replay
+from pipeline.report import load_run
 from tests.e2e import dvc, make_project, run, tiny_params
 
 ROUNDS = (1, 2)
 TABLES = ("prompts", "rollouts", "scores", "annotations", "ppo_steps")
+EVAL_TABLES = ("eval", "eval_samples")
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +81,21 @@ def test_replay_with_new_rewards_and_lr_sends_no_request(finished_run, tmp_path)
     new = load_file(str(out / "models" / "round=0002" / "model.safetensors"))
     old = load_file(str(project / "models" / "round=0002" / "model.safetensors"))
     assert any(not torch.equal(new[name], old[name]) for name in old), "the new policy must differ"
+    _assert_evaluated_like_a_run(project, out)
+
+
+def _assert_evaluated_like_a_run(project: Path, out: Path) -> None:
+    """OUT has the eval tables and metrics/eval.json of a normal run; `drlc report` compares them."""
+    for table in EVAL_TABLES:
+        file = out / "data" / table / "round=0002" / "part-0.parquet"
+        assert pq.read_schema(file).remove_metadata() == store.SCHEMAS[table], table
+    evaluation = json.loads((out / "metrics" / "eval.json").read_text())
+    assert set(evaluation) == set(json.loads((project / "metrics" / "eval.json").read_text())) == {"base", "round=0002"}
+    original, _ = load_run(project)
+    replayed, _ = load_run(out)
+    final = {k for k in original if k.startswith("final/")}
+    assert "final/world/positive_percent" in final and final <= set(replayed)
+    assert all(replayed[k] == original[k] for k in original if k.startswith("base/")), "same base, same seed"
 
 
 def _assert_rewards_rescaled(original: list[dict], replayed: list[dict]) -> None:
@@ -115,6 +135,11 @@ def test_replay_with_unchanged_settings_reproduces_the_run(finished_run, tmp_pat
         assert _without(_table(out, "annotations", round_), "cache_hit") == \
                _without(_table(project, "annotations", round_), "cache_hit")
     assert load_params(out / "params.yaml") == load_params(project / "params.yaml")
+    # the same final weights evaluated with the same seed: the evaluation is reproduced too
+    assert (out / "metrics" / "eval.json").read_text() == (project / "metrics" / "eval.json").read_text()
+    for table in EVAL_TABLES:
+        path = Path("data") / table / "round=0002"
+        assert store.read_table(out / path, table) == store.read_table(project / path, table), table
 
 
 def test_raised_threshold_needs_allow_new_calls_and_sends_only_the_missing(finished_run, tmp_path):
@@ -144,6 +169,7 @@ def test_raised_threshold_needs_allow_new_calls_and_sends_only_the_missing(finis
     ("world.n_reviews=10", ConfigError, r"'world\.n_reviews' cannot change"),
     ("run.task=toxicity", ConfigError, r"run\.task"),
     ("ppo.mini_batch_size=7", PPOInputError, r"not divisible"),
+    ("evaluate.prompts=[missing.jsonl]", DataError, r"missing\.jsonl"),
 ])
 def test_bad_override_fails_before_writing(finished_run, tmp_path, override, error, message):
     project, _ = finished_run
@@ -172,3 +198,72 @@ def test_existing_out_is_not_overwritten(finished_run, tmp_path):
     (tmp_path / "taken").mkdir()
     with pytest.raises(ConfigError, match="already exists"):
         replay(project, tmp_path / "taken", overrides=[], progress=False)
+
+
+def _stages_run(result) -> list[str]:
+    """Names of the replay-folder stages a `dvc repro` ran (from its "Running stage" lines)."""
+    return [line.rstrip(":").rsplit(":", 1)[1].strip("'") for line in result.stdout.splitlines()
+            if line.startswith("Running stage") and "dvc.yaml:" in line]
+
+
+def test_dvc_form_runs_under_dvc_repro_and_reruns_only_what_a_param_changes(finished_run, tmp_path):
+    project, stats = finished_run
+    before = stats()["requests"]
+    folder = project / "replays" / "lr"
+    run([sys.executable, "-m", "pipeline", "replay", "--from", ".", "--out", "replays/lr", "--dvc",
+         "--set", "ppo.learning_rate=0.002"], project)
+    assert sorted(p.name for p in folder.iterdir()) == ["dvc.yaml", "params.yaml"], "the form writes only these"
+    assert load_params(folder / "params.yaml").ppo.learning_rate == 0.002
+
+    first = dvc(["repro", "replays/lr/dvc.yaml"], project)
+    assert _stages_run(first) == ["replay", "evaluate"]
+    assert stats()["requests"] == before, "the DVC replay must not ask the critic"
+    assert json.loads((folder / "replay.json").read_text())["critic_requests"] == 0
+    _assert_evaluated_like_a_run(project, folder)
+    direct = replay(project, tmp_path / "direct", overrides=["ppo.learning_rate=0.002"], evaluate=False,
+                    progress=False)  # in this process: compare the data, not float bits (thread count)
+    assert direct["critic_requests"] == 0
+    for round_ in ROUNDS:
+        assert _table(folder, "annotations", round_) == _table(tmp_path / "direct", "annotations", round_)
+        assert len(_table(folder, "ppo_steps", round_)) == len(_table(tmp_path / "direct", "ppo_steps", round_))
+
+    assert _stages_run(dvc(["repro", "replays/lr/dvc.yaml"], project)) == [], "a second repro does nothing"
+
+    params_file = folder / "params.yaml"
+    params_file.write_text(params_file.read_text().replace("samples_per_prompt: 2", "samples_per_prompt: 3"))
+    assert _stages_run(dvc(["repro", "replays/lr/dvc.yaml"], project)) == ["evaluate"]
+    assert json.loads((folder / "metrics" / "eval.json").read_text())["round=0002"]["world"]["n_samples"] == 8 * 3
+
+    params_file.write_text(params_file.read_text().replace("learning_rate: 0.002", "learning_rate: 0.001"))
+    status = dvc(["status", "replays/lr/dvc.yaml"], project).stdout
+    assert "replays/lr/dvc.yaml:replay" in status and "modified:" in status and "ppo" in status
+
+    params_file.write_text(params_file.read_text().replace("max_new_tokens: 20\n  min_new_tokens",
+                                                           "max_new_tokens: 10\n  min_new_tokens"))
+    failed = dvc(["repro", "replays/lr/dvc.yaml"], project, check=False)
+    assert failed.returncode != 0 and "'rollout.max_new_tokens' cannot change in a replay" in failed.stderr
+
+
+def test_dvc_form_bad_input_writes_nothing(finished_run, tmp_path):
+    project, _ = finished_run
+    outside = tmp_path / "not-a-repo" / "lr"  # tmp_path is not inside a DVC repository
+    with pytest.raises(ConfigError, match=r"not inside a DVC repository"):
+        write_dvc_replay(project, outside, overrides=[], progress=False)
+    _assert_nothing_written(outside)
+    inside = project / "replays" / "raised"
+    with pytest.raises(ConfigError, match=r"critic\.threshold.*--allow-new-calls"):  # 1.0: every response,
+        write_dvc_replay(project, inside, overrides=["critic.threshold=1.0"], progress=False)  # not cached at 0.3
+    _assert_nothing_written(inside)
+    result = run([sys.executable, "-m", "pipeline", "replay", "--from", ".", "--out", "replays/x", "--dvc",
+                  "--no-evaluate"], project, check=False)
+    assert result.returncode == 2 and "--no-evaluate does not apply with --dvc" in result.stderr
+    assert not (project / "replays" / "x").exists()
+
+
+def test_remote_evaluation_scorer_needs_allow_new_calls(finished_run):
+    project, _ = finished_run
+    params = load_params(project / "params.yaml")
+    remote = dataclasses.replace(params, score=dataclasses.replace(params.score, scorer="perspective"))
+    with pytest.raises(ConfigError, match=r"Perspective API.*--allow-new-calls.*--no-evaluate"):
+        check_evaluation(project, remote, allow_new_calls=False)
+    check_evaluation(project, params, allow_new_calls=False)  # the local scorer needs no permission
