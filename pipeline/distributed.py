@@ -74,6 +74,17 @@ class DataParallel:
         dist.all_gather(parts, tensor.contiguous())
         return torch.cat(parts)
 
+    def close(self) -> None:
+        """Wait for every process, then leave the process group.
+
+        Without it a process can exit while gloo's threads still run, and the C++ runtime aborts
+        it ("terminate called without an active exception", exit code -6) after its work is done.
+        """
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
+
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum `tensor` over the processes, in place; returns it."""
         import torch.distributed as dist

@@ -152,6 +152,7 @@ sys.path.insert(0, {root!r})
 from pipeline.distributed import DataParallel
 dp = DataParallel.from_environment()
 total = dp.all_reduce_sum(torch.tensor([float(dp.rank + 1)]))
+dp.close()
 with open(f"{out}/rank{{dp.rank}}.txt", "w") as f:  # one file per rank: a shared stdout interleaves
     f.write(f"rank={{dp.rank}} world={{dp.world_size}} sum={{total.item():g}}")
 """

@@ -92,6 +92,8 @@ def ppo_round(rollouts: list[dict], scores: list[dict], annotations: list[dict],
         save_policy(policy, tokenizer, out_dir)
         save_trainer_state(out_dir, optimizer=optimizer, kl_controller=kl_controller, score_moments=moments,
                            round_=round_)
+    if data_parallel is not None:
+        data_parallel.close()  # after the checkpoint is written: no rank exits before it exists
     return [step_row(stat, run_id=run_id, round_=round_, step=i) for i, stat in enumerate(stats)]
 
 
