@@ -22,7 +22,11 @@ def tiny_params(n_rounds: int = 3, task: str = "sentiment", **section_overrides)
     raw["world"].update(n_reviews=4000, n_train_prompts=128, n_eval_prompts=8)
     raw["base"].update(steps=400, batch_size=32, vocab_size=512)
     raw["rollout"].update(batch_size=32, generation_batch_size=32)
-    raw["ppo"].update(mini_batch_size=16, learning_rate=0.0005)
+    raw["ppo"].update(mini_batch_size=16)
+    if task == "sentiment":
+        raw["ppo"].update(learning_rate=0.0005)  # the task profiles keep their own (1e-4: see their headers)
+    if task == "summarization":  # 32 rollouts a round left the reward rise within 2 standard errors
+        raw["rollout"].update(batch_size=64, generation_batch_size=64)
     raw["evaluate"].update(n_prompts=8, samples_per_prompt=2, policy=f"round={n_rounds:04d}")
     raw["rounds"] = {f"{r:04d}": {"prev": "base" if r == 1 else f"round={r - 1:04d}"}
                      for r in range(1, n_rounds + 1)}

@@ -1,7 +1,9 @@
 """Each task's offline demo profile end to end on a shrunken config: real DVC, real HTTP critic,
-real tiny GPT-2. The environment reward of the last round beats the first round's.
+real tiny GPT-2. The environment reward of the last round beats the first round's by a margin, and
+the final policy stays close to the base model (KL and perplexity bounds).
 
-Run time: a few minutes per task on 2 CPU cores.
+Run time on 2 shared CPU cores: toxicity about 90 s (3 rounds of 32 rollouts), summarization
+about 140 s (3 rounds of 64 rollouts).
 """
 import json
 
@@ -22,15 +24,31 @@ def finished_run(request, tmp_path_factory):
     return task, project
 
 
+# (first-round mean + margin) the last round must reach. Standard error of a round mean: about 0.045
+# (summarization, 64 rollouts, reward sd 0.35) and 0.07 (toxicity, 32 rollouts, sd 0.41).
+# Measured: summarization 0.591, 0.714, 0.803; toxicity 0.667, 0.779, 0.848.
+REWARD_MARGIN = {"toxicity": 0.12, "summarization": 0.12}
+MAX_ROUND_KL = 3.0  # nats summed over a response; measured at most 0.14 (toxicity), 0.38 (summarization)
+
+
 def test_reward_rises(finished_run):
     task, project = finished_run
-    if task == "summarization":
-        # Measured (3 rounds x 32 rollouts): this config gave ROUGE-1 reward 0.280, 0.020, 0.128; with
-        # base.steps 800, ppo.learning_rate 2e-4 and span rewards -0.05 it gave 0.589, 0.612, 0.530
-        # (0.589, 0.605, 0.540 with the critic off). Making this world learnable is open work.
-        pytest.xfail("the shrunken summarization demo does not improve its reward yet")
     curves = json.loads((project / "metrics" / "rounds.json").read_text())["rounds"]
-    assert curves[-1]["env_reward_mean"] > curves[0]["env_reward_mean"], curves
+    rewards = [c["env_reward_mean"] for c in curves]
+    assert rewards[-1] > rewards[0] + REWARD_MARGIN[task], rewards
+    metrics = json.loads((project / "metrics" / "eval.json").read_text())
+    base, final = metrics["base"]["world"], metrics["round=0003"]["world"]
+    assert final["env_reward_mean"] > base["env_reward_mean"], (base, final)
+
+
+def test_policy_stays_fluent(finished_run):
+    """No reward hacking by degenerate text: the KL to the base and the perplexity stay small."""
+    task, project = finished_run
+    curves = json.loads((project / "metrics" / "rounds.json").read_text())["rounds"]
+    assert all(c["kl"] < MAX_ROUND_KL for c in curves), [c["kl"] for c in curves]
+    metrics = json.loads((project / "metrics" / "eval.json").read_text())
+    base, final = metrics["base"]["world"], metrics["round=0003"]["world"]
+    assert final["perplexity"] < 2 * base["perplexity"], (base["perplexity"], final["perplexity"])
 
 
 def test_critic_is_called_and_task_metrics_are_written(finished_run):

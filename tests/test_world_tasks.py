@@ -1,5 +1,6 @@
 """The comment (toxicity) and news (summarization) worlds: seeded, mixed, and matched to their rewards."""
 import random
+import re
 
 import pytest
 
@@ -46,21 +47,27 @@ def test_comment_prefixes_are_civil_openings_shared_by_both_tones():
         comments.comment_prefixes(3, seed=0, min_words=3, max_words=2)
 
 
-def test_news_world_documents_hold_the_reference_facts_and_corpus_summaries_vary():
+def test_news_world_documents_support_the_reference_and_corpus_summaries_vary():
     prompts = news.summarization_prompts(200, seed=0)
+    headlines = {headline for headline, _, _ in news.EVENTS.values()}
     for p in prompts:
         assert p["text"].endswith(" TL;DR:")
-        assert p["reference"][:-1] in p["text"].replace(",", "")  or all(
-            w in p["text"] for w in p["reference"].rstrip(".").split())
+        assert p["reference"] in headlines and p["reference"] not in p["text"]
+        # every reference word is in the document, so the lexicon critic never flags the reference
+        document_words = set(re.findall(r"\w+", p["text"].lower()))
+        assert set(re.findall(r"\w+", p["reference"].lower())) <= document_words, p
         assert len(p["text"].split()) < 45
+    assert len({p["reference"] for p in prompts}) == len(news.EVENTS)
     corpus = news.generate_documents(1000, seed=0)
     scores = []
     for line in corpus:
         document, summary = line.split(" TL;DR: ")
-        key = next(s for s in document.split(". ") if s.startswith("On "))
-        scores.append(rouge_n(summary, key.split(", ", 1)[1], 1))
+        lead = next(lead for _, lead, _ in news.EVENTS.values() if lead in document)
+        reference = next(h for h, l, _ in news.EVENTS.values() if l == lead)
+        scores.append(rouge_n(summary, reference, 1))
     faithful = sum(s == 1.0 for s in scores) / len(scores)
-    assert 0.4 < faithful < 0.6, faithful  # FAITHFUL_SHARE 0.5
+    assert 0.35 < faithful < 0.45, faithful  # FAITHFUL_SHARE 0.4
+    assert sum(s < 0.3 for s in scores) / len(scores) > 0.2  # filler and wrong_event summaries
     assert len({round(s, 2) for s in scores}) >= 4
     with pytest.raises(ConfigError, match="n=-1"):
         news.generate_documents(-1, seed=0)
