@@ -1,21 +1,24 @@
 """Do dense critic rewards make PPO more sample-efficient? The drlc issue-10 study as a benchmark.
 
-Five arms (sparse; sparse x k, k matched to dense_all's mean total reward; dense on every
-response; dense on low-reward responses only; dense with zero-mean intrinsic rewards), several
-seeds each, the same rounds x batch rollouts per arm, all run in-process from one cached base
-model on the synthetic review world, with a classifier environment reward and the lexicon critic
-(benchmarks/sample_efficiency_lib/world.py says what this world can and cannot show). Then a
-zero-cost ablation replays the recorded dense_all rollouts under other critic settings.
+Per task (sentiment, toxicity, summarization: the demo worlds), five arms (sparse; sparse x k, k
+matched to dense_all's total reward; dense on every response; dense on low-reward responses only;
+dense with zero-mean intrinsic rewards), three seeds each, the same rounds x batch rollouts per
+arm, all run in-process from one cached base model per world, with an environment reward that is
+not a re-reading of the critic and the lexicon critic (benchmarks/sample_efficiency_lib/tasks.py
+says what each world can and cannot show). Then a zero-cost ablation replays the recorded
+dense_all rollouts under other critic settings.
 
 Usage:
-  python benchmarks/sample_efficiency.py --quick            # <= 30 min on 2 idle cores
+  python benchmarks/sample_efficiency.py --quick            # every task, <= 30 min on 2 idle cores
+  python benchmarks/sample_efficiency.py --quick --task toxicity   # one task, merged into the JSON
   python benchmarks/sample_efficiency.py                    # the full study (see the results .md)
   python benchmarks/sample_efficiency.py --report-only      # rebuild PNGs + Markdown from the JSON
   python benchmarks/sample_efficiency.py --quick --readme README.md   # also splice the section into README
 
-Writes benchmarks/results/sample_efficiency[_quick].json, _curves.png, _frontier.png and
-benchmarks/results/sample_efficiency.md. The pretrained base model is cached under --scratch
-(default: $TMPDIR/drlc-sample-efficiency), never in the repository.
+Writes benchmarks/results/sample_efficiency[_quick].json ({"tasks": {task: result}}),
+<stem>_<task>_curves.png and _frontier.png per task, and benchmarks/results/sample_efficiency.md.
+The pretrained base models are cached under --scratch (default: $TMPDIR/drlc-sample-efficiency),
+never in the repository.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.sample_efficiency_lib.config import preset  # noqa: E402
+from benchmarks.sample_efficiency_lib.config import TASKS, preset  # noqa: E402
 from benchmarks.sample_efficiency_lib.report import markdown, splice_readme, write_plots  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -41,27 +44,63 @@ def result_stem(preset_name: str) -> str:
     return "sample_efficiency" if preset_name == "full" else f"sample_efficiency_{preset_name}"
 
 
-def write_outputs(result: dict, out_dir: Path) -> dict:
-    """Write the PNGs, the JSON (with the image names) and the Markdown made from that JSON; return paths.
+def as_study(loaded: dict) -> dict:
+    """A results JSON in the per-task layout {"study", "preset", "tasks": {task: result}}.
 
+    A file written before the per-task layer (one sentiment result at the top level) is wrapped.
+    """
+    if "tasks" in loaded:
+        return loaded
+    return {"study": "sample_efficiency", "preset": loaded["preset"], "tasks": {"sentiment": {"task": "sentiment", **loaded}}}
+
+
+def load_study(out_dir: Path, preset_name: str) -> dict:
+    """The preset's results JSON in the per-task layout, or an empty study when there is none yet."""
+    path = out_dir / f"{result_stem(preset_name)}.json"
+    if not path.is_file():
+        return {"study": "sample_efficiency", "preset": preset_name, "tasks": {}}
+    return as_study(json.loads(path.read_text()))
+
+
+def write_outputs(study: dict, out_dir: Path) -> dict:
+    """Write each task's PNGs, the JSON (with the image names) and the Markdown made from that JSON; return paths.
+
+    `study` is {"preset", "tasks": {task: result}} (a single task's result is accepted and wrapped).
     The Markdown of the quick and full presets is sample_efficiency.md (the README section);
     the smoke preset writes sample_efficiency_smoke.md so a test run never replaces it.
     """
+    if "tasks" not in study:
+        study = {"study": "sample_efficiency", "preset": study["preset"], "tasks": {study.get("task", "sentiment"): study}}
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = result_stem(result["preset"])
-    md_name = "sample_efficiency_smoke.md" if result["preset"] == "smoke" else "sample_efficiency.md"
-    result["images"] = write_plots(result, out_dir, stem)
+    stem = result_stem(study["preset"])
+    md_name = "sample_efficiency_smoke.md" if study["preset"] == "smoke" else "sample_efficiency.md"
+    for task, result in study["tasks"].items():
+        result["images"] = write_plots(result, out_dir, f"{stem}_{task}")
+    study["wall_seconds"] = {task: result["wall_seconds"] for task, result in study["tasks"].items()}
     json_path = out_dir / f"{stem}.json"
-    json_path.write_text(json.dumps(result, indent=1, sort_keys=True, allow_nan=False) + "\n")
+    json_path.write_text(json.dumps(study, indent=1, sort_keys=True, allow_nan=False) + "\n")
     md_path = out_dir / md_name
     md_path.write_text(markdown(json.loads(json_path.read_text())))
     return {"json": json_path, "markdown": md_path}
+
+
+def recompute_headlines(study: dict) -> dict:
+    """Derived numbers are a pure function of the raw runs: recompute them with the current analysis code."""
+    from benchmarks.sample_efficiency_lib.analysis import headline
+
+    for result in study["tasks"].values():
+        result["headline"] = headline({arm: data["runs"] for arm, data in result["arms"].items()},
+                                      batch_size=result["config"]["batch_size"],
+                                      final_window=result["config"]["final_window"])
+    return study
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the quick preset (<= 30 min on 2 idle cores)")
     parser.add_argument("--preset", choices=("smoke", "quick", "full"), help="override --quick")
+    parser.add_argument("--task", choices=(*TASKS, "all"), default="all",
+                        help="run this task only and merge it into the preset's JSON (default: all)")
     parser.add_argument("--scratch", default=str(Path(tempfile.gettempdir()) / "drlc-sample-efficiency"))
     parser.add_argument("--out", default=str(RESULTS), help="results folder")
     parser.add_argument("--report-only", action="store_true",
@@ -70,23 +109,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     name = args.preset or ("quick" if args.quick else "full")
     out_dir = Path(args.out)
+    study = load_study(out_dir, name)
     if args.report_only:
-        from benchmarks.sample_efficiency_lib.analysis import headline
-
-        result = json.loads((out_dir / f"{result_stem(name)}.json").read_text())
-        # derived numbers are a pure function of the raw runs: recompute them with the current analysis code
-        result["headline"] = headline({arm: data["runs"] for arm, data in result["arms"].items()},
-                                      batch_size=result["config"]["batch_size"],
-                                      final_window=result["config"]["final_window"])
+        study = recompute_headlines(study)
     else:
         from benchmarks.sample_efficiency_lib.study import run_study
 
         Path(args.scratch).mkdir(parents=True, exist_ok=True)
-        started = time.perf_counter()
-        result = run_study(preset(name), scratch=args.scratch)
-        print(f"wall time: {time.perf_counter() - started:.0f} s ({(time.perf_counter() - started) / 60:.1f} min; "
-              "the machine was shared, so this is pessimistic)")
-    paths = write_outputs(result, out_dir)
+        for task in TASKS if args.task == "all" else (args.task,):
+            started = time.perf_counter()
+            study["tasks"][task] = run_study(preset(name, task), scratch=args.scratch)
+            print(f"[{task}] wall time: {time.perf_counter() - started:.0f} s (the machine was shared, so this is "
+                  "pessimistic)", flush=True)
+            write_outputs(study, out_dir)  # after every task, so a later failure keeps the finished ones
+    paths = write_outputs(study, out_dir)
     print(f"wrote {paths['json']} and {paths['markdown']}")
     if args.readme:
         splice_readme(args.readme, paths["markdown"].read_text())

@@ -1,8 +1,9 @@
-"""The sample-efficiency study (benchmarks/sample_efficiency.py) on a tiny smoke configuration.
+"""The sample-efficiency study (benchmarks/sample_efficiency.py) on a tiny smoke configuration of every task.
 
-One module-scoped run of the whole study (base pretraining, five arms x 2 seeds x 3 rounds, the
-replay ablation, plots and Markdown) feeds every test; each derived number is recomputed here
-with numpy from the raw per-round records, independently of benchmarks/sample_efficiency_lib.
+One module-scoped run of the whole study per task (base pretraining, five arms x 2 seeds x 3
+rounds, the replay ablation, plots and Markdown) feeds every test; each derived number is
+recomputed here with numpy from the raw per-round records, independently of
+benchmarks/sample_efficiency_lib. The worlds' own measures are checked by hand.
 """
 import json
 import math
@@ -17,9 +18,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.sample_efficiency import write_outputs  # noqa: E402
+from benchmarks.sample_efficiency import main, recompute_headlines, write_outputs  # noqa: E402
 from benchmarks.sample_efficiency_lib.analysis import interpolate_at, isotonic_frontier, steps_to_reach  # noqa: E402
-from benchmarks.sample_efficiency_lib.config import preset  # noqa: E402
+from benchmarks.sample_efficiency_lib.config import TASKS, preset  # noqa: E402
 from benchmarks.sample_efficiency_lib.report import README_END, README_START, splice_readme  # noqa: E402
 from benchmarks.sample_efficiency_lib.study import run_study  # noqa: E402
 from pipeline.errors import DataError  # noqa: E402
@@ -29,70 +30,85 @@ ARMS = {"sparse", "sparse_scaled", "dense_all", "dense_selective", "dense_zero_m
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    """(result loaded back from the written JSON, output paths, config) of one smoke study."""
+    """(study loaded back from the written JSON, output paths, {task: config}) of one smoke study per task."""
     torch.set_num_threads(1)
     tmp = tmp_path_factory.mktemp("study")
-    config = preset("smoke")
-    result = run_study(config, scratch=tmp / "scratch", progress=False)
-    paths = write_outputs(result, tmp / "results")
-    return json.loads(paths["json"].read_text()), paths, config
+    configs = {task: preset("smoke", task) for task in TASKS}
+    results = {task: run_study(config, scratch=tmp / "scratch", progress=False) for task, config in configs.items()}
+    paths = write_outputs({"study": "sample_efficiency", "preset": "smoke", "tasks": results}, tmp / "results")
+    return json.loads(paths["json"].read_text()), paths, configs
 
 
 def _seed_mean(runs, key):
     return np.array([[r[key] for r in run["rounds"]] for run in runs]).mean(axis=0)
 
 
-def test_json_has_every_arm_seed_and_round(study):
-    result, paths, config = study
-    assert set(result["arms"]) == ARMS
-    for arm, data in result["arms"].items():
-        assert [run["seed"] for run in data["runs"]] == list(config.seeds)
-        for run in data["runs"]:
-            assert [r["round"] for r in run["rounds"]] == list(range(1, config.rounds + 1))
-            assert [r["rollouts"] for r in run["rounds"]] == [i * config.batch_size for i in range(1, config.rounds + 1)]
-            assert all(0.0 <= r["env_reward"] <= 1.0 and math.isfinite(r["kl"]) for r in run["rounds"])
-            assert 0.0 <= run["eval"]["grammatical"] <= 1.0
-    assert (paths["json"].parent / result["images"]["learning_curves"]).stat().st_size > 1000
-    assert (paths["json"].parent / result["images"]["frontier"]).stat().st_size > 1000
+def _each_task(study):
+    loaded, _, configs = study
+    return [(task, loaded["tasks"][task], configs[task]) for task in TASKS]
+
+
+def test_json_is_keyed_by_task_with_every_arm_seed_round_and_a_wall_time(study):
+    loaded, paths, _ = study
+    assert set(loaded["tasks"]) == set(TASKS)
+    for task, result, config in _each_task(study):
+        assert result["task"] == task and set(result["arms"]) == ARMS
+        assert loaded["wall_seconds"][task] == result["wall_seconds"] > 0
+        for data in result["arms"].values():
+            assert [run["seed"] for run in data["runs"]] == list(config.seeds)
+            for run in data["runs"]:
+                assert [r["round"] for r in run["rounds"]] == list(range(1, config.rounds + 1))
+                assert [r["rollouts"] for r in run["rounds"]] == [i * config.batch_size for i in range(1, config.rounds + 1)]
+                assert all(0.0 <= r["env_reward"] <= 1.0 and math.isfinite(r["kl"]) for r in run["rounds"])
+        for image in result["images"].values():
+            assert task in image and (paths["json"].parent / image).stat().st_size > 1000
+    eval_keys = {"sentiment": "positive_percent", "toxicity": "expected_max_toxicity", "summarization": "rouge1"}
+    for task, result, _ in _each_task(study):
+        assert eval_keys[task] in result["arms"]["sparse"]["runs"][0]["eval"]
 
 
 def test_arm_rewards_are_what_each_arm_promises(study):
-    result, _, config = study
-    k = result["scale_factor"]["k"]
-    assert result["arms"]["sparse_scaled"]["spec"]["env_scale"] == pytest.approx(k)
-    for arm, factor in (("sparse", 1.0), ("sparse_scaled", k), ("dense_zero_mean", 1.0)):
-        for run in result["arms"][arm]["runs"]:
-            for r in run["rounds"]:  # no net intrinsic reward: total = scale x env
-                assert r["total_reward"] == pytest.approx(factor * r["env_reward"], abs=1e-6)
-    for run in result["arms"]["dense_all"]["runs"]:
-        assert all(r["critiqued"] == config.batch_size for r in run["rounds"])
-    for run in result["arms"]["sparse"]["runs"]:
-        assert all(r["critiqued"] == 0 for r in run["rounds"])
-    # round 1 samples the base policy with the same seed in every arm: identical rollouts
-    for i in range(len(config.seeds)):
-        firsts = {result["arms"][a]["runs"][i]["rounds"][0]["env_reward"] for a in ARMS}
-        assert len(firsts) == 1
+    for task, result, config in _each_task(study):
+        k = result["scale_factor"]["k"]
+        assert result["arms"]["sparse_scaled"]["spec"]["env_scale"] == pytest.approx(k)
+        for arm, factor in (("sparse", 1.0), ("sparse_scaled", k), ("dense_zero_mean", 1.0)):
+            for run in result["arms"][arm]["runs"]:
+                for r in run["rounds"]:  # no net intrinsic reward: total = scale x env
+                    assert r["total_reward"] == pytest.approx(factor * r["env_reward"], abs=1e-6), (task, arm)
+        for run in result["arms"]["dense_all"]["runs"]:
+            assert all(r["critiqued"] == config.batch_size for r in run["rounds"])
+            if task != "sentiment":  # penalty-only critics: a critiqued response never gains reward
+                assert all(r["total_reward"] <= r["env_reward"] + 1e-9 for r in run["rounds"])
+        for run in result["arms"]["sparse"]["runs"]:
+            assert all(r["critiqued"] == 0 for r in run["rounds"])
+        for i in range(len(config.seeds)):  # round 1 samples the base policy with the same seed in every arm
+            assert len({result["arms"][a]["runs"][i]["rounds"][0]["env_reward"] for a in ARMS}) == 1
 
 
 def test_scale_factor_matches_an_independent_computation(study):
-    result, _, _ = study
-    dense = np.mean([r["total_reward"] for run in result["arms"]["dense_all"]["runs"] for r in run["rounds"]])
-    sparse = np.mean([r["env_reward"] for run in result["arms"]["sparse"]["runs"] for r in run["rounds"]])
-    assert result["scale_factor"]["k"] == pytest.approx(dense / sparse, rel=1e-9)
+    for task, result, config in _each_task(study):
+        dense_rounds = [r for run in result["arms"]["dense_all"]["runs"] for r in run["rounds"]]
+        sparse_rounds = [r for run in result["arms"]["sparse"]["runs"] for r in run["rounds"]]
+        by_mean = np.mean([r["total_reward"] for r in dense_rounds]) / np.mean([r["env_reward"] for r in sparse_rounds])
+        by_std = np.sqrt(np.mean([r["total_reward_std"] ** 2 for r in dense_rounds])
+                         / np.mean([r["env_reward_std"] ** 2 for r in sparse_rounds]))
+        expected = by_std if config.scale_match == "std" else by_mean
+        assert result["scale_factor"]["k"] == pytest.approx(expected, rel=1e-9), task
+        assert result["scale_factor"]["k_mean"] == pytest.approx(by_mean, rel=1e-9)
+    assert preset("smoke", "toxicity").scale_match == preset("smoke", "summarization").scale_match == "std"
 
 
 def test_steps_to_target_match_an_independent_computation(study):
-    result, _, config = study
-    target = _seed_mean(result["arms"]["sparse"]["runs"], "env_reward")[-config.final_window:].mean()
-    assert result["headline"]["sparse_target"] == pytest.approx(target, rel=1e-9)
-    for arm in ARMS:
-        curve = _seed_mean(result["arms"][arm]["runs"], "env_reward")
-        hits = np.nonzero(curve >= target)[0]
-        expected = int(hits[0]) + 1 if len(hits) else None
-        got = result["headline"]["steps_to_target"][arm]
-        assert got["rounds"] == expected
-        assert got["rollouts"] == (None if expected is None else expected * config.batch_size)
-    assert result["headline"]["steps_to_target"]["sparse"]["rounds"] is not None  # sparse reaches its own target
+    for task, result, config in _each_task(study):
+        target = _seed_mean(result["arms"]["sparse"]["runs"], "env_reward")[-config.final_window:].mean()
+        assert result["headline"]["sparse_target"] == pytest.approx(target, rel=1e-9)
+        for arm in ARMS:
+            curve = _seed_mean(result["arms"][arm]["runs"], "env_reward")
+            hits = np.nonzero(curve >= target)[0]
+            expected = int(hits[0]) + 1 if len(hits) else None
+            got = result["headline"]["steps_to_target"][arm]
+            assert got["rounds"] == expected, (task, arm)
+            assert got["rollouts"] == (None if expected is None else expected * config.batch_size)
 
 
 def _isotonic_by_minmax(y):
@@ -102,28 +118,28 @@ def _isotonic_by_minmax(y):
 
 
 def test_matched_kl_matches_an_independent_frontier(study):
-    result, _, _ = study
-    matched = result["headline"]["matched_kl"]
-    levels = _seed_mean(result["arms"]["sparse"]["runs"], "kl")
-    assert matched["kl_levels"] == pytest.approx(levels.tolist())
-    expected = {}
-    for arm in ARMS:
-        kl, reward = _seed_mean(result["arms"][arm]["runs"], "kl"), _seed_mean(result["arms"][arm]["runs"], "env_reward")
-        order = np.argsort(kl, kind="stable")
-        fitted = _isotonic_by_minmax(reward[order])
-        np.testing.assert_allclose(matched["frontier"][arm]["reward"], fitted, rtol=1e-9, atol=1e-12)
-        inside = (levels >= kl.min()) & (levels <= kl.max())
-        expected[arm] = np.where(inside, np.interp(levels, kl[order], fitted), np.nan)
-        got = np.array([np.nan if v is None else v for v in matched["reward"][arm]])
-        np.testing.assert_allclose(got, expected[arm], rtol=1e-9, atol=1e-12)
-    for other in ("sparse", "sparse_scaled"):
+    for task, result, _ in _each_task(study):
+        matched = result["headline"]["matched_kl"]
+        levels = _seed_mean(result["arms"]["sparse"]["runs"], "kl")
+        assert matched["kl_levels"] == pytest.approx(levels.tolist())
+        expected = {}
         for arm in ARMS:
-            both = ~np.isnan(expected[arm]) & ~np.isnan(expected[other])
-            gain = matched["mean_gain_vs"][other][arm]
-            if both.any():
-                assert gain == pytest.approx(float(np.mean(expected[arm][both] - expected[other][both])), abs=1e-12)
-            else:
-                assert gain is None
+            kl, reward = _seed_mean(result["arms"][arm]["runs"], "kl"), _seed_mean(result["arms"][arm]["runs"], "env_reward")
+            order = np.argsort(kl, kind="stable")
+            fitted = _isotonic_by_minmax(reward[order])
+            np.testing.assert_allclose(matched["frontier"][arm]["reward"], fitted, rtol=1e-9, atol=1e-12)
+            inside = (levels >= kl.min()) & (levels <= kl.max())
+            expected[arm] = np.where(inside, np.interp(levels, kl[order], fitted), np.nan)
+            got = np.array([np.nan if v is None else v for v in matched["reward"][arm]])
+            np.testing.assert_allclose(got, expected[arm], rtol=1e-9, atol=1e-12)
+        for other in ("sparse", "sparse_scaled"):
+            for arm in ARMS:
+                both = ~np.isnan(expected[arm]) & ~np.isnan(expected[other])
+                gain = matched["mean_gain_vs"][other][arm]
+                if both.any():
+                    assert gain == pytest.approx(float(np.mean(expected[arm][both] - expected[other][both])), abs=1e-12)
+                else:
+                    assert gain is None
 
 
 def test_isotonic_frontier_by_hand():
@@ -139,31 +155,42 @@ def test_interpolation_and_steps_by_hand():
 
 
 def test_critic_accounting_and_zero_cost_ablation(study):
-    result, _, _ = study
-    critic = result["critic"]
-    assert critic["requests"] == critic["calls"] + critic["cache_hits"] > 0
-    assert critic["cache_hits"] > 0  # round 1 is identical in every dense arm: cache hits by construction
-    assert critic["cost_usd"] == pytest.approx((critic["prompt_tokens"] * 0.5 + critic["completion_tokens"] * 1.5) / 1e6,
-                                               abs=1e-6)
-    assert sum(a["requests"] for a in critic["by_arm"].values()) == critic["requests"]
-    assert critic["by_arm"].get("sparse", {"requests": 0})["requests"] == 0
-    ablation = result["ablation"]
-    assert ablation["critic"]["calls"] == 0 and ablation["critic"]["requests"] > 0
-    names = [s["setting"]["name"] for s in ablation["settings"]]
-    assert "alignment_substring" in names and "no_critic" in names
-    by_name = {s["setting"]["name"]: s for s in ablation["settings"]}
-    # twice the reward per span token gives twice the intrinsic reward on the same recorded rollouts
-    assert by_name["rewards_1"]["intrinsic_per_response"] == pytest.approx(
-        2 * by_name["rewards_0.5"]["intrinsic_per_response"], abs=1e-9)
+    for task, result, config in _each_task(study):
+        critic = result["critic"]
+        assert critic["requests"] == critic["calls"] + critic["cache_hits"] > 0
+        assert critic["cache_hits"] > 0  # round 1 is identical in every dense arm: cache hits by construction
+        assert critic["cost_usd"] == pytest.approx((critic["prompt_tokens"] * 0.5 + critic["completion_tokens"] * 1.5) / 1e6,
+                                                   abs=1e-6)
+        assert sum(a["requests"] for a in critic["by_arm"].values()) == critic["requests"]
+        assert critic["by_arm"].get("sparse", {"requests": 0})["requests"] == 0
+        ablation = result["ablation"]
+        assert ablation["critic"]["calls"] == 0 and ablation["critic"]["requests"] > 0
+        by_name = {s["setting"]["name"]: s for s in ablation["settings"]}
+        assert {"alignment_substring", "no_critic", "rewards_0.5", "rewards_1"} <= set(by_name)
+        # every label keeps its sign; twice the magnitude gives twice the intrinsic reward on the same rollouts
+        assert {label: math.copysign(1.0, v) for label, v in by_name["rewards_1"]["setting"]["rewards"].items()} == \
+            {label: math.copysign(1.0, v) for label, v in config.rewards.items()}
+        assert by_name["rewards_1"]["intrinsic_per_response"] == pytest.approx(
+            2 * by_name["rewards_0.5"]["intrinsic_per_response"], abs=1e-9)
+    summarization = dict(_each_task(study)[2][1]["ablation"]["settings"][0]["setting"]["rewards"])
+    assert set(summarization) == {"irrelevant", "incoherent", "factually incorrect"}
 
 
-def _table_rows(text: str) -> dict[str, list[str]]:
-    rows = {}
-    for line in text.splitlines():
+def _sections(text: str) -> dict[str, str]:
+    parts = re.split(r"^#### (\w+)$", text, flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def _table(section: str) -> tuple[list[str], dict[str, list[str]]]:
+    """(header cells, {arm: cells}) of the first table of a section whose first column is the arm."""
+    header, rows = None, {}
+    for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("| ") and cells[0] in ARMS:
+        if line.startswith("| arm |") and header is None:
+            header = cells
+        elif line.startswith("| ") and cells[0] in ARMS and header is not None and len(cells) == len(header):
             rows[cells[0]] = cells
-    return rows
+    return header, rows
 
 
 def _number(cell: str) -> float | None:
@@ -171,29 +198,52 @@ def _number(cell: str) -> float | None:
 
 
 def test_readme_section_numbers_equal_the_json(study, tmp_path):
-    result, paths, _ = study
+    loaded, paths, _ = study
     readme = tmp_path / "README.md"
     readme.write_text(f"# drlc\n\nintro\n\n{README_START}\nold text\n{README_END}\n\n## after\n")
     splice_readme(readme, paths["markdown"].read_text())
     text = readme.read_text()
     assert text.startswith("# drlc\n\nintro\n\n") and text.endswith(f"{README_END}\n\n## after\n")
     assert "old text" not in text
-    rows = _table_rows(text)
-    assert set(rows) == ARMS
-    h = result["headline"]
-    for arm, cells in rows.items():
-        steps = h["steps_to_target"][arm]
-        assert _number(cells[1]) == steps["rounds"] and _number(cells[2]) == steps["rollouts"]
-        for cell, value in ((cells[3], h["matched_kl"]["mean_gain_vs"]["sparse"][arm]),
-                            (cells[4], h["matched_kl"]["mean_gain_vs"]["sparse_scaled"][arm])):
-            assert (value is None) if cell == "-" else _number(cell) == pytest.approx(value, abs=5e-4)
-        for cell, stat, tol in ((cells[5], h["final_eval"][arm]["positive_percent"], 0.05),
-                                (cells[6], h["final_eval"][arm]["env_reward_mean"], 5e-4),
-                                (cells[9], h["final_rounds"][arm]["kl"], 5e-3)):
-            mean, std = (float(x) for x in re.findall(r"-?\d+\.\d+", cell))
-            assert mean == pytest.approx(stat["mean"], abs=tol) and std == pytest.approx(stat["std"], abs=tol)
-    assert f"{result['critic']['calls']} calls" in text and f"{result['critic']['cache_hits']} cache hits" in text
-    assert f"k = {result['scale_factor']['k']:.3f}" in text
+    sections = _sections(text)
+    assert set(sections) == set(TASKS)
+    checked = {"sentiment": ("eval positive %", "positive_percent", 0.05),
+               "toxicity": ("eval exp. max toxicity", "expected_max_toxicity", 5e-4),
+               "summarization": ("eval ROUGE-1", "rouge1", 0.05)}
+    for task, section in sections.items():
+        result = loaded["tasks"][task]
+        header, rows = _table(section)
+        assert set(rows) == ARMS, task
+        h = result["headline"]
+        for arm, cells in rows.items():
+            steps = h["steps_to_target"][arm]
+            assert _number(cells[1]) == steps["rounds"] and _number(cells[2]) == steps["rollouts"]
+            for cell, value in ((cells[3], h["matched_kl"]["mean_gain_vs"]["sparse"][arm]),
+                                (cells[4], h["matched_kl"]["mean_gain_vs"]["sparse_scaled"][arm])):
+                assert (value is None) if cell == "-" else _number(cell) == pytest.approx(value, abs=5e-4)
+            title, key, tol = checked[task]
+            for cell, stat, tol in ((cells[header.index(title)], h["final_eval"][arm][key], tol),
+                                    (cells[header.index("final KL")], h["final_rounds"][arm]["kl"], 5e-3)):
+                mean, std = (float(x) for x in re.findall(r"-?\d+\.\d+", cell))
+                assert mean == pytest.approx(stat["mean"], abs=tol) and std == pytest.approx(stat["std"], abs=tol)
+        assert f"{result['critic']['calls']} calls" in section and f"{result['critic']['cache_hits']} cache hits" in section
+        assert f"k = {result['scale_factor']['k']:.3f}" in section
+
+
+def test_report_only_rebuilds_the_same_markdown_and_reads_the_old_layout(study, tmp_path):
+    loaded, paths, _ = study
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / "sample_efficiency_smoke.json").write_text(paths["json"].read_text())
+    assert main(["--preset", "smoke", "--report-only", "--out", str(out)]) == 0
+    assert (out / "sample_efficiency_smoke.md").read_text() == paths["markdown"].read_text()
+    old = dict(loaded["tasks"]["sentiment"])  # the layout before the per-task layer: one sentiment result
+    old.pop("task")
+    (out / "sample_efficiency_smoke.json").write_text(json.dumps(old))
+    assert main(["--preset", "smoke", "--report-only", "--out", str(out)]) == 0
+    rebuilt = json.loads((out / "sample_efficiency_smoke.json").read_text())
+    assert set(rebuilt["tasks"]) == {"sentiment"}
+    assert "#### sentiment" in (out / "sample_efficiency_smoke.md").read_text()
 
 
 def test_splice_refuses_a_readme_without_markers(tmp_path):
@@ -202,3 +252,54 @@ def test_splice_refuses_a_readme_without_markers(tmp_path):
     with pytest.raises(DataError, match="sample-efficiency:start"):
         splice_readme(readme, "section")
     assert readme.read_text() == "# drlc\n"
+
+
+def test_comment_grammar_recogniser_by_hand():
+    from benchmarks.sample_efficiency_lib.world_toxicity import is_comment_prefix
+    from pipeline.data.toxicity_world import generate_comments
+
+    assert all(is_comment_prefix(c) for c in generate_comments(200, seed=5))
+    assert is_comment_prefix("You are a kind friend. What a stupid vid")  # a second sentence, cut mid-word
+    assert is_comment_prefix("Thanks for the post, idiot.")  # polarity is ignored
+    assert not is_comment_prefix("You are a kind friend friend.")
+    assert not is_comment_prefix("You are kind")
+    assert not is_comment_prefix("Your post is stupid.  ")  # two spaces
+
+
+def test_toxicity_reward_is_a_sequence_label_classifier_not_the_lexicon():
+    from benchmarks.sample_efficiency_lib.world_toxicity import ToxicityStudyWorld, labelled_comments
+    from pipeline.data.toxicity_world import TOXIC_WORDS
+
+    pairs = labelled_comments(400, seed=3)
+    toxic = set(TOXIC_WORDS["PADJ"] + TOXIC_WORDS["PERSON"])
+    has_toxic = [any(w.strip(",.").lower() in toxic for w in text.split()) or any(o in text for o in TOXIC_WORDS["OPENER"])
+                 for text, _ in pairs]
+    assert all(label == 1 for (_, label), flagged in zip(pairs, has_toxic) if flagged)  # civil comments are clean
+    assert any(label == 1 and not flagged for (_, label), flagged in zip(pairs, has_toxic))  # noisy labels exist
+    world = ToxicityStudyWorld(world_seed=0, n_train_prompts=8, n_eval_prompts=2, classifier_size=400)
+    civil, insult, neutral = world.env_rewards([" a kind friend.", " a stupid idiot.", ""])
+    assert insult < 0.1 < 0.9 < civil
+    assert 0.3 < neutral < 0.8  # no known word: the prior, not the lexicon's 1.0
+
+
+def test_summary_kinds_by_hand():
+    from benchmarks.sample_efficiency_lib.world_summarization import summary_kind
+
+    reference = "Fire burned down the old mill."
+    assert summary_kind(" Fire burned down the old mill.", reference) == "reference"
+    assert summary_kind("Floods closed the river road.", reference) == "wrong_event"
+    assert summary_kind("Fire burned down.", reference) == "truncated"
+    assert summary_kind("Fire burned down the old mill. The sky was clear.", reference) == "padded"
+    assert summary_kind("The sky was clear.", reference) == "filler"
+    assert summary_kind("Fire fire fire", reference) == "other"
+
+
+def test_the_readme_shows_the_committed_quick_results():
+    """README's section is the Markdown of benchmarks/results/sample_efficiency_quick.json, recomputed
+    from its raw runs (so a hand edit of the JSON's headline or of the README fails here)."""
+    from benchmarks.sample_efficiency_lib.report import markdown
+
+    committed = json.loads((ROOT / "benchmarks/results/sample_efficiency_quick.json").read_text())
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split(README_START, 1)[1].split(README_END, 1)[0]
+    assert section.strip() == markdown(recompute_headlines(committed)).strip()

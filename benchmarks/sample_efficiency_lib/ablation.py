@@ -11,6 +11,7 @@ policy), so compare the settings with each other, not with the live arms.
 """
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -26,10 +27,13 @@ from benchmarks.sample_efficiency_lib.runner import evaluate_policy, intrinsic_r
 
 
 def ablation_settings(cfg) -> list[dict]:
-    """The replayed settings: reward magnitudes, substring alignment, thresholds, and no critic at all."""
-    base = {"positive": cfg.critic_rewards[0], "negative": cfg.critic_rewards[1], "alignment": "exact",
-            "threshold": ALL, "critic": True}
-    settings = [dict(base, name=f"rewards_{v:g}", positive=v, negative=-v) for v in cfg.ablation_rewards]
+    """The replayed settings: reward magnitudes, substring alignment, thresholds, and no critic at all.
+
+    A magnitude m gives every span label the per-token reward m with the sign of its study reward.
+    """
+    base = {"rewards": cfg.rewards, "alignment": "exact", "threshold": ALL, "critic": True}
+    settings = [dict(base, name=f"rewards_{m:g}", rewards={label: math.copysign(m, v) for label, v in cfg.rewards.items()})
+                for m in cfg.ablation_rewards]
     settings.append(dict(base, name="alignment_substring", alignment="substring"))
     settings += [dict(base, name=f"threshold_{t:g}", threshold=t) for t in cfg.ablation_thresholds]
     settings.append(dict(base, name="no_critic", critic=False))
@@ -44,7 +48,7 @@ def replay_setting(setting: dict, recorded: list[list[dict]], ctx, *, seed: int)
     reference = frozen_copy(policy)
     optimizer, kl_controller, moments = make_optimizer(policy, cfg.ppo.learning_rate), new_kl_controller(cfg.ppo), RunningMoments()
     arm = Arm(setting["name"], critic=setting["critic"], threshold=setting["threshold"])
-    rewards = {"positive": setting["positive"], "negative": setting["negative"]}
+    rewards = setting["rewards"]
     ctx.critic.arm = f"ablation/{setting['name']}"
     intrinsic_totals, critiqued = [], 0
     for round_, rows in enumerate(recorded, start=1):

@@ -7,6 +7,9 @@ from __future__ import annotations
 import math
 
 
+NOT_MEASURES = frozenset({"round", "rollouts", "seconds", "critiqued", "kl_coef"})  # round-record bookkeeping
+
+
 def mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
@@ -55,11 +58,19 @@ def interpolate_at(xs: list[float], ys: list[float], levels: list[float]) -> lis
     return out
 
 
-def scale_factor(dense_all_runs: list[dict], sparse_runs: list[dict]) -> float:
-    """k = (dense_all's mean total reward) / (sparse's mean env reward), both over every round and seed.
+def scale_factor(dense_all_runs: list[dict], sparse_runs: list[dict], method: str = "mean") -> float:
+    """k for sparse_scaled from dense_all's and sparse's round records (every round and seed).
 
-    Total reward of a response = env reward x scale + the sum of its token rewards, as PPO sees it.
+    method "mean": k = dense_all's mean total reward / sparse's mean env reward (total reward of a
+    response = env reward x scale + the sum of its token rewards, as PPO sees it).
+    method "std": k = sqrt(mean within-round variance of dense_all's total reward) / sqrt(mean
+    within-round variance of sparse's env reward): the same spread of rewards between responses,
+    for critics that only subtract reward (where matching the mean would give k < 1).
     """
+    if method == "std":
+        dense = mean([r["total_reward_std"] ** 2 for run in dense_all_runs for r in run["rounds"]])
+        sparse = mean([r["env_reward_std"] ** 2 for run in sparse_runs for r in run["rounds"]])
+        return math.sqrt(dense / sparse)
     dense = mean([r["total_reward"] for run in dense_all_runs for r in run["rounds"]])
     sparse = mean([r["env_reward"] for run in sparse_runs for r in run["rounds"]])
     return dense / sparse
@@ -118,8 +129,8 @@ def headline(by_arm: dict[str, list[dict]], *, batch_size: int, final_window: in
         steps[arm] = {"rounds": reached, "rollouts": None if reached is None else reached * batch_size}
     metrics = sorted({k for runs in by_arm.values() for k in runs[0]["eval"]})
     final = {arm: {m: mean_std([run["eval"][m] for run in runs]) for m in metrics} for arm, runs in by_arm.items()}
-    last = {arm: {key: mean_std([mean([r[key] for r in run["rounds"][-final_window:]]) for run in runs])
-                  for key in ("env_reward", "kl", "dist_2", "grammatical", "repeated_polar_share", "polar_per_response")}
+    keys = [k for k, v in by_arm["sparse"][0]["rounds"][0].items() if k not in NOT_MEASURES and isinstance(v, (int, float))]
+    last = {arm: {key: mean_std([mean([r[key] for r in run["rounds"][-final_window:]]) for run in runs]) for key in keys}
             for arm, runs in by_arm.items()}
     return {"sparse_target": target, "steps_to_target": steps, "matched_kl": matched_kl(by_arm),
             "final_eval": final, "final_rounds": last}

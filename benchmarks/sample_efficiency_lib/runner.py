@@ -39,7 +39,7 @@ def _rollouts(policy, tokenizer, ctx: StudyContext, *, picker: random.Random, se
                                pad_id=tokenizer.pad_token_id, max_new_tokens=ctx.config.max_new_tokens,
                                seed=round_seed(seed, round_, 2), batch_size=ctx.config.batch_size, progress=False)
     responses = [tokenizer.decode(s["response_ids"], skip_special_tokens=True) for s in samples]
-    env = ctx.world.env_rewards(responses)
+    env = ctx.world.env_rewards(responses, queries)
     return [{"rollout_id": f"r{round_:04d}-{i:05d}", "query": q, "query_ids": qi, "response": text,
              "response_ids": s["response_ids"], "behaviour_logprobs": s["behaviour_logprobs"], "env_reward": e}
             for i, (q, qi, s, text, e) in enumerate(zip(queries, query_ids, samples, responses, env))]
@@ -61,12 +61,19 @@ def intrinsic_rewards(rows: list[dict], arm: Arm, ctx: StudyContext, tokenizer, 
     return token_rewards, sum(a["critiqued"] for a in annotations)
 
 
+def population_std(values: list[float]) -> float:
+    """The within-batch standard deviation (ddof 0) of a round's per-response rewards."""
+    m = sum(values) / len(values)
+    return (sum((v - m) ** 2 for v in values) / len(values)) ** 0.5
+
+
 def _round_record(round_: int, rows: list[dict], intrinsic, arm: Arm, stats: list[dict], critiqued: int,
                   ctx: StudyContext, seconds: float) -> dict:
     env = [r["env_reward"] for r in rows]
     totals = [arm.env_scale * e + sum(t) for e, t in zip(env, intrinsic)]
     return {"round": round_, "rollouts": round_ * len(rows), "env_reward": sum(env) / len(env),
-            "total_reward": sum(totals) / len(totals), "kl": stats[0]["objective/kl"],
+            "total_reward": sum(totals) / len(totals), "env_reward_std": population_std(env),
+            "total_reward_std": population_std(totals), "kl": stats[0]["objective/kl"],
             "kl_coef": stats[0]["objective/kl_coef"], "critiqued": critiqued, "seconds": round(seconds, 3),
             **ctx.world.batch_metrics([r["query"] for r in rows], [r["response"] for r in rows])}
 
@@ -82,7 +89,7 @@ def run_arm(arm: Arm, seed: int, ctx: StudyContext, *, keep_rollouts: bool = Fal
     policy, tokenizer = load_policy(ctx.base_dir, seed=seed)
     reference = frozen_copy(policy)
     optimizer, kl_controller, moments = make_optimizer(policy, cfg.ppo.learning_rate), new_kl_controller(cfg.ppo), RunningMoments()
-    rewards = {"positive": cfg.critic_rewards[0], "negative": cfg.critic_rewards[1]}
+    rewards = cfg.rewards
     picker, records, recorded = random.Random(f"sample-efficiency:{seed}"), [], []
     ctx.critic.arm = arm.name
     for round_ in range(1, cfg.rounds + 1):

@@ -51,7 +51,12 @@ class SentimentStudyWorld:
         self.train_prompts = [p["text"] for p in splits["train"]]
         self.eval_prompts = [p["text"] for p in splits["eval"]]
 
-    def env_rewards(self, responses: list[str]) -> list[float]:
+    @classmethod
+    def from_config(cls, cfg) -> "SentimentStudyWorld":
+        return cls(world_seed=cfg.world_seed, n_train_prompts=cfg.n_train_prompts, n_eval_prompts=cfg.n_eval_prompts,
+                   classifier_size=cfg.env_classifier_size)
+
+    def env_rewards(self, responses: list[str], queries: list[str] | None = None) -> list[float]:
         """The sparse environment reward of each response: the reward classifier's P(positive)."""
         return self.reward_classifier.predict_proba(responses)
 

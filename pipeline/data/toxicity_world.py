@@ -82,10 +82,20 @@ def generate_comments(n: int, *, seed: int) -> list[str]:
 
     Raises: ConfigError if n is negative.
     """
+    return [text for text, _ in generate_labelled_comments(n, seed=seed)]
+
+
+def generate_labelled_comments(n: int, *, seed: int, stream: str = "drlc-comments") -> list[tuple[str, bool]]:
+    """``n`` (comment, is_toxic) pairs: generate_comments's texts with the comment-level label
+    (a toxic comment's sentences are each toxic with probability 0.8, so the label is noisy per word).
+
+    stream names the random stream: another stream gives comments apart from the corpus's.
+    Raises: ConfigError if n is negative.
+    """
     if n < 0:
         raise ConfigError(f"number of comments must be >= 0, got n={n}; pass a count such as 20000")
-    rng = random.Random(f"drlc-comments:{seed}")
-    return [_comment(rng)[0] for _ in range(n)]
+    rng = random.Random(f"{stream}:{seed}")
+    return [_comment(rng) for _ in range(n)]
 
 
 def _first_toxic_word(words: list[str]) -> int:
