@@ -182,6 +182,7 @@ class CriticParams:
     threshold: float = 0.0  # critique responses with env reward <= threshold
     rewards: dict[str, float] = field(default_factory=lambda: {"positive": 0.5, "negative": -0.5})
     alignment: str = "exact"  # one of ALIGNMENTS
+    zero_mean: bool = False  # subtract each critiqued response's mean token reward (sum 0: no reward scale added)
     cache_dir: str = "cache/critic"
     max_concurrency: int = 8
     timeout_s: float = 60.0
