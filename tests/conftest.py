@@ -1,7 +1,9 @@
-"""Shared test helpers: a small byte-level BPE tokenizer and a fresh critic cache per test."""
+"""Shared test helpers: a small byte-level BPE tokenizer, a tiny GPT-2 saved like a hub model, and a
+fresh critic cache per test."""
 import pytest
+import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from pipeline.critic.cache import CriticCache
 
@@ -15,6 +17,20 @@ def train_bpe(texts: list[str], vocab_size: int = 300) -> PreTrainedTokenizerFas
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     bpe.train_from_iterator(texts, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")
+
+
+def save_tiny_gpt2(out, tokenizer, *, n_layer: int = 1, n_positions: int = 64) -> str:
+    """A seeded GPT-2 (32 wide, 2 heads) sized to `tokenizer`, saved with it in save_pretrained layout.
+
+    bos = eos = the tokenizer's eos (GPT-2's convention); returns the folder as a string.
+    """
+    torch.manual_seed(0)
+    eos = tokenizer.eos_token_id
+    config = GPT2Config(vocab_size=len(tokenizer), n_positions=n_positions, n_embd=32, n_layer=n_layer, n_head=2,
+                        bos_token_id=eos, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
+    GPT2LMHeadModel(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
 
 
 @pytest.fixture

@@ -118,8 +118,8 @@ def test_bad_inputs_raise(texts, tokenizer, model_dir, tmp_path):
 
 # ---- base.model: a pretrained causal LM loaded instead of the tiny GPT-2 (pipeline/steps/base_model.py) ----
 
+import conftest  # noqa: E402
 from conftest import train_bpe  # noqa: E402
-from transformers import GPT2Config  # noqa: E402
 
 from pipeline.config import BaseParams  # noqa: E402
 from pipeline.policy import load_policy  # noqa: E402
@@ -139,12 +139,7 @@ def save_tiny_gpt2(out, texts, *, pad_equals_eos: bool) -> str:
     tokenizer = train_bpe(texts[:300])
     if pad_equals_eos:
         tokenizer.pad_token = tokenizer.eos_token
-    torch.manual_seed(0)
-    config = GPT2Config(vocab_size=len(tokenizer), n_positions=64, n_embd=32, n_layer=1, n_head=2,
-                        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
-    GPT2LMHeadModel(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return str(out)
+    return conftest.save_tiny_gpt2(out, tokenizer)
 
 
 def test_base_model_null_pretrains_the_tiny_gpt2(texts, tmp_path):

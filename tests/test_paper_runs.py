@@ -16,10 +16,10 @@ import pytest
 import torch
 import yaml
 from datasets import Dataset, DatasetDict
-from transformers import (AutoModelForCausalLM, GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel,
+from transformers import (AutoModelForCausalLM, GPT2Config, GPT2ForSequenceClassification,
                           LlamaConfig, LlamaForCausalLM)
 
-from conftest import train_bpe
+from conftest import save_tiny_gpt2, train_bpe
 from e2e import ROOT, dvc, make_project
 from pipeline import store
 from pipeline.reference import shared_parameter_names
@@ -45,12 +45,7 @@ def tokenizer_for(texts: list[str]):
 
 
 def save_gpt2(folder, texts: list[str], n_layer: int = 3) -> None:
-    tokenizer = tokenizer_for(texts)
-    torch.manual_seed(0)
-    eos = tokenizer.eos_token_id
-    GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=256, n_embd=32, n_layer=n_layer, n_head=2,
-                               bos_token_id=eos, eos_token_id=eos)).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    save_tiny_gpt2(folder, tokenizer_for(texts), n_layer=n_layer, n_positions=256)
 
 
 def paper_params(name: str, project_data: dict, **sections) -> dict:

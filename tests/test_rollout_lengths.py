@@ -1,9 +1,8 @@
 """Per-response length limits in the rollout step (rollout.min_new_tokens, legacy TRL's LengthSampler)."""
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
 
-from conftest import train_bpe
+from conftest import save_tiny_gpt2, train_bpe
 from pipeline.base import train_tokenizer
 from pipeline.data.world import generate_reviews
 from pipeline.policy import load_policy, score_responses
@@ -13,20 +12,11 @@ PROMPTS = [{"prompt_id": f"train-{i:05d}", "split": "train", "text": text}
            for i, text in enumerate(["The film was", "I thought the acting", "Overall the plot", "This movie"] * 6)]
 
 
-def tiny_policy_dir(out, tokenizer):
-    torch.manual_seed(0)
-    config = GPT2Config(vocab_size=len(tokenizer), n_positions=64, n_embd=32, n_layer=1, n_head=2,
-                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    GPT2LMHeadModel(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return str(out)
-
-
 @pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory):
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("policy")
-    return tiny_policy_dir(out, train_tokenizer(generate_reviews(300, seed=0), vocab_size=300, out_dir=out))
+    return save_tiny_gpt2(out, train_tokenizer(generate_reviews(300, seed=0), vocab_size=300, out_dir=out))
 
 
 def run(policy_dir, **kw):
@@ -81,7 +71,7 @@ def test_cut_behaviour_logprobs_equal_a_fresh_scoring(policy_dir):
 def test_a_gpt2_style_tokenizer_without_bos_and_pad_equal_to_eos_works(tmp_path):
     tokenizer = train_bpe(generate_reviews(300, seed=0))
     tokenizer.pad_token = tokenizer.eos_token
-    policy_dir = tiny_policy_dir(tmp_path, tokenizer)
+    policy_dir = save_tiny_gpt2(tmp_path, tokenizer)
     rows = run(policy_dir, min_new_tokens=4)
     assert all(r["query_ids"] == tokenizer.encode(r["query"]) for r in rows)  # no BOS prepended
     assert all(len(r["response_ids"]) <= r["max_new_tokens"] for r in rows)

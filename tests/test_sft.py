@@ -5,9 +5,9 @@ import random
 import pytest
 import torch
 from datasets import Dataset, DatasetDict
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+from transformers import AutoModelForCausalLM
 
-from conftest import train_bpe
+from conftest import save_tiny_gpt2, train_bpe
 from pipeline.config import BaseParams, WorldParams
 from pipeline.policy import load_policy
 from pipeline.sft import context_length, corpus_loss, supervised_finetune
@@ -45,13 +45,7 @@ def model_dir(corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp("gpt2")
     tokenizer = train_bpe(corpus, vocab_size=400)
     tokenizer.pad_token = tokenizer.eos_token  # the paper's GPT-2 setting
-    torch.manual_seed(0)
-    config = GPT2Config(vocab_size=len(tokenizer), n_positions=96, n_embd=32, n_layer=1, n_head=2,
-                        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-                        pad_token_id=tokenizer.pad_token_id)
-    GPT2LMHeadModel(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return str(out)
+    return save_tiny_gpt2(out, tokenizer, n_positions=96)
 
 
 def test_corpus_lines_are_document_tldr_reference(corpus):
