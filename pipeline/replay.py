@@ -211,7 +211,8 @@ def rebuild_annotations(run_dir: Path, params: Params, inputs: dict, *, allow_ne
             else:
                 rows_out = annotate_round(rows, template=template, tokenizer=tokenizer, client=client, cache=cache,
                                           threshold=critic.threshold, rewards=dict(critic.rewards),
-                                          alignment=critic.alignment, progress=progress)
+                                          alignment=critic.alignment, zero_mean=critic.zero_mean,
+                                          progress=progress)
                 sent = client.last_stats.requests_sent
                 _check_complete(rows_out, key, params, allow_new_calls)
             total += sent

@@ -120,3 +120,41 @@ def test_row_missing_a_field_raises_data_error(cache):
     del bad[2]["response_ids"]
     with pytest.raises(DataError, match="row 2.*response_ids"):
         annotate(CriticClient(base_url="http://127.0.0.1:9/v1", **FAST), cache, bad)
+
+
+def test_zero_mean_centres_each_critiqued_response_on_the_same_cache_keys(cache):
+    with serve_in_background(backend="lexicon") as (url, stats):
+        client = CriticClient(base_url=url, **FAST)
+        plain = annotate(client, cache)
+        centred = annotate_round(rows(), template=TEMPLATE, tokenizer=tokenizer(), client=client, cache=cache,
+                                 threshold=0.0, rewards=REWARDS, alignment="exact", progress=False, zero_mean=True)
+        assert stats()["requests"] == 3  # post-processing of cached answers: no new request
+    assert [a["cache_key"] for a in centred] == [a["cache_key"] for a in plain]
+    assert all(a["cache_hit"] for a in centred if a["critiqued"])
+    # r0 "The movie was awful and boring.": m tokens carry -1 (awful, boring), n tokens in all;
+    # by hand the mean is -m/n, so a span token gets -1 + m/n and every other token m/n.
+    raw = plain[0]["token_rewards"]
+    n, m = len(raw), sum(1 for r in raw if r == -1.0)
+    assert m >= 2 and all(r in (0.0, -1.0) for r in raw)
+    expected = [(-1.0 + m / n) if r == -1.0 else m / n for r in raw]
+    assert centred[0]["token_rewards"] == pytest.approx(expected)
+    assert sum(centred[0]["token_rewards"]) == pytest.approx(0.0, abs=1e-12)
+    assert centred[0]["spans"] == plain[0]["spans"]
+    assert set(centred[2]["token_rewards"]) == {0.0}  # critiqued, no span: stays all zero
+    assert set(centred[1]["token_rewards"]) == {0.0} and centred[1]["status"] == "skipped"
+
+
+def test_zero_mean_rewards_by_hand():
+    from pipeline.critic.annotate import zero_mean_rewards
+
+    assert zero_mean_rewards([0.5, 0.0, 0.0, -0.5, 0.5]) == pytest.approx([0.4, -0.1, -0.1, -0.6, 0.4])
+    assert zero_mean_rewards([0.0, 0.0, 0.0]) == [0.0, 0.0, 0.0]
+    assert zero_mean_rewards([]) == []
+
+
+def test_zero_mean_is_a_replay_setting(tmp_path):
+    from pipeline.replay import effective_params
+
+    (tmp_path / "params.yaml").write_text((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    params = effective_params(tmp_path, ["critic.zero_mean=true"])
+    assert params.critic.zero_mean is True

@@ -45,9 +45,3 @@ def study_arms(selective_threshold: float) -> dict[str, Arm]:
         "dense_zero_mean": Arm("dense_zero_mean", critic=True, zero_mean=True),
         "sparse_scaled": Arm("sparse_scaled"),
     }
-
-
-def zero_mean(token_rewards: list[float]) -> list[float]:
-    """token_rewards minus their mean, so they sum to zero (an all-zero list stays all zero)."""
-    mean = sum(token_rewards) / len(token_rewards) if token_rewards else 0.0
-    return [r - mean for r in token_rewards]

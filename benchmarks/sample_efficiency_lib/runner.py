@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from pipeline.critic.annotate import annotate_round
+from pipeline.critic.annotate import annotate_round, zero_mean_rewards
 from pipeline.evaluate.decode import sample_continuations
 from pipeline.policy import frozen_copy, load_policy, sample_responses
 from pipeline.ppo import RunningMoments
@@ -19,7 +19,7 @@ from pipeline.steps.ppo_round import new_kl_controller
 from pipeline.steps.rollout import round_seed
 from pipeline.trainer import RolloutBatch, make_optimizer, train_round
 
-from benchmarks.sample_efficiency_lib.arms import Arm, zero_mean
+from benchmarks.sample_efficiency_lib.arms import Arm
 
 EVAL_SEED_STREAM = 9  # round_seed stream of the evaluation sampler
 
@@ -57,7 +57,7 @@ def intrinsic_rewards(rows: list[dict], arm: Arm, ctx: StudyContext, tokenizer, 
     assert not failed, f"critic annotations failed: {failed[:3]}"
     token_rewards = [a["token_rewards"] for a in annotations]
     if arm.zero_mean:
-        token_rewards = [zero_mean(t) if a["critiqued"] else t for t, a in zip(token_rewards, annotations)]
+        token_rewards = [zero_mean_rewards(t) if a["critiqued"] else t for t, a in zip(token_rewards, annotations)]
     return token_rewards, sum(a["critiqued"] for a in annotations)
 
 

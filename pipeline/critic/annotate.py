@@ -6,6 +6,11 @@ template and sent through :class:`~pipeline.critic.client.CriticClient` (cache f
 identical requests once); each answer is parsed and its spans are aligned to response
 tokens. Every other rollout gets a ``skipped`` row with all-zero token rewards, so the
 output has exactly one row per input row, in input order.
+
+With ``zero_mean`` (``critic.zero_mean``) each critiqued response's aligned token rewards
+get their own mean subtracted, so they sum to zero: the critic then moves credit between a
+response's tokens without adding or removing reward in total. It is post-processing of the
+cached answer, so cache keys do not depend on it and a replay can switch it.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ from pipeline.critic.client import CriticClient, CriticResult
 from pipeline.critic.parse import parse_answer
 from pipeline.errors import DataError
 
-__all__ = ["ANNOTATION_FIELDS", "annotate_round", "critiqued_indices", "round_requests", "task_fields"]
+__all__ = ["ANNOTATION_FIELDS", "annotate_round", "critiqued_indices", "round_requests", "task_fields",
+           "zero_mean_rewards"]
 
 ANNOTATION_FIELDS = (
     "rollout_id", "critiqued", "status", "cache_key", "cache_hit", "critic_model", "template_sha",
@@ -77,8 +83,19 @@ def skipped_row(row: dict) -> dict:
     }
 
 
+def zero_mean_rewards(token_rewards: list[float]) -> list[float]:
+    """Return ``token_rewards`` minus their mean, so they sum to zero.
+
+    An all-zero list (a response with no span) stays all zero, an empty list stays empty.
+    """
+    if not token_rewards:
+        return []
+    mean = sum(token_rewards) / len(token_rewards)
+    return [float(r) - mean for r in token_rewards]
+
+
 def _critiqued_row(row: dict, result: CriticResult, *, template, tokenizer, rewards, alignment,
-                   requested_model: str) -> dict:
+                   requested_model: str, zero_mean: bool = False) -> dict:
     """Build the annotation of one critiqued rollout from its critic result."""
     out = skipped_row(row) | {
         "critiqued": True, "status": result.status, "cache_key": result.cache_key,
@@ -96,13 +113,15 @@ def _critiqued_row(row: dict, result: CriticResult, *, template, tokenizer, rewa
         spans=parsed.spans, rewards=rewards, mode=alignment,
     )
     assert len(aligned.token_rewards) == len(row["response_ids"]), "align_spans must return one reward per token"
-    return out | {"spans": [dict(span) for span in aligned.spans],
-                  "token_rewards": [float(r) for r in aligned.token_rewards]}
+    token_rewards = [float(r) for r in aligned.token_rewards]
+    if zero_mean:
+        token_rewards = zero_mean_rewards(token_rewards)
+    return out | {"spans": [dict(span) for span in aligned.spans], "token_rewards": token_rewards}
 
 
 def annotate_round(rows: list[dict], *, template, tokenizer, client: CriticClient, cache: CriticCache,
                    threshold: float, rewards: dict[str, float], alignment: str,
-                   progress: bool = True, fields=None) -> list[dict]:
+                   progress: bool = True, fields=None, zero_mean: bool = False) -> list[dict]:
     """Critique the low-reward rollouts of one round and return one annotation per rollout.
 
     A row is critiqued when ``env_reward <= threshold``; its request is the template
@@ -120,6 +139,8 @@ def annotate_round(rows: list[dict], *, template, tokenizer, client: CriticClien
     :param alignment: span-to-token alignment mode, passed to ``align_spans``
     :param progress: show a tqdm bar over critic requests
     :param fields: row -> placeholder values, as in :func:`round_requests`
+    :param zero_mean: subtract each critiqued response's mean token reward (:func:`zero_mean_rewards`);
+        skipped and failed rows stay all zero either way
     :return: dicts with exactly the keys in ``ANNOTATION_FIELDS``, in input order
     :raises DataError: if a row lacks a rollout field
     """
@@ -129,5 +150,6 @@ def annotate_round(rows: list[dict], *, template, tokenizer, client: CriticClien
     annotations = [skipped_row(row) for row in rows]
     for i, result in zip(chosen, results):
         annotations[i] = _critiqued_row(rows[i], result, template=template, tokenizer=tokenizer,
-                                        rewards=rewards, alignment=alignment, requested_model=client.model)
+                                        rewards=rewards, alignment=alignment, requested_model=client.model,
+                                        zero_mean=zero_mean)
     return annotations

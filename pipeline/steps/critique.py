@@ -96,6 +96,7 @@ def critique(rollout_rows: list[dict], score_rows: list[dict], *, critic: Critic
             annotations = annotate_round(
                 rows, template=template, tokenizer=tokenizer, client=client, cache=cache,
                 threshold=critic.threshold, rewards=dict(critic.rewards), alignment=critic.alignment,
+                zero_mean=critic.zero_mean,
             )
             server_requests = server_stats().get("requests", 0)
         stopped = sum(a["status"] == "budget" for a in annotations)

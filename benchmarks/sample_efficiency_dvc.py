@@ -1,0 +1,295 @@
+"""The sample-efficiency arms as DVC experiments on drlc's real pipeline (dvc.yaml, params.yaml).
+
+Usage (from a drlc project, e.g. the repository root = the demo pipeline; it must be a git repo
+with a commit):
+
+    python benchmarks/sample_efficiency_dvc.py --seeds 0 1 2 --rounds 4
+    python benchmarks/sample_efficiency_dvc.py --dry-run          # print the dvc commands only
+
+Phase 1 queues sparse, dense_all, dense_selective and dense_zero_mean for every seed with
+``dvc exp run --queue -n <arm>-s<seed> -S ...`` and runs them (``dvc exp run --run-all -j 1``,
+or one ``dvc exp run --temp`` each with ``--runner temp``). Phase 2 computes sparse_scaled's
+scale k from the finished dense_all and sparse experiments (benchmarks/sample_efficiency_lib's
+``scale_factor``) and runs it with ``score.scale=k``. Results are read without touching the
+workspace: params and metrics with ``dvc exp show --json``, metrics/rounds.json (a DVC plot, so
+not in exp show) with ``git show <exp rev>:metrics/rounds.json``, per-response tables (only for
+``--scale-match std``) with ``dvc.api.open(..., rev=<exp rev>)``. Experiments that already exist
+under an arm's name are collected, not re-run, so an interrupted set resumes. Every arm sets
+all of its keys, so the arms do not depend on what the project's params.yaml holds for them.
+Docs: docs/sample-efficiency-dvc.md.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.sample_efficiency_lib.analysis import (  # noqa: E402
+    mean, mean_std, scale_factor, seed_mean_curve, sparse_target, steps_to_reach)
+from pipeline.errors import ConfigError, DataError  # noqa: E402
+
+PHASE_1 = ("sparse", "dense_all", "dense_selective", "dense_zero_mean")
+ARMS = PHASE_1 + ("sparse_scaled",)
+ALL_THRESHOLD = 1.0e9  # above any environment reward: every response is critiqued
+
+
+def arm_settings(arm: str, *, selective_threshold: float, k: float | str | None = None) -> dict:
+    """The params every experiment of `arm` sets (all of them, so no arm inherits another's).
+
+    Raises ConfigError for an unknown arm, or sparse_scaled without k.
+    """
+    dense = {"critic.enabled": True, "critic.threshold": ALL_THRESHOLD, "critic.zero_mean": False, "score.scale": 1.0}
+    sparse = dict(dense, **{"critic.enabled": False})
+    settings = {"sparse": sparse, "dense_all": dense,
+                "dense_selective": dict(dense, **{"critic.threshold": selective_threshold}),
+                "dense_zero_mean": dict(dense, **{"critic.zero_mean": True})}
+    if arm == "sparse_scaled":
+        if k is None:
+            raise ConfigError("sparse_scaled needs k: run the dense_all and sparse arms first")
+        return dict(sparse, **{"score.scale": k if isinstance(k, str) else float(k)})
+    if arm not in settings:
+        raise ConfigError(f"unknown arm {arm!r}; valid arms: {list(ARMS)}")
+    return settings[arm]
+
+
+def rounds_overrides(n_rounds: int | None) -> list[str]:
+    """-S values replacing the `rounds` section with n rounds (and evaluating the last); [] keeps it.
+
+    Hydra cannot address the keys "0001"... one by one, so the section is deleted and re-added.
+    """
+    if n_rounds is None:
+        return []
+    if n_rounds < 1:
+        raise ConfigError(f"--rounds {n_rounds}: give at least 1 round")
+    items = ", ".join(f"{r:04d}: {{prev: {'base' if r == 1 else repr(f'round={r - 1:04d}')}}}"
+                      for r in range(1, n_rounds + 1))
+    return ["~rounds", f"+rounds={{{items}}}", f"evaluate.policy='round={n_rounds:04d}'"]
+
+
+def exp_name(arm: str, seed: int) -> str:
+    return f"{arm}-s{seed}"
+
+
+def run_command(arm: str, seed: int, settings: dict, extra: list[str], *, runner: str) -> list[str]:
+    """The `dvc exp run` command of one experiment (queued, or run now in a temp folder)."""
+    sets = [f"run.seed={seed}"] + [f"{key}={json.dumps(value)}" for key, value in settings.items()] + extra
+    mode = ["--queue"] if runner == "queue" else ["--temp"]
+    return [sys.executable, "-m", "dvc", "exp", "run", *mode, "-n", exp_name(arm, seed),
+            *[part for s in sets for part in ("-S", s)]]
+
+
+def sh(cmd: list[str], cwd: Path, *, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise DataError(f"`{' '.join(cmd[2:])}` failed in {cwd} ({result.returncode}):\n{result.stderr[-2000:]}")
+    return result
+
+
+def existing_experiments(project: Path) -> dict[str, dict]:
+    """{experiment name: {"rev", "params", "metrics"}} of the experiments on top of HEAD (dvc exp show --json)."""
+    shown = json.loads(sh([sys.executable, "-m", "dvc", "exp", "show", "--json"], project).stdout or "[]")
+    found = {}
+    for commit in shown:
+        for exp in commit.get("experiments") or []:
+            data = (exp.get("revs") or [{}])[0].get("data") or {}
+            if exp.get("name") and data.get("rev"):
+                found[exp["name"]] = {"rev": data["rev"], "params": data["params"]["params.yaml"]["data"],
+                                      "metrics": {path: m.get("data", {}) for path, m in (data.get("metrics") or {}).items()}}
+    return found
+
+
+def run_arms(project: Path, commands: list[list[str]], *, runner: str, dry_run: bool) -> None:
+    """Queue + run the commands (or run each in a temp folder); raise DataError if any failed."""
+    for cmd in commands:
+        print("$", shlex.join(cmd[2:]), flush=True)
+        if not dry_run:
+            sh(cmd, project)
+    if runner == "queue" and commands:
+        print("$ dvc exp run --run-all -j 1", flush=True)
+        if dry_run:
+            return
+        try:
+            sh([sys.executable, "-m", "dvc", "exp", "run", "--run-all", "-j", "1"], project, check=False)
+        finally:  # the queue worker otherwise stays up idle
+            sh([sys.executable, "-m", "dvc", "queue", "stop"], project, check=False)
+        status = sh([sys.executable, "-m", "dvc", "queue", "status"], project, check=False).stdout
+        failed = [line.split()[1] for line in status.splitlines() if " Failed" in line]
+        if failed:
+            raise DataError(f"experiments failed: {failed}; read `dvc queue logs <name>` in {project}")
+
+
+def round_records(project: Path, exp: dict, *, with_spread: bool) -> list[dict]:
+    """Per-round records of one experiment in the study's terms (env reward unscaled, total as PPO saw it)."""
+    scale = float(exp["params"]["score"]["scale"])
+    curves = json.loads(sh(["git", "show", f"{exp['rev']}:metrics/rounds.json"], project).stdout)["rounds"]
+    records = []
+    for c in curves:
+        record = {"round": c["round"], "env_reward": c["env_reward_mean"] / scale, "kl": c["kl"],
+                  "total_reward": c["env_reward_mean"] + c["intrinsic_reward_sum"],
+                  "intrinsic_reward_sum": c["intrinsic_reward_sum"], "critic_calls": c["critic_calls"],
+                  "cache_hits": c["cache_hits"], "cost_usd": c["cost_usd"]}
+        if with_spread:
+            record.update(response_spread(project, exp["rev"], c["round"], scale))
+        records.append(record)
+    return records
+
+
+def response_spread(project: Path, rev: str, round_: int, scale: float) -> dict:
+    """Within-round population std of the (unscaled) env reward and of the total reward, from the tables."""
+    import dvc.api
+    import pyarrow.parquet as pq
+
+    def table(name: str) -> dict:
+        with dvc.api.open(f"data/{name}/round={round_:04d}/part-0.parquet", repo=str(project), rev=rev, mode="rb") as f:
+            return {row["rollout_id"]: row for row in pq.read_table(io.BytesIO(f.read())).to_pylist()}
+
+    scores, notes = table("scores"), table("annotations")
+    env = [scores[i]["env_reward"] for i in scores]
+    total = [scores[i]["env_reward"] + sum(notes[i]["token_rewards"] or []) for i in scores]
+
+    def std(values):
+        m = mean(values)
+        return mean([(v - m) ** 2 for v in values]) ** 0.5
+    return {"env_reward_std": std(env) / scale, "total_reward_std": std(total)}
+
+
+def run_record(project: Path, exp: dict, arm: str, seed: int, *, with_spread: bool) -> dict:
+    """One experiment: its rounds, final-policy eval metrics (env reward unscaled), critic totals."""
+    scale = float(exp["params"]["score"]["scale"])
+    evaluated = exp["metrics"].get("metrics/eval.json", {})
+    final = {name: sets for name, sets in evaluated.items() if name != "base"}
+    eval_metrics = {f"{s}/{m}": (v / scale if m == "env_reward_mean" else v)
+                    for sets in final.values() for s, values in sets.items() for m, v in values.items()
+                    if isinstance(v, (int, float))}
+    critique = [m for path, m in exp["metrics"].items() if path.startswith("metrics/critique/")]
+    rounds = round_records(project, exp, with_spread=with_spread)
+    return {"arm": arm, "seed": seed, "experiment": exp_name(arm, seed), "rev": exp["rev"], "score_scale": scale,
+            "rounds": rounds, "eval": eval_metrics,
+            "critic": {"critiqued": sum(r["critic_calls"] for r in rounds),
+                       "server_requests": sum(m.get("critic/server_requests", 0) for m in critique),
+                       "cache_hits": sum(r["cache_hits"] for r in rounds),
+                       "cost_usd": sum(r["cost_usd"] for r in rounds)}}
+
+
+def headline(by_arm: dict[str, list[dict]], *, final_window: int) -> dict:
+    """Rounds to sparse's final reward, final env reward / KL and eval metrics per arm (mean ± std over seeds)."""
+    target = sparse_target(by_arm["sparse"], final_window)
+    out = {"sparse_target": target, "final_window": final_window, "arms": {}}
+    for arm, runs in by_arm.items():
+        def final(key):
+            return mean_std([mean([r[key] for r in run["rounds"][-final_window:]]) for run in runs])
+        metrics = sorted({m for run in runs for m in run["eval"]})
+        out["arms"][arm] = {
+            "rounds_to_target": steps_to_reach(seed_mean_curve(runs, "env_reward"), target),
+            "final_env_reward": final("env_reward"), "final_kl": final("kl"),
+            "final_intrinsic_reward_sum": final("intrinsic_reward_sum"),
+            "eval": {m: mean_std([run["eval"][m] for run in runs if m in run["eval"]]) for m in metrics},
+            "critic_server_requests": sum(run["critic"]["server_requests"] for run in runs),
+            "critic_critiqued": sum(run["critic"]["critiqued"] for run in runs)}
+    return out
+
+
+def markdown(result: dict) -> str:
+    """A short Markdown table of the headline (one row per arm)."""
+    head = result["headline"]
+    evals = sorted({m for a in head["arms"].values() for m in a["eval"]})
+    evals = [m for m in evals if not m.endswith("/n_samples")]
+
+    def ms(v):
+        return f"{v['mean']:.3f} ± {v['std']:.3f}"
+    lines = [f"### Sample efficiency as DVC experiments ({result['task']}, seeds {result['seeds']}, "
+             f"{result['rounds']} rounds)", "",
+             f"Target = sparse's seed-mean env reward over its last {head['final_window']} rounds = "
+             f"{head['sparse_target']:.3f}; sparse_scaled's k = {result['scale_factor']['k']:.3f} "
+             f"(matched by {result['scale_factor']['match']}). Env rewards are unscaled (divided by score.scale).", "",
+             "| arm | rounds to target | final env reward | final KL | critic requests | "
+             + " | ".join(f"eval {m}" for m in evals) + " |",
+             "|---" * (5 + len(evals)) + "|"]
+    for arm, a in head["arms"].items():
+        reached = "-" if a["rounds_to_target"] is None else str(a["rounds_to_target"])
+        cells = [arm, reached, ms(a["final_env_reward"]), ms(a["final_kl"]), str(a["critic_server_requests"])]
+        cells += [ms(a["eval"][m]) if m in a["eval"] else "-" for m in evals]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"Wall time {result['wall_seconds'] / 60:.1f} min; experiments: "
+              + ", ".join(r["experiment"] for runs in result["runs"].values() for r in runs) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def run_phase(project, arms, seeds, settings_of, extra, *, runner, dry_run) -> None:
+    existing = {} if dry_run else existing_experiments(project)
+    commands = [run_command(arm, seed, settings_of(arm), extra, runner=runner)
+                for arm in arms for seed in seeds if exp_name(arm, seed) not in existing]
+    run_arms(project, commands, runner=runner, dry_run=dry_run)
+
+
+def collect(project, arms, seeds, *, with_spread) -> dict[str, list[dict]]:
+    existing = existing_experiments(project)
+    missing = [exp_name(a, s) for a in arms for s in seeds if exp_name(a, s) not in existing]
+    if missing:
+        raise DataError(f"experiments {missing} are missing in {project}: see `dvc queue status`")
+    return {arm: [run_record(project, existing[exp_name(arm, s)], arm, s, with_spread=with_spread) for s in seeds]
+            for arm in arms}
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--project", type=Path, default=Path.cwd(), help="drlc project (git + DVC repo)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--rounds", type=int, default=None, help="replace params.yaml's rounds with N rounds")
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    parser.add_argument("--runner", choices=("queue", "temp"), default="queue")
+    parser.add_argument("--scale-match", choices=("mean", "std"), default="std")
+    parser.add_argument("--final-window", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sample_efficiency_dvc.json")
+    parser.add_argument("--dry-run", action="store_true", help="print the dvc commands only")
+    args = parser.parse_args(argv)
+    started, project = time.perf_counter(), args.project.resolve()
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    threshold = float(params["critic"]["threshold"])
+    extra = rounds_overrides(args.rounds)
+    n_rounds = args.rounds or len(params["rounds"])
+    needs = set(args.arms) | ({"sparse", "dense_all"} if "sparse_scaled" in args.arms else set()) | {"sparse"}
+    first = [a for a in PHASE_1 if a in needs]
+    run_phase(project, first, args.seeds, lambda a: arm_settings(a, selective_threshold=threshold), extra,
+              runner=args.runner, dry_run=args.dry_run)
+    k, by_arm, spread = None, {}, args.scale_match == "std"
+    if not args.dry_run:
+        by_arm = collect(project, first, args.seeds, with_spread=spread)
+    if "sparse_scaled" in needs:
+        k = "<k>" if args.dry_run else scale_factor(by_arm["dense_all"], by_arm["sparse"], args.scale_match)
+        if not args.dry_run and not k > 0:
+            raise DataError(f"scale k = {k} by {args.scale_match} is not positive (sparse's mean env reward is "
+                            "<= 0?): use --scale-match std")
+        run_phase(project, ["sparse_scaled"], args.seeds,
+                  lambda a: arm_settings(a, selective_threshold=threshold, k=k), extra,
+                  runner=args.runner, dry_run=args.dry_run)
+        if not args.dry_run:
+            by_arm.update(collect(project, ["sparse_scaled"], args.seeds, with_spread=spread))
+    if args.dry_run:
+        return None
+    window = min(args.final_window, n_rounds)
+    result = {"study": "sample_efficiency_dvc", "project": str(project), "task": params["run"]["task"],
+              "seeds": args.seeds, "rounds": n_rounds, "runner": args.runner,
+              "arms": {a: arm_settings(a, selective_threshold=threshold, k=k) for a in by_arm},
+              "scale_factor": {"k": k if k is not None else float("nan"), "match": args.scale_match},
+              "runs": by_arm, "headline": headline(by_arm, final_window=window)}
+    result["wall_seconds"] = round(time.perf_counter() - started, 1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

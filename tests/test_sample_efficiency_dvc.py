@@ -1,0 +1,67 @@
+"""The sample-efficiency DVC experiment set, run for real on a shrunken demo project (3 arms x 1 seed x 1 round)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from e2e import dvc, make_project, run, tiny_params
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import sample_efficiency_dvc as se  # noqa: E402
+
+
+def test_rounds_overrides_and_arm_settings():
+    assert se.rounds_overrides(None) == []
+    assert se.rounds_overrides(2) == ["~rounds", "+rounds={0001: {prev: base}, 0002: {prev: 'round=0001'}}",
+                                      "evaluate.policy='round=0002'"]
+    assert se.arm_settings("dense_selective", selective_threshold=0.25)["critic.threshold"] == 0.25
+    assert se.arm_settings("dense_zero_mean", selective_threshold=0.0)["critic.zero_mean"] is True
+    assert se.arm_settings("sparse_scaled", selective_threshold=0.0, k=2.5) == {
+        "critic.enabled": False, "critic.threshold": se.ALL_THRESHOLD, "critic.zero_mean": False, "score.scale": 2.5}
+
+
+@pytest.mark.slow
+def test_experiment_set_runs_and_collects_each_experiments_metrics(tmp_path, monkeypatch):
+    project = make_project(tmp_path, tiny_params(n_rounds=2))
+    run(["git", "add", "-A"], project)
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "demo"], project)
+    for key, value in dict(PYTHONPATH=str(project), DVC_NO_ANALYTICS="1", TQDM_DISABLE="1", OMP_NUM_THREADS="1",
+                           PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}").items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    out = tmp_path / "se.json"
+    result = se.main(["--project", str(project), "--seeds", "0", "--rounds", "1", "--scale-match", "std",
+                      "--arms", "sparse", "dense_all", "dense_zero_mean", "--out", str(out)])
+    written = json.loads(out.read_text())
+    assert written["headline"] == json.loads(json.dumps(result["headline"]))
+    assert set(written["runs"]) == {"sparse", "dense_all", "dense_zero_mean"}
+    shown = json.loads(dvc(["exp", "show", "--json"], project).stdout)
+    revs = {e["name"]: e["revs"][0]["data"] for c in shown for e in c.get("experiments") or []}
+    for arm, runs in written["runs"].items():
+        record, data = runs[0], revs[f"{arm}-s0"]
+        curves = json.loads(subprocess.run(["git", "show", f"{record['rev']}:metrics/rounds.json"], cwd=project,
+                                           capture_output=True, text=True, check=True).stdout)["rounds"]
+        assert [r["env_reward"] for r in record["rounds"]] == [c["env_reward_mean"] for c in curves]  # scale 1
+        assert [r["kl"] for r in record["rounds"]] == [c["kl"] for c in curves] and len(curves) == 1
+        evaluated = data["metrics"]["metrics/eval.json"]["data"]["round=0001"]["world"]
+        assert record["eval"]["world/env_reward_mean"] == evaluated["env_reward_mean"]
+        assert record["eval"]["world/dist_2"] == evaluated["dist_2"]
+        params = data["params"]["params.yaml"]["data"]
+        assert list(params["rounds"]) == ["0001"] and params["run"]["seed"] == 0
+        critique = data["metrics"]["metrics/critique/round=0001.json"]["data"]
+        assert record["critic"]["server_requests"] == critique["critic/server_requests"]
+    assert written["runs"]["sparse"][0]["critic"]["critiqued"] == 0
+    assert written["runs"]["sparse"][0]["critic"]["server_requests"] == 0
+    batch = tiny_params()["rollout"]["batch_size"]
+    assert written["runs"]["dense_all"][0]["critic"]["critiqued"] == batch  # threshold above every reward
+    assert written["runs"]["dense_all"][0]["critic"]["server_requests"] > 0
+    dense, centred = written["runs"]["dense_all"][0]["rounds"][0], written["runs"]["dense_zero_mean"][0]["rounds"][0]
+    assert dense["intrinsic_reward_sum"] != 0.0 and centred["intrinsic_reward_sum"] == pytest.approx(0.0, abs=1e-6)
+    assert centred["env_reward"] == dense["env_reward"]  # round 1 samples the same base policy, same seed
+    table = out.with_suffix(".md").read_text()
+    assert "| dense_all | " in table and "| sparse | " in table
