@@ -119,3 +119,15 @@ def test_minibatch_not_divisible_by_processes_raises_before_training(tmp_path):
     validate_batch(batch, odd, world_size=1)
     with pytest.raises(PPOInputError, match=r"ppo.mini_batch_size = 1 is not divisible by the 2 data-parallel"):
         validate_batch(batch, odd, world_size=2)
+
+
+def test_a_deepspeed_launch_is_refused_with_the_reason(monkeypatch):
+    """drlc's loop replicates the model and all-reduces itself, so ZeRO would shard nothing: refuse."""
+    from pipeline.distributed import DataParallel
+    from pipeline.errors import ConfigError
+
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    with pytest.raises(ConfigError, match="DeepSpeed .* not supported .*multi_gpu.yaml"):
+        DataParallel.from_environment()
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "false")
+    assert DataParallel.from_environment() is None  # a plain single-process run

@@ -137,11 +137,8 @@ def test_accelerate_configs_load_with_accelerate():
     from accelerate.commands.config.config_args import load_config_from_file
 
     loaded = {path.stem: load_config_from_file(str(path)) for path in ACCELERATE}
-    assert {"multi_gpu", "multi_gpu_bf16", "multi_node", "deepspeed_zero1", "deepspeed_zero2",
-            "deepspeed_zero3"} <= set(loaded)
-    for stage in (1, 2, 3):
-        config = loaded[f"deepspeed_zero{stage}"]
-        assert config.distributed_type == "DEEPSPEED" and config.deepspeed_config["zero_stage"] == stage
+    assert set(loaded) == {"multi_gpu", "multi_gpu_bf16", "multi_node"}  # no DeepSpeed: docs/paper-runs.md
+    assert all(config.distributed_type == "MULTI_GPU" for config in loaded.values())
     assert loaded["multi_gpu_bf16"].mixed_precision == "bf16"
     assert loaded["multi_node"].num_machines == 2
 
