@@ -1,4 +1,4 @@
-"""The `drlc` command: checks, the DuckDB catalog, the critic cache and the local critic server.
+"""The `drlc` command: checks, the DuckDB catalog, the critic cache, the local critic server and audits.
 
 The pipeline itself runs with `dvc repro`; this command covers what sits around it.
 """
@@ -122,6 +122,75 @@ def cmd_batch_ingest(args) -> None:
     print(", ".join(f"{k}: {v}" for k, v in counts.items()))
 
 
+def _audit_name(args, critic) -> str:
+    """--name, or `<span file stem>-<critic.model>` with characters unsafe in a folder name replaced."""
+    import re
+
+    name = args.name or f"{Path(args.spans).stem}-{critic.model}"
+    if args.name and not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+        raise ConfigError(f"--name {name!r}: use letters, digits, '.', '_' and '-' only (it names a folder)")
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+
+
+def _audit_args(args, name: str, out: str) -> list[str]:
+    """The `drlc critic eval` arguments that reproduce this audit (for its DVC stage)."""
+    argv = ["--params", args.params, "--spans", args.spans, "--name", name, "--data", args.data, "--out", out,
+            "--seed", str(args.seed), "--span-iou", str(args.span_iou), "--base-model", args.base_model]
+    argv += ["--train", args.train] if args.train else []
+    argv += ["--limit", str(args.limit)] if args.limit is not None else []
+    argv += [] if args.references else ["--no-references"]
+    return argv + [item for assignment in args.set for item in ("--set", assignment)]
+
+
+def cmd_critic_eval(args) -> None:
+    from pipeline.config import load_params
+
+    critic = load_params(args.params, args.set).critic
+    name = _audit_name(args, critic)
+    out = args.out or f"reports/critic_eval/{name}"
+    if args.dvc:
+        from pipeline.critic.audit_dvc import write_audit_stage
+
+        path = write_audit_stage(args.dvc, args=_audit_args(args, name, out), params=args.params,
+                                 template=critic.template, inputs=[args.spans] + ([args.train] if args.train else []),
+                                 data_dir=args.data, out_dir=out, audit=name)
+        print(f"wrote stage critic_eval to {path}; run: dvc repro {path}")
+        return
+    from pipeline.critic.audit import audit_critic, write_audit
+
+    rows, summary = audit_critic(spans_path=args.spans, critic=critic, train_path=args.train, limit=args.limit,
+                                 seed=args.seed, iou=args.span_iou, references=args.references,
+                                 base_dir=args.base_model, audit=name)
+    paths = write_audit(rows, summary, data_dir=args.data, out_dir=out)
+    configured = summary["critics"]["configured"]
+    print(f"critic eval {name}: {summary['n_posts']} posts, char F1 {configured['char_f1']:.3f}, "
+          f"{configured['requests_sent']} requests sent, {configured['cache_hits']} cache hits")
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+
+
+def _add_eval_parser(critic_sub) -> None:
+    evaluate = critic_sub.add_parser("eval", help="audit the configured critic's spans against human-labelled spans")
+    evaluate.add_argument("--params", default="params.yaml", help="params file whose critic section is audited")
+    evaluate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key")
+    evaluate.add_argument("--spans", required=True, help="labelled posts: SemEval .csv (spans,text) or drlc .jsonl")
+    evaluate.add_argument("--train", default=None, help="labelled train split for the word-list baseline")
+    evaluate.add_argument("--limit", type=int, default=None, help="score a seeded sample of N posts (default: all)")
+    evaluate.add_argument("--seed", type=int, default=0, help="seed of the --limit sample (default: 0)")
+    evaluate.add_argument("--span-iou", type=float, default=0.5,
+                          help="a predicted span matches a gold span of its label at this character IoU (0.5)")
+    evaluate.add_argument("--no-references", dest="references", action="store_false",
+                          help="score only the configured critic (no lexicon critic, no baselines)")
+    evaluate.add_argument("--name", default=None, help="audit name (default: <spans file stem>-<critic.model>)")
+    evaluate.add_argument("--data", default="data", help="folder of the critic_eval table (default: data)")
+    evaluate.add_argument("--out", default=None, help="folder of summary.json and report.md "
+                                                      "(default: reports/critic_eval/NAME)")
+    evaluate.add_argument("--base-model", default="models/base", help="the run's base model, for model_dir: base")
+    evaluate.add_argument("--dvc", default=None, metavar="DIR",
+                          help="write DIR/dvc.yaml with this audit as stage critic_eval instead of running it")
+    evaluate.set_defaults(func=cmd_critic_eval)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="drlc", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -168,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--dir", default="cache/critic", help="cache folder (default: cache/critic)")
     cache.set_defaults(func=cmd_cache)
 
-    critic = sub.add_parser("critic", help="the critic: run the local OpenAI-compatible server")
+    critic = sub.add_parser("critic", help="the critic: local server, Batch API, audit against labelled spans")
     critic_sub = critic.add_subparsers(dest="critic_command", required=True)
     serve = critic_sub.add_parser("serve", help="serve /v1/chat/completions, /v1/models and /stats")
     serve.add_argument("--host", default="127.0.0.1")
@@ -193,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("file", help="the batch output JSONL")
     ingest.add_argument("--params", default="params.yaml")
     ingest.set_defaults(func=cmd_batch_ingest)
+    _add_eval_parser(critic_sub)
     return p
 
 

@@ -23,6 +23,8 @@ SPAN = pa.struct(
      ("end", pa.int32()), ("reward", pa.float64())]
 )
 
+LABELLED_RANGE = pa.struct([("label", pa.string()), ("start", pa.int32()), ("end", pa.int32())])
+
 SCHEMAS: dict[str, pa.Schema] = {
     "prompts": pa.schema(KEYS + [
         ("prompt_id", pa.string()), ("split", pa.string()), ("text", pa.string()),
@@ -63,7 +65,20 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("env_reward", pa.float64()), ("positive_prob", pa.float64()), ("perplexity", pa.float64()),
         ("rm_score", pa.float64()),  # summarization with evaluate.reward_model; absent in older tables (read as null)
     ]),
+    # `drlc critic eval`: one row per (critic, post) of an audit (pipeline/critic/audit.py)
+    "critic_eval": pa.schema([
+        ("audit", pa.string()), ("critic", pa.string()), ("critic_model", pa.string()), ("line", pa.int64()),
+        ("post_id", pa.string()), ("text", pa.string()), ("status", pa.string()),
+        ("gold_spans", pa.list_(LABELLED_RANGE)), ("pred_spans", pa.list_(LABELLED_RANGE)),
+        ("proposed_spans", pa.int32()), ("absent_spans", pa.int32()), ("char_f1", pa.float64()),
+        ("n_gold_spans", pa.int32()), ("n_pred_spans", pa.int32()), ("matched_pred", pa.int32()),
+        ("matched_gold", pa.int32()), ("cache_hit", pa.bool_()), ("cost_usd", pa.float64()),
+        ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()), ("raw_text", pa.string()),
+        ("error", pa.string()),
+    ]),
 }
+# The partition key of each table's folders (<table>/<key>=<value>/part-0.parquet); default: round
+PARTITION_KEYS = {"critic_eval": "audit"}
 
 # Columns that measure the machine or the cache rather than the experiment: they legitimately
 # differ between a first run and a re-run (a forced re-run hits the cache; speed varies).
@@ -72,6 +87,11 @@ VOLATILE_COLUMNS = {"annotations": ["cache_hit"], "ppo_steps": ["tokens_per_s"]}
 
 def partition_dir(root: str | Path, table: str, round_: int) -> Path:
     return Path(root) / table / f"round={round_:04d}"
+
+
+def audit_dir(root: str | Path, audit: str) -> Path:
+    """The critic_eval partition of one audit (`drlc critic eval --name`)."""
+    return Path(root) / "critic_eval" / f"audit={audit}"
 
 
 def write_table(rows: list[dict], table: str, out_dir: str | Path) -> Path:
@@ -127,8 +147,9 @@ def view_statements(data_root: str | Path = "data") -> list[str]:
     root = Path(data_root)
     statements = []
     for table in SCHEMAS:
-        if any(root.glob(f"{table}/round=*/part-0.parquet")):
-            glob = (root / table / "round=*" / "part-0.parquet").as_posix()
+        key = PARTITION_KEYS.get(table, "round")
+        if any(root.glob(f"{table}/{key}=*/part-0.parquet")):
+            glob = (root / table / f"{key}=*" / "part-0.parquet").as_posix()
             statements.append(
                 f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet('{glob}', "
                 f"union_by_name = true, hive_partitioning = false)"
