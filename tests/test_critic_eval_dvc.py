@@ -13,6 +13,7 @@ from e2e import dvc, make_project, run, tiny_params
 from pipeline.cli import main
 
 
+@pytest.mark.slow
 def test_audit_stage_runs_is_cached_and_leaves_the_demo_alone(tmp_path):
     project = make_project(tmp_path, tiny_params(n_rounds=1, task="toxicity", base={"steps": 50},
                                                  world={"n_reviews": 1000}))
