@@ -44,6 +44,30 @@ def tiny_llama(vocab_size: int, *, seed: int = 0) -> LlamaForCausalLM:
     return LlamaForCausalLM(config).eval()
 
 
+def craft_chain(model: LlamaForCausalLM, tokens: list[str], *, answer: str = "Ġgood", filler: str = "Ġthe") -> None:
+    """Set weights so the next token depends on the last token only: after a newline (the end of
+    the chat template's generation prompt) comes `answer`, after `answer` the end token, after
+    anything else `filler`. So the critic answers `answer` and stops; the policy writes fillers.
+
+    The attention and MLP output projections are zero, so the final hidden state is
+    RMSNorm(embedding of the last token): e1 for a newline, e2 for `answer`, e0 for the rest;
+    lm_head maps e0 -> filler, e1 -> answer, e2 -> eos.
+    """
+    index = {token: i for i, token in enumerate(tokens)}
+    eye = torch.eye(model.config.hidden_size)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight.copy_(eye[0].expand(len(tokens), -1))
+        model.model.embed_tokens.weight[index["Ċ"]] = eye[1]
+        model.model.embed_tokens.weight[index[answer]] = eye[2]
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[index[filler]] = eye[0]
+        model.lm_head.weight[index[answer]] = eye[1]
+        model.lm_head.weight[len(tokens) - 1] = eye[2]
+
+
 def _permute(weight: np.ndarray, n_head: int) -> np.ndarray:
     return weight.reshape(n_head, 2, weight.shape[0] // n_head // 2, *weight.shape[1:]).swapaxes(1, 2) \
         .reshape(weight.shape)
@@ -56,12 +80,15 @@ def _gguf_name(key: str) -> str:
     return f"blk.{parts[2]}.{LAYER_NAMES['.'.join(parts[3:-1])]}.weight"
 
 
-def write_tiny_gguf(path, *, chat_template: str | None = CHAT_TEMPLATE, seed: int = 0) -> LlamaForCausalLM:
-    """Write a tiny Llama and its tokenizer as a GGUF file at `path`; return the model written."""
+def write_tiny_gguf(path, *, chat_template: str | None = CHAT_TEMPLATE, seed: int = 0,
+                    crafted: bool = False) -> LlamaForCausalLM:
+    """Write a tiny Llama (random, or `crafted` by craft_chain) and its tokenizer as a GGUF file at `path`."""
     import gguf
 
     tokens, merges = tiny_vocab()
     model = tiny_llama(len(tokens), seed=seed)
+    if crafted:
+        craft_chain(model, tokens)
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_block_count(2)
     writer.add_context_length(128)
