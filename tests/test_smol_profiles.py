@@ -106,4 +106,6 @@ def test_smol_selfcritique_one_round_lora_policy_and_adapters_off_reference(tmp_
     with torch.no_grad():
         with policy.disable_adapter():  # the KL reference and the critic: adapters off = the base model
             assert torch.equal(policy(ids).logits, base(ids).logits)
-        assert not torch.equal(policy(ids).logits, base(ids).logits)  # the adapters were trained
+    # the crafted model's zero output projections hide q/v adapters from the logits: check the weights
+    lora_b = [p for n, p in policy.named_parameters() if "lora_B" in n]
+    assert lora_b and any(p.abs().sum() > 0 for p in lora_b)  # the adapters were trained (B starts at 0)
