@@ -3,9 +3,10 @@
 The demo policy starts from a GPT-2 that has learnt the synthetic review world
 (``pipeline.data.world``). Everything here is deterministic: the same texts, sizes and seed
 give the same tokenizer files and bit-identical weights, so the ``base`` stage replays.
-The local-data and paper profiles instead load a pretrained causal LM and its tokenizer
-(``base.model``: a local folder or a hub id) with ``load_pretrained_model`` /
-``load_pretrained_tokenizer``, which turn loading failures into errors that say what to do.
+The local-data, smol and paper profiles instead load a pretrained causal LM and its tokenizer
+(``base.model``: a local folder, a hub id, or a GGUF file, see ``pipeline.gguf``) with
+``load_pretrained_model`` / ``load_pretrained_tokenizer``, which turn loading failures into
+errors that say what to do.
 
 Defaults (the ``DEFAULT_*`` constants), measured on a shared 2-core CPU: 20k reviews,
 vocabulary 1024, 2 layers x 128 wide with 4 heads, block 64, 1200 steps of 16 windows
@@ -26,6 +27,7 @@ from tqdm.auto import tqdm
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from pipeline.errors import ConfigError, DataError
+from pipeline.gguf import is_gguf_spec, load_gguf_model, load_gguf_tokenizer, resolve_gguf
 
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
@@ -238,9 +240,10 @@ def sample(model_dir: str | Path, prompts: list[str], *, max_new_tokens: int, se
 
 
 def load_pretrained_tokenizer(name: str, pad_token: str | None = None):
-    """The tokenizer of ``base.model`` `name` (a local save_pretrained folder or a hub id), with a pad token.
+    """The tokenizer of ``base.model`` `name` (a local save_pretrained folder, hub id or GGUF file), with a pad token.
 
-    Params: name: a local folder or a Hugging Face hub id (hub ids need network);
+    Params: name: a local folder, a Hugging Face hub id (hub ids need network) or a GGUF spec
+    (``pipeline.gguf``: a ``.gguf`` path or ``pkg:<package>``);
     pad_token: "eos" = use the eos token as pad when the tokenizer has none (``base.pad_token``).
     Returns: the tokenizer from ``AutoTokenizer.from_pretrained``.
     Raises: ConfigError if it cannot be loaded (offline hub id, missing or wrong folder) or has no
@@ -248,7 +251,10 @@ def load_pretrained_tokenizer(name: str, pad_token: str | None = None):
     """
     from transformers import AutoTokenizer
 
-    tokenizer = _from_pretrained(AutoTokenizer.from_pretrained, name, "tokenizer")
+    if is_gguf_spec(name):
+        tokenizer = load_gguf_tokenizer(resolve_gguf(name, key="base.model"), key="base.model")
+    else:
+        tokenizer = _from_pretrained(AutoTokenizer.from_pretrained, name, "tokenizer")
     if tokenizer.pad_token_id is None and pad_token == "eos" and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     require_pad_token(tokenizer, name)
@@ -258,10 +264,14 @@ def load_pretrained_tokenizer(name: str, pad_token: str | None = None):
 def load_pretrained_model(name: str):
     """The causal LM of ``base.model`` `name` (``AutoModelForCausalLM.from_pretrained``, its saved dtype).
 
-    Raises: ConfigError if it cannot be loaded (offline hub id, missing folder, not a causal LM).
+    A GGUF spec is dequantised to a plain fp32 model (``pipeline.gguf.load_gguf_model``).
+    Raises: ConfigError if it cannot be loaded (offline hub id, missing folder, not a causal LM,
+    a missing or corrupt GGUF file, no gguf reader installed).
     """
     from transformers import AutoModelForCausalLM
 
+    if is_gguf_spec(name):
+        return load_gguf_model(resolve_gguf(name, key="base.model"), key="base.model")
     return _from_pretrained(AutoModelForCausalLM.from_pretrained, name, "causal LM")
 
 
@@ -279,7 +289,8 @@ def _from_pretrained(loader: Callable, name: str, what: str):
     """loader(name), with OSError/ValueError turned into a ConfigError that says how to fix it."""
     path = Path(name).expanduser()
     if path.is_file():
-        raise ConfigError(f"'base.model' = {name!r} is a file: point it at a folder written by save_pretrained.")
+        raise ConfigError(f"'base.model' = {name!r} is a file: point it at a folder written by save_pretrained, "
+                          f"or at a GGUF file (a name ending in .gguf).")
     try:
         return loader(str(path) if path.is_dir() else name)
     except (OSError, ValueError) as err:

@@ -168,3 +168,65 @@ def test_self_critique_serves_the_runs_base_model(tmp_path):
     with pytest.raises(CriticError, match="model_dir 'base' needs the run's base model folder"):
         with critic_endpoint(critic):
             pass
+
+
+def tiny_llama_checkpoint(folder) -> str:
+    """A seeded random 2-layer Llama sized to the word-level tokenizer, saved with it (chat template set)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(1)
+    config = LlamaConfig(vocab_size=len(WORDS), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         bos_token_id=ID["<eos>"], eos_token_id=ID["<eos>"], pad_token_id=ID["<eos>"])
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+# prompts of different lengths, so a batch needs left padding; limits differ within the batch
+BATCH = [({"messages": [{"role": "user", "content": "good"}], "max_tokens": 12}),
+         ({"messages": MESSAGES, "max_tokens": 7}),
+         ({"messages": [{"role": "user", "content": "bad bad bad good none bad good"}], "max_tokens": 12}),
+         ({"messages": [{"role": "system", "content": "none"}, {"role": "user", "content": "bad day"}],
+           "max_tokens": 3})]
+
+
+def answer_concurrently(backend, requests):
+    import threading
+
+    answers = [None] * len(requests)
+
+    def ask(index):
+        answers[index] = backend(requests[index])
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(requests))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    return answers
+
+
+def test_concurrent_requests_decode_in_one_padded_batch_with_the_answers_of_batch_size_one(tmp_path):
+    from pipeline.critic.hf_backend import HFBackend
+
+    model_dir = tiny_llama_checkpoint(tmp_path / "llama")
+    alone = HFBackend(model_dir, max_batch_size=1)
+    singles = [alone(request) for request in BATCH]
+    assert alone.batch_sizes == [1, 1, 1, 1]
+    together = HFBackend(model_dir, max_batch_size=4, batch_window_s=30.0)  # the 4th arrival starts the batch
+    batched = answer_concurrently(together, BATCH)
+    assert together.batch_sizes == [4]
+    assert batched == singles  # text, token counts and finish reason, row by row
+    assert [a.completion_tokens <= r["max_tokens"] for a, r in zip(batched, BATCH)] == [True] * 4
+    assert any(a.completion_tokens >= 3 for a in batched), "the random model should say something"
+    assert batched[3].completion_tokens <= 3 and batched[0].prompt_tokens < batched[2].prompt_tokens
+
+
+def test_more_requests_than_the_batch_size_are_split_into_full_batches(tmp_path):
+    from pipeline.critic.hf_backend import HFBackend
+
+    backend = HFBackend(save_checkpoint(tmp_path / "ckpt", crafted=True), max_batch_size=3, batch_window_s=30.0)
+    answers = answer_concurrently(backend, [{"messages": MESSAGES, "max_tokens": 16}] * 6)
+    assert backend.batch_sizes == [3, 3]
+    assert [a.text for a in answers] == ["Positive: none Negative: bad"] * 6

