@@ -65,7 +65,8 @@ def _drlc_worker(shape: str, precision: str):
 
     sys.path.insert(0, str(ROOT))
     from pipeline.config import PPOParams
-    from pipeline.policy import PolicyWithValueHead, _fresh_value_head, batch_forward, frozen_copy
+    from pipeline.policy import PolicyWithValueHead, _fresh_value_head, frozen_copy
+    from pipeline.scoring import score_responses
     from pipeline.ppo import AdaptiveKLController, RunningMoments
     from pipeline.trainer import RolloutBatch, make_optimizer, train_round
 
@@ -74,8 +75,8 @@ def _drlc_worker(shape: str, precision: str):
     ref = frozen_copy(policy)
     queries, responses, scores = _random_batch()
     with torch.no_grad():  # behaviour log-probs as the fp32 rollout stage records them
-        behaviour, _, _, _ = batch_forward(policy, query_ids=queries.tolist(), response_ids=responses.tolist(),
-                                           pad_id=0)
+        behaviour = score_responses(policy, query_ids=queries.tolist(), response_ids=responses.tolist(),
+                                    pad_id=0).logprobs
     batch = RolloutBatch(queries.tolist(), responses.tolist(), behaviour.tolist(), scores.tolist(),
                          [[0.0] * RESPONSE_LEN for _ in range(BATCH)])
     params = PPOParams(ppo_epochs=PPO_EPOCHS, mini_batch_size=MINI_BATCH,

@@ -8,7 +8,7 @@ TRL disables dropout outright. The first minibatch's ratio is then 1 up to float
 `ppo/policy_kl` starts at 0.
 Mixed precision: with params.mixed_precision == "bf16" every model forward runs under bf16
 autocast (the backward follows the dtypes autocast chose); log-probs, values, KL, rewards,
-advantages and losses are fp32 (see pipeline.policy.score_responses).
+advantages and losses are fp32 (see pipeline.scoring.score_responses).
 Data parallel: with a `DataParallel` (pipeline.distributed) each process scores its share of the
 rows and of every minibatch; per-token tensors are gathered and minibatch statistics and gradients
 summed with token weights, so N processes make the update one process makes on the whole batch.
@@ -27,7 +27,8 @@ from tqdm.auto import tqdm
 from pipeline.config import PPOParams
 from pipeline.distributed import DataParallel
 from pipeline.errors import DataError, PPOInputError
-from pipeline.policy import PolicyWithValueHead, score_responses
+from pipeline.policy import PolicyWithValueHead
+from pipeline.scoring import score_responses
 from pipeline.ppo import (
     gae,
     kl_penalty,
@@ -298,7 +299,7 @@ def save_trainer_state(directory: str | Path, optimizer, kl_controller, score_mo
     that wrote the checkpoint (the cursor a following round checks it starts after).
     No LR scheduler exists (constant lr, as TRL's default) and no RNG state is saved: every random
     draw of a round comes from generators seeded by (run seed, round), see
-    pipeline.steps.rollout.round_seed, so nothing random carries over from one round to the next.
+    pipeline.seeding.round_seed, so nothing random carries over from one round to the next.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

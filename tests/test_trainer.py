@@ -10,7 +10,9 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from pipeline.config import PPOParams
 from pipeline.errors import DataError, PPOInputError
-from pipeline.policy import PolicyWithValueHead, _fresh_value_head, batch_forward, frozen_copy, sample_responses
+from pipeline.policy import PolicyWithValueHead, _fresh_value_head, frozen_copy
+from pipeline.sampling import sample_responses
+from pipeline.scoring import score_responses
 from pipeline.ppo import AdaptiveKLController, FixedKLController, RunningMoments
 from pipeline.trainer import RolloutBatch, load_trainer_state, make_optimizer, save_trainer_state, train_round
 
@@ -86,8 +88,8 @@ def test_first_minibatch_ratio_is_one_and_stats_keys_present():
 
 def mean_logprob_of_good_tokens(policy, batch):
     with torch.no_grad():
-        logprobs, _, mask, _ = batch_forward(policy, query_ids=batch.query_ids, response_ids=batch.response_ids,
-                                             pad_id=PAD)
+        scores = score_responses(policy, query_ids=batch.query_ids, response_ids=batch.response_ids, pad_id=PAD)
+    logprobs, mask = scores.logprobs, scores.mask
     ids = torch.tensor([r + [PAD] * (logprobs.shape[1] - len(r)) for r in batch.response_ids])
     good = ((ids >= 2) & (ids < 18)).float() * mask
     return (logprobs * good).sum().item() / good.sum().item()

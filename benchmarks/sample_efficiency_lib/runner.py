@@ -13,10 +13,11 @@ import torch
 
 from pipeline.critic.annotate import annotate_round, zero_mean_rewards
 from pipeline.evaluate.decode import sample_continuations
-from pipeline.policy import frozen_copy, load_policy, sample_responses
+from pipeline.policy import frozen_copy, load_policy
+from pipeline.sampling import sample_responses
 from pipeline.ppo import RunningMoments
 from pipeline.steps.ppo_round import new_kl_controller
-from pipeline.steps.rollout import round_seed
+from pipeline.seeding import round_seed
 from pipeline.trainer import RolloutBatch, make_optimizer, train_round
 
 from benchmarks.sample_efficiency_lib.arms import Arm

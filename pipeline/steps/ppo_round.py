@@ -12,7 +12,7 @@ from pipeline.lora import add_adapters, has_adapters
 from pipeline.policy import load_policy, save_policy
 from pipeline.reference import make_reference
 from pipeline.ppo import AdaptiveKLController, FixedKLController, RunningMoments
-from pipeline.steps.rollout import round_seed
+from pipeline.seeding import round_seed
 from pipeline.trainer import (RolloutBatch, load_trainer_state, make_optimizer, save_trainer_state,
                               train_round)
 
