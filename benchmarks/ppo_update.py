@@ -79,7 +79,7 @@ def _drlc_worker(shape: str, precision: str):
                                     pad_id=0).logprobs
     batch = RolloutBatch(queries.tolist(), responses.tolist(), behaviour.tolist(), scores.tolist(),
                          [[0.0] * RESPONSE_LEN for _ in range(BATCH)])
-    params = PPOParams(ppo_epochs=PPO_EPOCHS, mini_batch_size=MINI_BATCH,
+    params = PPOParams(learning_rate=1.41e-5, ppo_epochs=PPO_EPOCHS, mini_batch_size=MINI_BATCH,  # TRL's lr
                        mixed_precision="bf16" if precision == "bf16" else "fp32")
     optimizer = make_optimizer(policy, params.learning_rate)
     start_weights = {k: v.clone() for k, v in policy.state_dict().items()}
