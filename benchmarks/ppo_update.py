@@ -92,8 +92,8 @@ def _drlc_worker(shape: str, precision: str):
                             kl_controller=controller, score_moments=RunningMoments(), seed=0, progress=False)
         seconds = time.perf_counter() - started
         first = steps[0]
-        return {"seconds": seconds, "skipped": sum(s["ppo/skipped"] for s in steps),
-                "first_policy_kl": first["ppo/policy_kl"], "behaviour_logprob_gap": first["ppo/behaviour_logprob_gap"]}
+        return {"seconds": seconds, "skipped": sum(s["skipped"] for s in steps),
+                "first_policy_kl": first["policy_kl"], "behaviour_logprob_gap": first["behaviour_logprob_gap"]}
 
     return run
 

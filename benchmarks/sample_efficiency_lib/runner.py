@@ -74,8 +74,8 @@ def _round_record(round_: int, rows: list[dict], intrinsic, arm: Arm, stats: lis
     totals = [arm.env_scale * e + sum(t) for e, t in zip(env, intrinsic)]
     return {"round": round_, "rollouts": round_ * len(rows), "env_reward": sum(env) / len(env),
             "total_reward": sum(totals) / len(totals), "env_reward_std": population_std(env),
-            "total_reward_std": population_std(totals), "kl": stats[0]["objective/kl"],
-            "kl_coef": stats[0]["objective/kl_coef"], "critiqued": critiqued, "seconds": round(seconds, 3),
+            "total_reward_std": population_std(totals), "kl": stats[0]["kl"],
+            "kl_coef": stats[0]["kl_coef"], "critiqued": critiqued, "seconds": round(seconds, 3),
             **ctx.world.batch_metrics([r["query"] for r in rows], [r["response"] for r in rows])}
 
 
