@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.sample_efficiency_lib.analysis import (  # noqa: E402
     mean, mean_std, scale_factor, seed_mean_curve, sparse_target, steps_to_reach)
 from pipeline.errors import ConfigError, DataError  # noqa: E402
+from pipeline.rounds import exp_run_overrides  # noqa: E402
 
 PHASE_1 = ("sparse", "dense_all", "dense_selective", "dense_zero_mean")
 ARMS = PHASE_1 + ("sparse_scaled",)
@@ -63,17 +64,8 @@ def arm_settings(arm: str, *, selective_threshold: float, k: float | str | None 
 
 
 def rounds_overrides(n_rounds: int | None) -> list[str]:
-    """-S values replacing the `rounds` section with n rounds (and evaluating the last); [] keeps it.
-
-    Hydra cannot address the keys "0001"... one by one, so the section is deleted and re-added.
-    """
-    if n_rounds is None:
-        return []
-    if n_rounds < 1:
-        raise ConfigError(f"--rounds {n_rounds}: give at least 1 round")
-    items = ", ".join(f"{r:04d}: {{prev: {'base' if r == 1 else repr(f'round={r - 1:04d}')}}}"
-                      for r in range(1, n_rounds + 1))
-    return ["~rounds", f"+rounds={{{items}}}", f"evaluate.policy='round={n_rounds:04d}'"]
+    """-S values replacing the `rounds` section with n rounds (pipeline.rounds.exp_run_overrides); None keeps it."""
+    return [] if n_rounds is None else exp_run_overrides(n_rounds)
 
 
 def exp_name(arm: str, seed: int) -> str:
