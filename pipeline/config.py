@@ -465,8 +465,7 @@ def _check_combinations(params: Params) -> None:
         raise ConfigError(
             f"'rollout.batch_size' = {r.batch_size} is not a multiple of 'ppo.mini_batch_size' x "
             f"'ppo.gradient_accumulation_steps' = {ppo.mini_batch_size} x {ppo.gradient_accumulation_steps}: "
-            f"PPO splits each round's batch into equal minibatches; choose a product that divides "
-            f"{r.batch_size} (e.g. ppo.mini_batch_size: {_largest_divisor(r.batch_size, ppo.mini_batch_size)}) or make "
+            f"PPO splits each round's batch into equal minibatches; {_batch_fix(r.batch_size, ppo)} or make "
             f"rollout.batch_size a multiple of {ppo.backward_batch_size}.")
     if ppo.num_shared_layers is not None and b.lora_r > 0:
         raise ConfigError(f"'ppo.num_shared_layers' = {ppo.num_shared_layers} and 'base.lora_r' = {b.lora_r} exclude "
@@ -476,9 +475,12 @@ def _check_combinations(params: Params) -> None:
                           f"('base.n_layer' = {b.n_layer}) to train: use a value below {b.n_layer} or null.")
 
 
-def _largest_divisor(n: int, at_most: int) -> int:
-    """The largest divisor of n that is <= at_most (1 at least)."""
-    return max(d for d in range(1, min(n, at_most) + 1) if n % d == 0)
+def _batch_fix(batch_size: int, ppo: PPOParams) -> str:
+    """The nearest smaller ppo.mini_batch_size that fits batch_size, or the accumulation to change."""
+    fits = [m for m in range(1, ppo.mini_batch_size + 1) if batch_size % (m * ppo.gradient_accumulation_steps) == 0]
+    if fits:
+        return f"set ppo.mini_batch_size: {fits[-1]}"
+    return f"set ppo.gradient_accumulation_steps to a divisor of {batch_size}"
 
 
 def load_params(path: str | Path = "params.yaml", overrides: list[str] | tuple = ()) -> Params:

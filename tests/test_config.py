@@ -68,9 +68,11 @@ def test_bad_values_name_the_key_the_value_and_the_fix(mutate, expected):
 
 @pytest.mark.parametrize("mutate, expected", [
     (lambda r: r["ppo"].update(mini_batch_size=7),
-     ["'rollout.batch_size' = 128", "'ppo.mini_batch_size'", "7 x 1", "ppo.mini_batch_size: 4", "a multiple of 7"]),
+     ["'rollout.batch_size' = 128", "'ppo.mini_batch_size'", "7 x 1", "set ppo.mini_batch_size: 4", "a multiple of 7"]),
     (lambda r: r["ppo"].update(mini_batch_size=16, gradient_accumulation_steps=3),
-     ["'rollout.batch_size' = 128", "'ppo.gradient_accumulation_steps'", "16 x 3", "a multiple of 48"]),
+     ["'rollout.batch_size' = 128", "'ppo.gradient_accumulation_steps'", "16 x 3", "a multiple of 48",
+      "set ppo.gradient_accumulation_steps to a divisor of 128"]),
+    (lambda r: r["ppo"].update(mini_batch_size=24, gradient_accumulation_steps=2), ["set ppo.mini_batch_size: 16"]),
     (lambda r: r["rollout"].update(batch_size=8), ["'rollout.batch_size' = 8", "16 x 1", "ppo.mini_batch_size: 8"]),
     (lambda r: (r["ppo"].update(num_shared_layers=1), r["base"].update(lora_r=8)),
      ["'ppo.num_shared_layers' = 1", "'base.lora_r' = 8", "set num_shared_layers to null"]),
