@@ -65,7 +65,8 @@ def _drlc_worker(shape: str, precision: str):
 
     sys.path.insert(0, str(ROOT))
     from pipeline.config import PPOParams
-    from pipeline.policy import PolicyWithValueHead, _fresh_value_head, batch_forward, frozen_copy
+    from pipeline.policy import PolicyWithValueHead, _fresh_value_head, frozen_copy
+    from pipeline.scoring import score_responses
     from pipeline.ppo import AdaptiveKLController, RunningMoments
     from pipeline.trainer import RolloutBatch, make_optimizer, train_round
 
@@ -74,11 +75,11 @@ def _drlc_worker(shape: str, precision: str):
     ref = frozen_copy(policy)
     queries, responses, scores = _random_batch()
     with torch.no_grad():  # behaviour log-probs as the fp32 rollout stage records them
-        behaviour, _, _, _ = batch_forward(policy, query_ids=queries.tolist(), response_ids=responses.tolist(),
-                                           pad_id=0)
+        behaviour = score_responses(policy, query_ids=queries.tolist(), response_ids=responses.tolist(),
+                                    pad_id=0).logprobs
     batch = RolloutBatch(queries.tolist(), responses.tolist(), behaviour.tolist(), scores.tolist(),
                          [[0.0] * RESPONSE_LEN for _ in range(BATCH)])
-    params = PPOParams(ppo_epochs=PPO_EPOCHS, mini_batch_size=MINI_BATCH,
+    params = PPOParams(learning_rate=1.41e-5, ppo_epochs=PPO_EPOCHS, mini_batch_size=MINI_BATCH,  # TRL's lr
                        mixed_precision="bf16" if precision == "bf16" else "fp32")
     optimizer = make_optimizer(policy, params.learning_rate)
     start_weights = {k: v.clone() for k, v in policy.state_dict().items()}
@@ -91,8 +92,8 @@ def _drlc_worker(shape: str, precision: str):
                             kl_controller=controller, score_moments=RunningMoments(), seed=0, progress=False)
         seconds = time.perf_counter() - started
         first = steps[0]
-        return {"seconds": seconds, "skipped": sum(s["ppo/skipped"] for s in steps),
-                "first_policy_kl": first["ppo/policy_kl"], "behaviour_logprob_gap": first["ppo/behaviour_logprob_gap"]}
+        return {"seconds": seconds, "skipped": sum(s["skipped"] for s in steps),
+                "first_policy_kl": first["policy_kl"], "behaviour_logprob_gap": first["behaviour_logprob_gap"]}
 
     return run
 

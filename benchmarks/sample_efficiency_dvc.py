@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.sample_efficiency_lib.analysis import (  # noqa: E402
     mean, mean_std, scale_factor, seed_mean_curve, sparse_target, steps_to_reach)
 from pipeline.errors import ConfigError, DataError  # noqa: E402
+from pipeline.rounds import exp_run_overrides  # noqa: E402
 
 PHASE_1 = ("sparse", "dense_all", "dense_selective", "dense_zero_mean")
 ARMS = PHASE_1 + ("sparse_scaled",)
@@ -63,17 +64,8 @@ def arm_settings(arm: str, *, selective_threshold: float, k: float | str | None 
 
 
 def rounds_overrides(n_rounds: int | None) -> list[str]:
-    """-S values replacing the `rounds` section with n rounds (and evaluating the last); [] keeps it.
-
-    Hydra cannot address the keys "0001"... one by one, so the section is deleted and re-added.
-    """
-    if n_rounds is None:
-        return []
-    if n_rounds < 1:
-        raise ConfigError(f"--rounds {n_rounds}: give at least 1 round")
-    items = ", ".join(f"{r:04d}: {{prev: {'base' if r == 1 else repr(f'round={r - 1:04d}')}}}"
-                      for r in range(1, n_rounds + 1))
-    return ["~rounds", f"+rounds={{{items}}}", f"evaluate.policy='round={n_rounds:04d}'"]
+    """-S values replacing the `rounds` section with n rounds (pipeline.rounds.exp_run_overrides); None keeps it."""
+    return [] if n_rounds is None else exp_run_overrides(n_rounds)
 
 
 def exp_name(arm: str, seed: int) -> str:
@@ -136,8 +128,9 @@ def round_records(project: Path, exp: dict, *, with_spread: bool) -> list[dict]:
     for c in curves:
         record = {"round": c["round"], "env_reward": c["env_reward_mean"] / scale, "kl": c["kl"],
                   "total_reward": c["env_reward_mean"] + c["intrinsic_reward_sum"],
-                  "intrinsic_reward_sum": c["intrinsic_reward_sum"], "critic_calls": c["critic_calls"],
-                  "cache_hits": c["cache_hits"], "cost_usd": c["cost_usd"]}
+                  "intrinsic_reward_sum": c["intrinsic_reward_sum"], "critiqued": c["critiqued"],
+                  "critic_requests": c["critic_requests"], "cache_hits": c["cache_hits"],
+                  "critic_cost_usd": c["critic_cost_usd"]}
         if with_spread:
             record.update(response_spread(project, exp["rev"], c["round"], scale))
         records.append(record)
@@ -171,14 +164,11 @@ def run_record(project: Path, exp: dict, arm: str, seed: int, *, with_spread: bo
     eval_metrics = {f"{s}/{m}": (v / scale if m == "env_reward_mean" else v)
                     for sets in final.values() for s, values in sets.items() for m, v in values.items()
                     if isinstance(v, (int, float))}
-    critique = [m for path, m in exp["metrics"].items() if path.startswith("metrics/critique/")]
     rounds = round_records(project, exp, with_spread=with_spread)
     return {"arm": arm, "seed": seed, "experiment": exp_name(arm, seed), "rev": exp["rev"], "score_scale": scale,
             "rounds": rounds, "eval": eval_metrics,
-            "critic": {"critiqued": sum(r["critic_calls"] for r in rounds),
-                       "server_requests": sum(m.get("critic/server_requests", 0) for m in critique),
-                       "cache_hits": sum(r["cache_hits"] for r in rounds),
-                       "cost_usd": sum(r["cost_usd"] for r in rounds)}}
+            "critic": {key: sum(r[key] for r in rounds)
+                       for key in ("critiqued", "critic_requests", "cache_hits", "critic_cost_usd")}}
 
 
 def headline(by_arm: dict[str, list[dict]], *, final_window: int) -> dict:
@@ -194,7 +184,7 @@ def headline(by_arm: dict[str, list[dict]], *, final_window: int) -> dict:
             "final_env_reward": final("env_reward"), "final_kl": final("kl"),
             "final_intrinsic_reward_sum": final("intrinsic_reward_sum"),
             "eval": {m: mean_std([run["eval"][m] for run in runs if m in run["eval"]]) for m in metrics},
-            "critic_server_requests": sum(run["critic"]["server_requests"] for run in runs),
+            "critic_requests": sum(run["critic"]["critic_requests"] for run in runs),
             "critic_critiqued": sum(run["critic"]["critiqued"] for run in runs)}
     return out
 
@@ -217,7 +207,7 @@ def markdown(result: dict) -> str:
              "|---" * (5 + len(evals)) + "|"]
     for arm, a in head["arms"].items():
         reached = "-" if a["rounds_to_target"] is None else str(a["rounds_to_target"])
-        cells = [arm, reached, ms(a["final_env_reward"]), ms(a["final_kl"]), str(a["critic_server_requests"])]
+        cells = [arm, reached, ms(a["final_env_reward"]), ms(a["final_kl"]), str(a["critic_requests"])]
         cells += [ms(a["eval"][m]) if m in a["eval"] else "-" for m in evals]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Wall time {result['wall_seconds'] / 60:.1f} min; experiments: "

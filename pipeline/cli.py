@@ -5,6 +5,7 @@ The pipeline itself runs with `dvc repro`; this command covers what sits around 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -20,6 +21,21 @@ def cmd_check(args) -> None:
     check_inputs(params)
     print(f"{args.params}: ok ({len(params.rounds)} rounds, task {params.run.task}, "
           f"critic {'on' if params.critic.enabled else 'off'})")
+
+
+def cmd_rounds(args) -> None:
+    from pipeline.rounds import exp_run_overrides, set_rounds
+
+    if args.exp:
+        print("dvc exp run " + " ".join(f"-S {_shell_word(value)}" for value in exp_run_overrides(args.n)))
+        return
+    set_rounds(args.params, args.n)
+    print(f"{args.params}: {args.n} rounds (0001..{args.n:04d}), evaluate.policy = round={args.n:04d}")
+
+
+def _shell_word(value: str) -> str:
+    """value quoted for a POSIX shell, in double quotes when that needs no escapes (readable -S flags)."""
+    return f'"{value}"' if not set(value) & set('"$`\\!') else shlex.quote(value)
 
 
 def cmd_sql(args) -> None:
@@ -199,6 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--params", default="params.yaml")
     check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key")
     check.set_defaults(func=cmd_check)
+
+    rounds = sub.add_parser("rounds", help="set the number of PPO rounds: rewrite params.yaml's rounds and evaluate.policy")
+    rounds.add_argument("n", type=int, help="number of rounds (1 to 9999)")
+    rounds.add_argument("--params", default="params.yaml")
+    rounds.add_argument("--exp", action="store_true",
+                        help="print the `dvc exp run -S ...` flags for N rounds instead of editing the file")
+    rounds.set_defaults(func=cmd_rounds)
 
     sql = sub.add_parser("sql", help="run a DuckDB query over the Parquet tables")
     sql.add_argument("query", help='e.g. "SELECT round, avg(env_reward) FROM scores GROUP BY 1"')

@@ -1,7 +1,9 @@
 """Typed, frozen parameters: one dataclass per params.yaml section, one loader.
 
 `load_params("params.yaml")` reads the YAML, applies `key=value` overrides, and checks every
-value before any compute starts. An unknown key, a wrong type or an out-of-range value raises
+value before any compute starts, and every combination of values that a later stage needs
+(`_check_combinations`), so a mistake fails at `drlc check`, not after hours of rollouts.
+The dataclass defaults are the demo profile of params.yaml (tests/test_config.py compares them). An unknown key, a wrong type or an out-of-range value raises
 ConfigError naming the dotted key, the bad value and what would be valid (with the nearest
 valid key for typos). Derived values are properties; nothing is written back.
 """
@@ -17,13 +19,12 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.critic.align import MODES as ALIGNMENTS  # critic.alignment: the aligner's own list of modes
 from pipeline.errors import ConfigError
-
 from pipeline.tasks import task_names
 
 TASKS = task_names()  # one module per task in pipeline/tasks/
 KL_PENALTIES = ("kl", "abs", "mse", "full")
-ALIGNMENTS = ("exact", "substring")
 ROUND_KEY = re.compile(r"^\d{4}$")
 
 
@@ -137,10 +138,10 @@ class RolloutParams:
     """Sampling from the current policy. Full-distribution sampling (no top-k/top-p) keeps the
     recorded behaviour log-probs equal to the policy's own log-probs."""
 
-    batch_size: int = 64
+    batch_size: int = 128
     max_new_tokens: int = 20
     min_new_tokens: int | None = None  # per-response length limit drawn in [min, max] (seeded); null = max
-    generation_batch_size: int = 64
+    generation_batch_size: int = 128
 
     checks = {
         "min_new_tokens": (_positive, "> 0 or null"),
@@ -212,9 +213,10 @@ class CriticParams:
 
 @dataclass(frozen=True)
 class PPOParams:
-    """PPO hyperparameters. Defaults are legacy TRL's PPOConfig (<= 0.11), which the paper used."""
+    """PPO hyperparameters. Defaults are legacy TRL's PPOConfig (<= 0.11), which the paper used,
+    except learning_rate (TRL and the paper on gpt2-large: 1.41e-5; the demo's tiny model needs more)."""
 
-    learning_rate: float = 1.41e-5
+    learning_rate: float = 5e-4
     ppo_epochs: int = 4
     mini_batch_size: int = 16
     gradient_accumulation_steps: int = 1
@@ -275,9 +277,9 @@ class EvaluateParams:
     """Evaluation as in the DExperts protocol: N nucleus samples per prompt, scored by a sentiment
     classifier that is not the training reward, a fluency LM and dist-n."""
 
-    policy: str = "round=0003"  # the policy evaluated against the base; must be the last round
+    policy: str = "round=0004"  # the policy evaluated against the base; must be the last round
     prompts: list[str] = field(default_factory=lambda: ["world"])  # "world" or DExperts JSONL paths
-    n_prompts: int | None = None  # first n prompts of each set (DExperts' sample_size); null = all
+    n_prompts: int | None = 32  # first n prompts of each set (DExperts' sample_size); null = all
     samples_per_prompt: int = 25
     max_new_tokens: int = 20
     top_p: float = 0.9
@@ -428,27 +430,57 @@ def params_from_dict(raw: dict) -> Params:
             f"'evaluate.policy' = {params.evaluate.policy!r} must name the last round: {last!r}."
         )
     _check_task(params)
-    if params.rollout.min_new_tokens is not None and params.rollout.min_new_tokens > params.rollout.max_new_tokens:
-        raise ConfigError(
-            f"'rollout.min_new_tokens' = {params.rollout.min_new_tokens} exceeds "
-            f"'rollout.max_new_tokens' = {params.rollout.max_new_tokens}."
-        )
-    if params.world.prefix_min_words > params.world.prefix_max_words:
-        raise ConfigError(
-            f"'world.prefix_min_words' = {params.world.prefix_min_words} exceeds "
-            f"'world.prefix_max_words' = {params.world.prefix_max_words}."
-        )
+    _check_combinations(params)
     return params
 
 
 def _check_task(params: Params) -> None:
-    """The scorer must be one of the task's (each task module lists its SCORERS)."""
+    """What the task module declares: its scorers, which of them read score.model, its eval prompts."""
     from pipeline.tasks import get_task
 
-    scorers = get_task(params.run.task).SCORERS
-    if params.score.scorer not in scorers:
-        raise ConfigError(f"'score.scorer' = {params.score.scorer!r} is not a scorer of task "
-                          f"{params.run.task!r}: use one of {scorers}.")
+    task = get_task(params.run.task)
+    scorer = params.score.scorer
+    if scorer not in task.SCORERS:
+        raise ConfigError(f"'score.scorer' = {scorer!r} is not a scorer of task "
+                          f"{params.run.task!r}: use one of {task.SCORERS}.")
+    if scorer in task.MODEL_SCORERS and not params.score.model:
+        raise ConfigError(f"'score.scorer' = {scorer!r} needs 'score.model' (null now): set it to a local model "
+                          f"folder, or use one of {tuple(s for s in task.SCORERS if s not in task.MODEL_SCORERS)}.")
+    others = [p for p in params.evaluate.prompts if p != "world"]
+    if task.EVAL_NEEDS_REFERENCES and others:
+        raise ConfigError(f"'evaluate.prompts' = {params.evaluate.prompts!r}: task {params.run.task!r} evaluates "
+                          f"against references, which only the world's eval split has; set it to [world].")
+
+
+def _check_combinations(params: Params) -> None:
+    """Constraints between keys of different sections that a later stage relies on."""
+    r, w, b, ppo = params.rollout, params.world, params.base, params.ppo
+    if r.min_new_tokens is not None and r.min_new_tokens > r.max_new_tokens:
+        raise ConfigError(f"'rollout.min_new_tokens' = {r.min_new_tokens} exceeds "
+                          f"'rollout.max_new_tokens' = {r.max_new_tokens}.")
+    if w.prefix_min_words > w.prefix_max_words:
+        raise ConfigError(f"'world.prefix_min_words' = {w.prefix_min_words} exceeds "
+                          f"'world.prefix_max_words' = {w.prefix_max_words}.")
+    if r.batch_size % ppo.backward_batch_size:
+        raise ConfigError(
+            f"'rollout.batch_size' = {r.batch_size} is not a multiple of 'ppo.mini_batch_size' x "
+            f"'ppo.gradient_accumulation_steps' = {ppo.mini_batch_size} x {ppo.gradient_accumulation_steps}: "
+            f"PPO splits each round's batch into equal minibatches; {_batch_fix(r.batch_size, ppo)} or make "
+            f"rollout.batch_size a multiple of {ppo.backward_batch_size}.")
+    if ppo.num_shared_layers is not None and b.lora_r > 0:
+        raise ConfigError(f"'ppo.num_shared_layers' = {ppo.num_shared_layers} and 'base.lora_r' = {b.lora_r} exclude "
+                          f"each other: LoRA already freezes every base weight; set num_shared_layers to null.")
+    if ppo.num_shared_layers is not None and b.model is None and ppo.num_shared_layers >= b.n_layer:
+        raise ConfigError(f"'ppo.num_shared_layers' = {ppo.num_shared_layers} leaves no block of the built base model "
+                          f"('base.n_layer' = {b.n_layer}) to train: use a value below {b.n_layer} or null.")
+
+
+def _batch_fix(batch_size: int, ppo: PPOParams) -> str:
+    """The nearest smaller ppo.mini_batch_size that fits batch_size, or the accumulation to change."""
+    fits = [m for m in range(1, ppo.mini_batch_size + 1) if batch_size % (m * ppo.gradient_accumulation_steps) == 0]
+    if fits:
+        return f"set ppo.mini_batch_size: {fits[-1]}"
+    return f"set ppo.gradient_accumulation_steps to a divisor of {batch_size}"
 
 
 def load_params(path: str | Path = "params.yaml", overrides: list[str] | tuple = ()) -> Params:

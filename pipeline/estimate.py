@@ -75,17 +75,11 @@ class CriticEstimate:
 def reward_maximum(params: Params) -> float | None:
     """The largest environment reward the configured scorer can give, or None when unbounded.
 
-    vader: scale x 1 (compound in [-1, 1]); toxicity: scale x (1 - toxicity) <= scale;
-    rouge1: scale x 100 x F1 <= 100 scale. Classifier logits and reward models are unbounded.
+    The task module's reward_range says it (pipeline/tasks/<task>.py, from the reward's RANGE).
     """
-    scorer, scale = params.score.scorer, params.score.scale
-    if params.run.task == "toxicity":
-        return scale
-    if scorer == "vader":
-        return scale
-    if scorer == "rouge1":
-        return 100.0 * scale
-    return None
+    from pipeline.tasks import get_task
+
+    return get_task(params.run.task).reward_range(params.score)[1]
 
 
 def measured_critique_rate(params: Params, data_dir: str | Path) -> float | None:
@@ -239,10 +233,7 @@ def check_offline(params: Params, *, root: str | Path = ".", processes: int = 1)
 
     offline = dataclasses.replace(params, critic=dataclasses.replace(params.critic, endpoint="local"))
     check_inputs(offline, root)  # template task and labels, cache dir; the API key is a warning below
-    ppo, batch = params.ppo, params.rollout.batch_size
-    if batch % ppo.backward_batch_size:
-        raise ConfigError(f"'rollout.batch_size' = {batch} is not divisible by ppo.mini_batch_size x "
-                          f"gradient_accumulation_steps = {ppo.backward_batch_size}: change one of them.")
+    ppo = params.ppo  # rollout.batch_size vs the minibatch is checked at load (pipeline/config.py)
     if ppo.mini_batch_size % processes:
         raise ConfigError(f"'ppo.mini_batch_size' = {ppo.mini_batch_size} is not divisible by --processes "
                           f"{processes}: each process takes an equal share of every minibatch.")

@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from pipeline import store
+from pipeline.code_deps import CODE_ROOT, import_closure  # CODE_ROOT: the checkout the DVC form runs
 from pipeline.config import Params, load_params
 from pipeline.errors import ConfigError
 from pipeline.preflight import check_inputs
@@ -25,14 +26,9 @@ from pipeline.replay import (INPUT_TABLES, check_evaluation, check_frozen, effec
                              run_params, train_rounds, without_remote)
 from pipeline.stage import write_json
 
-CODE_ROOT = Path(__file__).resolve().parents[1]  # the checkout whose stages/replay.py the DVC form runs
-
 REPLAY_PARAMS = ["run", "world", "base", "rollout", "score", "critic", "ppo", "rounds"]  # frozen ones: compared
 EVALUATE_PARAMS = ["run", "score", "evaluate"]
-REPLAY_CODE = ["stages/replay.py", "pipeline/replay.py", "pipeline/replay_dvc.py", "pipeline/steps/ppo_round.py", "pipeline/trainer.py",
-               "pipeline/ppo.py", "pipeline/policy.py", "pipeline/critic"]
-EVALUATE_CODE = ["stages/replay.py", "pipeline/replay.py", "pipeline/replay_dvc.py", "pipeline/steps/evaluate.py", "pipeline/evaluate",
-                 "pipeline/tasks", "pipeline/data", "pipeline/rewards"]
+STAGE_SCRIPT = "stages/replay.py"  # both stages run it, so both depend on all the code it can import
 
 
 def write_dvc_replay(run_dir: str | Path, out_dir: str | Path, *, overrides: list[str],
@@ -81,7 +77,8 @@ def dvc_stages(run_dir: Path, out_dir: Path, params: Params, *, allow_new_calls:
     def rel(path: Path) -> str:
         return os.path.relpath(Path(path).resolve(), out_dir.resolve())
 
-    script = shlex.quote(rel(CODE_ROOT / "stages" / "replay.py"))
+    script = shlex.quote(rel(CODE_ROOT / STAGE_SCRIPT))
+    code = [rel(CODE_ROOT / path) for path in [STAGE_SCRIPT] + import_closure(STAGE_SCRIPT)]
     flags = f"--from {shlex.quote(rel(run_dir))} --params params.yaml --out ."
     flags += " --allow-new-calls" if allow_new_calls else ""
     keys, policy, data = params.round_keys(), params.evaluate.policy, run_dir / "data"
@@ -93,7 +90,7 @@ def dvc_stages(run_dir: Path, out_dir: Path, params: Params, *, allow_new_calls:
     return {"stages": {
         "replay": {
             "cmd": f"python {script} train {flags}",
-            "deps": [rel(CODE_ROOT / c) for c in REPLAY_CODE] + [rel(p) for p in inputs],
+            "deps": code + [rel(p) for p in inputs],
             "params": REPLAY_PARAMS,
             "outs": [f"data/{t}" for t in ("prompts", "rollouts", "scores", "annotations", "ppo_steps")] + ["models"],
             "metrics": per_round + [{"replay.json": {"cache": False}}],
@@ -101,7 +98,7 @@ def dvc_stages(run_dir: Path, out_dir: Path, params: Params, *, allow_new_calls:
         },
         "evaluate": {
             "cmd": f"python {script} evaluate {flags}",
-            "deps": [rel(CODE_ROOT / c) for c in EVALUATE_CODE] + ["data/prompts", "models/base", f"models/{policy}"]
+            "deps": code + ["data/prompts", "models/base", f"models/{policy}"]
                     + [rel(p) for p in prompt_files if p.exists()],
             "params": EVALUATE_PARAMS,
             "outs": [f"data/eval/{policy}", f"data/eval_samples/{policy}"],

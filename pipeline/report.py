@@ -23,7 +23,7 @@ from pipeline.errors import DataError
 from pipeline.evaluate.curves import CURVE_COLUMNS
 from pipeline.evaluate.metrics import pairwise_win_rate
 
-PLOTTED = ["env_reward_mean", "intrinsic_reward_sum", "kl", "critic_calls", "cache_hit_rate", "cost_usd_total"]
+PLOTTED = ["env_reward_mean", "intrinsic_reward_sum", "kl", "critic_requests", "cache_hit_rate", "critic_cost_usd_total"]
 
 
 def _read_json(run: Path, name: str) -> dict:
@@ -61,8 +61,8 @@ def load_run(run_dir: str | Path) -> tuple[dict[str, float], list[dict]]:
     metrics["train/rounds"] = len(curves)
     for column in ("env_reward_mean", "intrinsic_reward_sum", "kl"):
         metrics[f"train/last_round_{column}"] = last.get(column)
-    metrics["train/critic_calls_total"] = sum(c.get("critic_calls") or 0 for c in curves)
-    metrics["train/cost_usd_total"] = sum(c.get("cost_usd") or 0.0 for c in curves)
+    metrics["train/critic_requests_total"] = sum(c.get("critic_requests") or 0 for c in curves)
+    metrics["train/critic_cost_usd_total"] = sum(c.get("critic_cost_usd") or 0.0 for c in curves)
     return metrics, curves
 
 

@@ -5,10 +5,10 @@ Dropout: drlc keeps the policy in eval mode (dropout off) for sampling, the log-
 the loss pass. TRL 0.11.4 did the same in effect (batched_forward_pass calls model.eval() before
 every forward, the loss pass included; train_minibatch's model.train() comes after it), and newer
 TRL disables dropout outright. The first minibatch's ratio is then 1 up to float error, and
-`ppo/policy_kl` starts at 0.
+`policy_kl` starts at 0.
 Mixed precision: with params.mixed_precision == "bf16" every model forward runs under bf16
 autocast (the backward follows the dtypes autocast chose); log-probs, values, KL, rewards,
-advantages and losses are fp32 (see pipeline.policy.score_responses).
+advantages and losses are fp32 (see pipeline.scoring.score_responses).
 Data parallel: with a `DataParallel` (pipeline.distributed) each process scores its share of the
 rows and of every minibatch; per-token tensors are gathered and minibatch statistics and gradients
 summed with token weights, so N processes make the update one process makes on the whole batch.
@@ -27,7 +27,9 @@ from tqdm.auto import tqdm
 from pipeline.config import PPOParams
 from pipeline.distributed import DataParallel
 from pipeline.errors import DataError, PPOInputError
-from pipeline.policy import PolicyWithValueHead, score_responses
+from pipeline.policy import PolicyWithValueHead
+from pipeline.round_metrics import intrinsic_reward_sum
+from pipeline.scoring import score_responses
 from pipeline.ppo import (
     gae,
     kl_penalty,
@@ -189,12 +191,12 @@ def train_round(
     # GAE and advantage whitening over the whole batch (also data parallel: global whitening)
     advantages, returns = gae(values=old_values, rewards=rewards, mask=mask, gamma=params.gamma,
                               lam=params.lam, whiten_rewards=params.whiten_rewards)  # (B, T) each
-    round_stats = {
-        "objective/kl": kl.sum(-1).mean().item(),
-        "objective/kl_coef": kl_coef,
-        "env/reward_mean": raw_scores.mean().item(),
-        "critic/intrinsic_reward_sum": (intrinsic * mask).sum(-1).mean().item(),
-        "ppo/behaviour_logprob_gap": behaviour_gap,
+    round_stats = {  # names: docs/metrics.md
+        "kl": kl.sum(-1).mean().item(),
+        "kl_coef": kl_coef,
+        "env_reward_mean": raw_scores.mean().item(),
+        "intrinsic_reward_sum": intrinsic_reward_sum(batch.intrinsic),
+        "behaviour_logprob_gap": behaviour_gap,
     }
     tensors = {"old_logprobs": old_logprobs, "old_values": old_values, "advantages": advantages,
                "returns": returns, "mask": mask}
@@ -209,17 +211,17 @@ def train_round(
         for start in range(0, n, params.backward_batch_size):
             indices = order[start : start + params.backward_batch_size]
             step = _optimizer_step(policy, optimizer, batch, tensors, indices, params, width, dp)
-            steps.append({**step, "ppo/epoch": epoch, **round_stats})
+            steps.append({**step, "epoch": epoch, **round_stats})
             bar.update(1)
             # optional early stop on the policy KL, as TRL (1.5 × target_kl)
-            if params.early_stopping and step["ppo/policy_kl"] > 1.5 * params.target_kl:
+            if params.early_stopping and step["policy_kl"] > 1.5 * params.target_kl:
                 early_stop = True
                 break
         if early_stop:
             break
     bar.close()
     # KL controller update with the batch's mean summed KL and n_steps = batch size
-    kl_controller.update(round_stats["objective/kl"], n)
+    kl_controller.update(round_stats["kl"], n)
     return steps
 
 
@@ -283,9 +285,9 @@ def _optimizer_step(policy, optimizer, batch, tensors, indices, params: PPOParam
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     elapsed = time.perf_counter() - started
-    step = {f"ppo/{key}": value / len(mini_batches) for key, value in sums.items()}
-    step.update({"ppo/skipped": skipped, "ppo/grad_norm": grad_norm, "ppo/lr": optimizer.param_groups[0]["lr"],
-                 "ppo/tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0})
+    step = {key: value / len(mini_batches) for key, value in sums.items()}
+    step.update({"skipped": skipped, "grad_norm": grad_norm, "lr": optimizer.param_groups[0]["lr"],
+                 "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0})
     return step
 
 
@@ -298,7 +300,7 @@ def save_trainer_state(directory: str | Path, optimizer, kl_controller, score_mo
     that wrote the checkpoint (the cursor a following round checks it starts after).
     No LR scheduler exists (constant lr, as TRL's default) and no RNG state is saved: every random
     draw of a round comes from generators seeded by (run seed, round), see
-    pipeline.steps.rollout.round_seed, so nothing random carries over from one round to the next.
+    pipeline.seeding.round_seed, so nothing random carries over from one round to the next.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

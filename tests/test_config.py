@@ -29,10 +29,17 @@ def test_params_are_frozen():
         params.ppo.learning_rate = 1.0
 
 
+def test_code_defaults_are_the_demo_profile():
+    """params.yaml's demo profile and the dataclass defaults are one set of values."""
+    params = load_params(ROOT / "params.yaml")
+    for name, cls in SECTIONS.items():
+        assert cls() == getattr(params, name), name
+
+
 def test_ppo_defaults_match_legacy_trl():
-    p = SECTIONS["ppo"]()
-    assert (p.learning_rate, p.ppo_epochs, p.gamma, p.lam, p.cliprange, p.cliprange_value, p.vf_coef) == (
-        1.41e-5, 4, 1.0, 0.95, 0.2, 0.2, 0.1)
+    p = SECTIONS["ppo"]()  # learning_rate is the demo's (test above), TRL's is 1.41e-5
+    assert (p.ppo_epochs, p.gamma, p.lam, p.cliprange, p.cliprange_value, p.vf_coef) == (
+        4, 1.0, 0.95, 0.2, 0.2, 0.1)
     assert (p.init_kl_coef, p.target, p.horizon, p.ratio_threshold, p.kl_penalty) == (0.2, 6.0, 10000.0, 10.0, "kl")
 
 
@@ -57,6 +64,41 @@ def test_bad_values_name_the_key_the_value_and_the_fix(mutate, expected):
     assert "\n" not in message
     for part in expected:
         assert part in message
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda r: r["ppo"].update(mini_batch_size=7),
+     ["'rollout.batch_size' = 128", "'ppo.mini_batch_size'", "7 x 1", "set ppo.mini_batch_size: 4", "a multiple of 7"]),
+    (lambda r: r["ppo"].update(mini_batch_size=16, gradient_accumulation_steps=3),
+     ["'rollout.batch_size' = 128", "'ppo.gradient_accumulation_steps'", "16 x 3", "a multiple of 48",
+      "set ppo.gradient_accumulation_steps to a divisor of 128"]),
+    (lambda r: r["ppo"].update(mini_batch_size=24, gradient_accumulation_steps=2), ["set ppo.mini_batch_size: 16"]),
+    (lambda r: r["rollout"].update(batch_size=8), ["'rollout.batch_size' = 8", "16 x 1", "ppo.mini_batch_size: 8"]),
+    (lambda r: (r["ppo"].update(num_shared_layers=1), r["base"].update(lora_r=8)),
+     ["'ppo.num_shared_layers' = 1", "'base.lora_r' = 8", "set num_shared_layers to null"]),
+    (lambda r: r["ppo"].update(num_shared_layers=2), ["'ppo.num_shared_layers' = 2", "'base.n_layer' = 2", "below 2"]),
+    (lambda r: r["score"].update(scorer="hf_classifier"), ["'score.scorer' = 'hf_classifier'", "'score.model'", "vader"]),
+    (lambda r: (r["run"].update(task="summarization"), r["score"].update(scorer="rouge1"),
+                r["critic"].update(template="prompts/summarization.md", rewards={}),
+                r["evaluate"].update(prompts=["world", "extra.jsonl"])),
+     ["'evaluate.prompts'", "extra.jsonl", "'summarization'", "[world]"]),
+    (lambda r: r["rollout"].update(min_new_tokens=30), ["'rollout.min_new_tokens' = 30", "'rollout.max_new_tokens' = 20"]),
+])
+def test_cross_section_mistakes_fail_at_load_naming_both_keys(mutate, expected):
+    """Combinations that used to fail only in a later stage (ppo, score, evaluate) fail at `drlc check`."""
+    raw = demo_raw()
+    mutate(raw)
+    with pytest.raises(ConfigError) as info:
+        params_from_dict(raw)
+    for part in expected:
+        assert part in str(info.value)
+
+
+def test_shared_layers_below_the_built_depth_and_a_dividing_minibatch_load():
+    raw = demo_raw()
+    raw["ppo"].update(num_shared_layers=1, mini_batch_size=32, gradient_accumulation_steps=2)
+    params = params_from_dict(raw)
+    assert (params.ppo.num_shared_layers, params.ppo.backward_batch_size) == (1, 64)
 
 
 def test_overrides_apply_and_are_checked(tmp_path):

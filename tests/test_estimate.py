@@ -139,7 +139,7 @@ def test_token_counter_uses_a_local_base_tokenizer(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["configs/paper/sentiment-dense.yaml", "--set", "rollout.batch_size=0"], "'rollout.batch_size' = 0"),
-    (["configs/paper/sentiment-dense.yaml", "--set", "ppo.mini_batch_size=12"], "not divisible"),
+    (["configs/paper/sentiment-dense.yaml", "--set", "ppo.mini_batch_size=12"], "not a multiple of"),
     (["configs/paper/self-critique.yaml", "--processes", "3"], "--processes 3"),
     (["configs/paper/detox-dense.yaml", "--set", "critic.template=prompts/sentiment.md"], "template"),
     (["configs/paper/no-such.yaml"], "not found"),

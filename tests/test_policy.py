@@ -1,4 +1,4 @@
-"""pipeline.policy on a real tiny GPT-2 (built from a config, never downloaded)."""
+"""pipeline.policy, pipeline.sampling and pipeline.scoring on a real tiny GPT-2 (built from a config, never downloaded)."""
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -9,14 +9,12 @@ import pipeline.policy
 from pipeline.policy import (
     PolicyWithValueHead,
     _fresh_value_head,
-    batch_forward,
     load_policy,
     load_reference,
-    sample_responses,
     save_policy,
-    score_responses,
-    token_logprobs,
 )
+from pipeline.sampling import sample_responses
+from pipeline.scoring import score_responses, token_logprobs
 from pipeline.ppo import entropy_from_logits
 
 torch.set_num_threads(1)
@@ -58,11 +56,12 @@ def test_left_and_right_padding_give_same_logits_and_values():
     assert right[1].dtype == torch.float32 and right[1].shape == (3, 7)
 
 
-def test_batch_forward_matches_unpadded_single_rows():
+def test_score_responses_matches_unpadded_single_rows():
     policy = tiny_policy()
     queries, responses = [[5, 6, 7], [8]], [[20, 21], [22, 23, 24, 25]]
     with torch.no_grad():
-        logprobs, values, mask, logits = batch_forward(policy, query_ids=queries, response_ids=responses, pad_id=PAD)
+        scores = score_responses(policy, query_ids=queries, response_ids=responses, pad_id=PAD, keep_logits=True)
+        logprobs, values, mask, logits = scores.logprobs, scores.values, scores.mask, scores.logits
         assert logprobs.shape == values.shape == mask.shape == (2, 4) and logits.shape == (2, 4, VOCAB)
         for b, (q, r) in enumerate(zip(queries, responses)):
             ids = torch.tensor([q + r])
@@ -75,7 +74,7 @@ def test_batch_forward_matches_unpadded_single_rows():
     assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
 
 
-def test_sampled_logprobs_equal_batch_forward_logprobs():
+def test_sampled_logprobs_equal_score_responses_logprobs():
     """The negative-KL guard: behaviour log-probs are the policy's own log-probs."""
     policy = tiny_policy()
     queries = [[5, 6, 7], [8], [9, 10, 11, 12, 13], [14, 15]]
@@ -83,7 +82,7 @@ def test_sampled_logprobs_equal_batch_forward_logprobs():
                            batch_size=3, progress=False)
     responses = [o["response_ids"] for o in out]
     with torch.no_grad():
-        logprobs, _, mask, _ = batch_forward(policy, query_ids=queries, response_ids=responses, pad_id=PAD)
+        logprobs = score_responses(policy, query_ids=queries, response_ids=responses, pad_id=PAD).logprobs
     for b, o in enumerate(out):
         assert len(o["behaviour_logprobs"]) == len(o["response_ids"])
         recomputed = logprobs[b, : len(o["response_ids"])].tolist()

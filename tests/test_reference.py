@@ -18,7 +18,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from pipeline.config import BaseParams, PPOParams
 from pipeline.errors import ConfigError
 from pipeline.lora import add_adapters, has_adapters, is_adapter_folder
-from pipeline.policy import load_policy, load_reference, score_responses
+from pipeline.policy import load_policy, load_reference
+from pipeline.scoring import score_responses
 from pipeline.reference import AdaptersDisabled, make_reference, shared_parameter_names
 from pipeline.steps.ppo_round import ppo_round
 from tests.test_resume import PAD, round_tables, save_tiny_base

@@ -26,6 +26,8 @@ from pipeline.replay_dvc import write_dvc_replay
 from pipeline.report import load_run
 from tests.e2e import dvc, make_project, run, tiny_params
 
+pytestmark = pytest.mark.slow  # every test here runs `dvc repro` (or uses a fixture that does)
+
 ROUNDS = (1, 2)
 TABLES = ("prompts", "rollouts", "scores", "annotations", "ppo_steps")
 EVAL_TABLES = ("eval", "eval_samples")

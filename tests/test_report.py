@@ -18,7 +18,8 @@ def _run(root: Path, name: str, policy: str, positive: float, curves: list[tuple
     evaluation = {"base": {"world": {"positive_percent": 40.0, "perplexity": 12.5}},
                   policy: {"world": {"positive_percent": positive, "perplexity": 14.0}}}
     rounds = [{"round": r, "env_reward_mean": env, "intrinsic_reward_sum": 0.1, "kl": kl, "kl_coef": 0.2,
-               "critic_calls": calls, "cache_hits": 0, "cache_hit_rate": 0.0, "cost_usd": 0.5, "cost_usd_total": 0.5 * r}
+               "critiqued": calls, "critic_requests": calls, "cache_hits": 0, "cache_hit_rate": 0.0,
+               "critic_cost_usd": 0.5, "critic_cost_usd_total": 0.5 * r}
               for r, env, kl, calls in curves]
     (run / "metrics" / "eval.json").write_text(json.dumps(evaluation))
     (run / "metrics" / "rounds.json").write_text(json.dumps({"rounds": rounds}))
@@ -35,8 +36,8 @@ def test_report_table_has_every_metric_and_deltas_vs_the_first_run(tmp_path):
     assert "| final/world/positive_percent | 50 | 62.5 | +12.5 |" in text  # different last rounds line up as final
     assert "| base/world/perplexity | 12.5 | 12.5 | 0 |" in text
     assert "| train/rounds | 2 | 3 | +1 |" in text
-    assert "| train/critic_calls_total | 0 | 24 | +24 |" in text
-    assert "| train/cost_usd_total | 1 | 1.5 | +0.5 |" in text
+    assert "| train/critic_requests_total | 0 | 24 | +24 |" in text
+    assert "| train/critic_cost_usd_total | 1 | 1.5 | +0.5 |" in text
     assert "| train/last_round_kl | 0.02 | 0.05 | +0.03 |" in text
     png = paths["curves_png"].read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

@@ -17,10 +17,11 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from pipeline.config import PPOParams
 from pipeline.errors import ConfigError
-from pipeline.policy import load_policy, load_reference, sample_responses
+from pipeline.policy import load_policy, load_reference
+from pipeline.sampling import sample_responses
 from pipeline.ppo import RunningMoments
 from pipeline.steps.ppo_round import new_kl_controller, ppo_round, step_row
-from pipeline.steps.rollout import round_seed
+from pipeline.seeding import round_seed
 from pipeline.trainer import RolloutBatch, make_optimizer, train_round
 
 torch.set_num_threads(1)

@@ -5,7 +5,8 @@ import torch
 from conftest import save_tiny_gpt2, train_bpe
 from pipeline.base import train_tokenizer
 from pipeline.data.world import generate_reviews
-from pipeline.policy import load_policy, score_responses
+from pipeline.policy import load_policy
+from pipeline.scoring import score_responses
 from pipeline.steps.rollout import response_limits, rollout
 
 PROMPTS = [{"prompt_id": f"train-{i:05d}", "split": "train", "text": text}

@@ -48,6 +48,7 @@ def _each_task(study):
     return [(task, loaded["tasks"][task], configs[task]) for task in TASKS]
 
 
+@pytest.mark.slow  # the study fixture pretrains and trains every task's arms
 def test_json_is_keyed_by_task_with_every_arm_seed_round_and_a_wall_time(study):
     loaded, paths, _ = study
     assert set(loaded["tasks"]) == set(TASKS)
@@ -67,6 +68,7 @@ def test_json_is_keyed_by_task_with_every_arm_seed_round_and_a_wall_time(study):
         assert eval_keys[task] in result["arms"]["sparse"]["runs"][0]["eval"]
 
 
+@pytest.mark.slow  # the study fixture pretrains and trains every task's arms
 def test_arm_rewards_are_what_each_arm_promises(study):
     for task, result, config in _each_task(study):
         k = result["scale_factor"]["k"]
@@ -85,6 +87,7 @@ def test_arm_rewards_are_what_each_arm_promises(study):
             assert len({result["arms"][a]["runs"][i]["rounds"][0]["env_reward"] for a in ARMS}) == 1
 
 
+@pytest.mark.slow  # the study fixture pretrains and trains every task's arms
 def test_scale_factor_matches_an_independent_computation(study):
     for task, result, config in _each_task(study):
         dense_rounds = [r for run in result["arms"]["dense_all"]["runs"] for r in run["rounds"]]
@@ -98,6 +101,7 @@ def test_scale_factor_matches_an_independent_computation(study):
     assert preset("smoke", "toxicity").scale_match == preset("smoke", "summarization").scale_match == "std"
 
 
+@pytest.mark.slow  # the study fixture pretrains and trains every task's arms
 def test_steps_to_target_match_an_independent_computation(study):
     for task, result, config in _each_task(study):
         target = _seed_mean(result["arms"]["sparse"]["runs"], "env_reward")[-config.final_window:].mean()
@@ -117,6 +121,7 @@ def _isotonic_by_minmax(y):
     return np.array([max(min(np.mean(y[j:k + 1]) for k in range(i, n)) for j in range(i + 1)) for i in range(n)])
 
 
+@pytest.mark.slow  # the study fixture pretrains and trains every task's arms
 def test_matched_kl_matches_an_independent_frontier(study):
     for task, result, _ in _each_task(study):
         matched = result["headline"]["matched_kl"]
@@ -154,6 +159,7 @@ def test_interpolation_and_steps_by_hand():
     assert steps_to_reach([0.1, 0.2], 0.25) is None
 
 
+@pytest.mark.slow  # the study fixture pretrains and trains every task's arms
 def test_critic_accounting_and_zero_cost_ablation(study):
     for task, result, config in _each_task(study):
         critic = result["critic"]
@@ -197,6 +203,7 @@ def _number(cell: str) -> float | None:
     return None if cell == "-" else float(cell)
 
 
+@pytest.mark.slow  # the study fixture pretrains and trains every task's arms
 def test_readme_section_numbers_equal_the_json(study, tmp_path):
     loaded, paths, _ = study
     readme = tmp_path / "README.md"
@@ -230,6 +237,7 @@ def test_readme_section_numbers_equal_the_json(study, tmp_path):
         assert f"k = {result['scale_factor']['k']:.3f}" in section
 
 
+@pytest.mark.slow  # the study fixture pretrains and trains every task's arms
 def test_report_only_rebuilds_the_same_markdown_and_reads_the_old_layout(study, tmp_path):
     loaded, paths, _ = study
     out = tmp_path / "results"

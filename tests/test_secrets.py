@@ -12,6 +12,7 @@ import json
 import threading
 
 import pyarrow.parquet as pq
+import pytest
 from transformers import AutoTokenizer
 
 from pipeline.critic.annotate import annotate_round
@@ -32,6 +33,7 @@ def files_holding(root, needle: str) -> list[str]:
     return hits
 
 
+@pytest.mark.slow  # shrunken_run() builds a project with dvc repro
 def test_api_key_is_in_no_file_log_or_cache_value_of_a_run():
     run = shrunken_run()
     project = run["project"]
@@ -89,6 +91,7 @@ def hostile_answer(messages):
     return f'Positive: {quoted}\nNegative: "{HUGE_SPAN}"'
 
 
+@pytest.mark.slow  # shrunken_run() builds a project with dvc repro
 def test_critic_answers_with_paths_code_and_huge_spans_are_only_text(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     tokenizer = AutoTokenizer.from_pretrained(shrunken_run()["project"] / "models" / "base")

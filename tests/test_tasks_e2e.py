@@ -12,6 +12,8 @@ import pytest
 
 from e2e import dvc, make_project, tiny_params
 
+pytestmark = pytest.mark.slow  # every test here runs `dvc repro` (or uses a fixture that does)
+
 TASK_METRICS = {"toxicity": {"expected_max_toxicity", "toxicity_probability"},
                 "summarization": {"rouge1", "rouge2", "rougeL"}}
 
@@ -54,7 +56,7 @@ def test_policy_stays_fluent(finished_run):
 def test_critic_is_called_and_task_metrics_are_written(finished_run):
     task, project = finished_run
     curves = json.loads((project / "metrics" / "rounds.json").read_text())["rounds"]
-    assert sum(c["critic_calls"] for c in curves) > 0
+    assert sum(c["critiqued"] for c in curves) > 0
     metrics = json.loads((project / "metrics" / "eval.json").read_text())
     for by_set in metrics.values():
         assert TASK_METRICS[task] <= set(by_set["world"]), by_set

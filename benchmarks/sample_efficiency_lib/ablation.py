@@ -19,7 +19,7 @@ import torch
 from pipeline.policy import frozen_copy, load_policy
 from pipeline.ppo import RunningMoments
 from pipeline.steps.ppo_round import new_kl_controller
-from pipeline.steps.rollout import round_seed
+from pipeline.seeding import round_seed
 from pipeline.trainer import RolloutBatch, make_optimizer, train_round
 
 from benchmarks.sample_efficiency_lib.arms import ALL, Arm

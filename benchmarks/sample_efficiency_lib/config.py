@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 
 from pipeline.config import BaseParams, PPOParams
 from pipeline.errors import ConfigError
+from pipeline.tasks import task_names
 
-TASKS = ("sentiment", "toxicity", "summarization")
+TASKS = task_names()  # every task of pipeline/tasks/ has a study world
 PRESETS = ("smoke", "quick", "full")
 SCALE_MATCHES = ("mean", "std")
 

@@ -13,10 +13,11 @@ import torch
 
 from pipeline.critic.annotate import annotate_round, zero_mean_rewards
 from pipeline.evaluate.decode import sample_continuations
-from pipeline.policy import frozen_copy, load_policy, sample_responses
+from pipeline.policy import frozen_copy, load_policy
+from pipeline.sampling import sample_responses
 from pipeline.ppo import RunningMoments
 from pipeline.steps.ppo_round import new_kl_controller
-from pipeline.steps.rollout import round_seed
+from pipeline.seeding import round_seed
 from pipeline.trainer import RolloutBatch, make_optimizer, train_round
 
 from benchmarks.sample_efficiency_lib.arms import Arm
@@ -73,8 +74,8 @@ def _round_record(round_: int, rows: list[dict], intrinsic, arm: Arm, stats: lis
     totals = [arm.env_scale * e + sum(t) for e, t in zip(env, intrinsic)]
     return {"round": round_, "rollouts": round_ * len(rows), "env_reward": sum(env) / len(env),
             "total_reward": sum(totals) / len(totals), "env_reward_std": population_std(env),
-            "total_reward_std": population_std(totals), "kl": stats[0]["objective/kl"],
-            "kl_coef": stats[0]["objective/kl_coef"], "critiqued": critiqued, "seconds": round(seconds, 3),
+            "total_reward_std": population_std(totals), "kl": stats[0]["kl"],
+            "kl_coef": stats[0]["kl_coef"], "critiqued": critiqued, "seconds": round(seconds, 3),
             **ctx.world.batch_metrics([r["query"] for r in rows], [r["response"] for r in rows])}
 
 

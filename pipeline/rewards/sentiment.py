@@ -23,6 +23,7 @@ class VaderReward:
 
     name = "vader"
     version = _package_version("vaderSentiment")
+    RANGE = (-1.0, 1.0)  # before scale: VADER's compound is in [-1, 1]
 
     def __init__(self, scale: float = 1.0) -> None:
         self.scale = float(scale)
@@ -38,6 +39,8 @@ class ClassifierSentiment:
 
     Raises: ConfigError (from HFClassifier) if the model cannot be loaded or lacks the label.
     """
+
+    RANGE = (None, None)  # a raw logit: unbounded
 
     def __init__(self, model: str, *, label: str = "POSITIVE", scale: float = 1.0, batch_size: int = 64) -> None:
         from pipeline.rewards.classifier import HFClassifier

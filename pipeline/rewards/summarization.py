@@ -65,6 +65,7 @@ class RougeReward:
 
     name = "rouge1"
     version = "drlc-1"
+    RANGE = (0.0, 100.0)  # before scale: 100 x an F1
 
     def __init__(self, scale: float = 1.0) -> None:
         self.scale = float(scale)
@@ -86,6 +87,7 @@ class RewardModelReward:
     """
 
     needs_queries = True
+    RANGE = (None, None)  # a reward model's score is unbounded
 
     def __init__(self, folder: str, *, scale: float = 1.0, batch_size: int = 8) -> None:
         from pipeline.rewards.reward_model import RewardModel

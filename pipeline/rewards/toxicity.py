@@ -61,6 +61,8 @@ class LexiconToxicity:
 class ToxicityReward:
     """reward = scale * (1 - toxicity) from any toxicity source with ``toxicity(texts)``."""
 
+    RANGE = (0.0, 1.0)  # before scale: every source's toxicity is a probability
+
     def __init__(self, source, scale: float = 1.0) -> None:
         self.source, self.scale = source, float(scale)
         self.name, self.version = source.name, source.version

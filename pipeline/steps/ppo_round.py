@@ -12,20 +12,9 @@ from pipeline.lora import add_adapters, has_adapters
 from pipeline.policy import load_policy, save_policy
 from pipeline.reference import make_reference
 from pipeline.ppo import AdaptiveKLController, FixedKLController, RunningMoments
-from pipeline.steps.rollout import round_seed
+from pipeline.seeding import round_seed
 from pipeline.trainer import (RolloutBatch, load_trainer_state, make_optimizer, save_trainer_state,
                               train_round)
-
-STEP_COLUMNS = {  # ppo_steps column <- train_round stat
-    "policy_loss": "ppo/policy_loss", "value_loss": "ppo/value_loss", "approx_kl": "ppo/approx_kl",
-    "policy_kl": "ppo/policy_kl", "clipfrac": "ppo/clipfrac", "vf_clipfrac": "ppo/vf_clipfrac",
-    "entropy": "ppo/entropy", "ratio_mean": "ppo/ratio_mean", "skipped": "ppo/skipped",
-    "grad_norm": "ppo/grad_norm", "lr": "ppo/lr", "epoch": "ppo/epoch", "kl": "objective/kl",
-    "kl_coef": "objective/kl_coef", "env_reward_mean": "env/reward_mean",
-    "intrinsic_reward_sum": "critic/intrinsic_reward_sum",
-    "behaviour_logprob_gap": "ppo/behaviour_logprob_gap", "tokens_per_s": "ppo/tokens_per_s",
-}
-
 
 def join_round(rollouts: list[dict], scores: list[dict], annotations: list[dict]) -> RolloutBatch:
     """Line up the round's three tables by rollout_id into one PPO batch."""
@@ -98,17 +87,19 @@ def ppo_round(rollouts: list[dict], scores: list[dict], annotations: list[dict],
 
 
 def step_row(stat: dict, *, run_id: str, round_: int, step: int) -> dict:
-    """One `ppo_steps` row from one train_round stats dict."""
-    row = {col: float(stat[key]) for col, key in STEP_COLUMNS.items()}
-    row.update(skipped=bool(stat["ppo/skipped"]), epoch=int(stat["ppo/epoch"]))
+    """One `ppo_steps` row from one train_round stats dict: the same names (docs/metrics.md)."""
+    row = {key: float(value) for key, value in stat.items()}
+    row.update(skipped=bool(stat["skipped"]), epoch=int(stat["epoch"]))
     return {"run_id": run_id, "round": round_, "step": step, **row}
 
 
+SUMMARY_MEANS = ("policy_loss", "value_loss", "approx_kl", "policy_kl", "clipfrac", "entropy", "kl", "kl_coef")
+
+
 def summarize(steps: list[dict]) -> dict:
-    """Round-level PPO metrics: the mean of each step statistic (names `ppo/<quantity>`)."""
+    """metrics/ppo/round=*.json: the mean of each SUMMARY_MEANS column over the applied steps, steps, skipped_steps."""
     used = [s for s in steps if not s["skipped"]] or steps
-    keys = ("policy_loss", "value_loss", "approx_kl", "policy_kl", "clipfrac", "entropy", "kl", "kl_coef")
-    summary = {f"ppo/{k}": sum(s[k] for s in used) / len(used) for k in keys}
-    summary["ppo/steps"] = len(steps)
-    summary["ppo/skipped_steps"] = sum(s["skipped"] for s in steps)
+    summary = {k: sum(s[k] for s in used) / len(used) for k in SUMMARY_MEANS}
+    summary["steps"] = len(steps)
+    summary["skipped_steps"] = sum(s["skipped"] for s in steps)
     return summary

@@ -14,12 +14,9 @@ import random
 
 import torch
 
-from pipeline.policy import load_policy, sample_responses
-
-
-def round_seed(seed: int, round_: int, stream: int) -> int:
-    """A distinct, reproducible seed per (run seed, round, purpose)."""
-    return (seed * 1_000_003 + round_ * 101 + stream) % (2**31)
+from pipeline.policy import load_policy
+from pipeline.sampling import sample_responses
+from pipeline.seeding import round_seed
 
 
 def encode_query(tokenizer, text: str) -> list[int]:

@@ -5,6 +5,9 @@ reward in pipeline/rewards/<task>.py, its critic template in prompts/ and a prof
 configs/); nothing else lists the tasks. A task module defines:
 
 - ``SCORERS``: the valid ``score.scorer`` values, the offline one first.
+- ``MODEL_SCORERS``: those of SCORERS that read ``score.model`` (checked at load).
+- ``EVAL_NEEDS_REFERENCES``: True when evaluation compares with each prompt's reference,
+  which only the world's eval split has (``evaluate.prompts`` must then be [world]).
 - ``build(world, *, seed) -> (corpus, {"train": [...], "eval": [...]})``: the pretraining
   corpus of the base model and the prompts of each split, each prompt a dict with ``text``
   and ``reference`` ("" when the task has none). ``world`` is the WorldParams section;
@@ -13,6 +16,8 @@ configs/); nothing else lists the tasks. A task module defines:
   reward has ``name``, ``version`` and ``score(texts, *, references) -> list[float]``,
   batched, higher is better; a reward with ``needs_queries = True`` (the summarization reward
   model reads the document) is also passed ``queries=``.
+- ``reward_range(score) -> (low, high)``: the bounds of make_reward(score)'s rewards, None
+  where unbounded, read from the reward class's RANGE without building it (drlc estimate).
 - ``critic_fields(row) -> dict``: the critic template's placeholders for one scored rollout
   row (query, response, env_reward).
 - ``make_evaluator(evaluate, score, *, seed) -> evaluator``: an object whose

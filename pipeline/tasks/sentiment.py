@@ -23,6 +23,8 @@ from pipeline.errors import ConfigError, DataError
 from pipeline.tasks import prefix_prompt_splits
 
 SCORERS = ("vader", "hf_classifier")
+MODEL_SCORERS = ("hf_classifier",)  # scorers that read score.model
+EVAL_NEEDS_REFERENCES = False  # evaluation scores against each prompt's reference
 TEXT_COLUMNS = ("text", "review")
 
 
@@ -67,6 +69,14 @@ def _prefix(review: str, k: int, tokenizer) -> str:
     if tokenizer is None:
         return " ".join(review.split()[:k])
     return tokenizer.decode(tokenizer(review, add_special_tokens=False)["input_ids"][:k])
+
+
+def reward_range(score) -> tuple[float | None, float | None]:
+    """The bounds of make_reward(score)'s rewards (vader: [-scale, scale]; a classifier logit: unbounded)."""
+    from pipeline.rewards import scaled_range
+    from pipeline.rewards.sentiment import ClassifierSentiment, VaderReward
+
+    return scaled_range((VaderReward if score.scorer == "vader" else ClassifierSentiment).RANGE, score.scale)
 
 
 def make_reward(score):

@@ -22,6 +22,8 @@ from __future__ import annotations
 from pipeline.errors import ConfigError, DataError
 
 SCORERS = ("rouge1", "reward_model")
+MODEL_SCORERS = ("reward_model",)  # scorers that read score.model
+EVAL_NEEDS_REFERENCES = True  # evaluation scores against each prompt's reference
 SEPARATOR = "TL;DR:"
 DOCUMENT_COLUMNS = ("query", "prompt", "document")
 REFERENCE_COLUMNS = ("reference_responses", "label", "summary", "reference")
@@ -56,6 +58,14 @@ def _build_local(world, *, seed: int) -> tuple[list[str], dict[str, list[dict]]]
     corpus = [f"{p['text']} {p['reference']}".replace("\n", " ") for p in pairs][:world.n_reviews]
     return corpus, split_items(pairs, n_train=world.n_train_prompts, n_eval=world.n_eval_prompts, seed=seed,
                                source=world.source)
+
+
+def reward_range(score) -> tuple[float | None, float | None]:
+    """The bounds of make_reward(score)'s rewards (rouge1: [0, 100 scale]; a reward model: unbounded)."""
+    from pipeline.rewards import scaled_range
+    from pipeline.rewards.summarization import RewardModelReward, RougeReward
+
+    return scaled_range((RougeReward if score.scorer == "rouge1" else RewardModelReward).RANGE, score.scale)
 
 
 def make_reward(score):

@@ -21,6 +21,8 @@ from pipeline.errors import ConfigError, DataError
 from pipeline.tasks import prefix_prompt_splits
 
 SCORERS = ("lexicon", "hf_classifier", "perspective")
+MODEL_SCORERS = ("hf_classifier",)  # scorers that read score.model
+EVAL_NEEDS_REFERENCES = False  # evaluation scores against each prompt's reference
 TOXIC_THRESHOLD = 0.5
 
 
@@ -76,6 +78,14 @@ def toxicity_source(score):
     from pipeline.rewards.classifier import HFClassifier
 
     return HFClassifier(score.model, label=score.label or "hate", output="prob", batch_size=score.batch_size)
+
+
+def reward_range(score) -> tuple[float | None, float | None]:
+    """The bounds of make_reward(score)'s rewards: scale x (1 - toxicity) is in [0, scale] for every source."""
+    from pipeline.rewards import scaled_range
+    from pipeline.rewards.toxicity import ToxicityReward
+
+    return scaled_range(ToxicityReward.RANGE, score.scale)
 
 
 def make_reward(score):

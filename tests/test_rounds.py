@@ -1,0 +1,75 @@
+"""`drlc rounds N`: params.yaml's rounds chain and evaluate.policy from one number, the rest of the file kept."""
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from e2e import dvc, make_project, run
+from pipeline.config import load_params
+from pipeline.errors import ConfigError
+from pipeline.rounds import exp_run_overrides, round_chain, set_rounds
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def params_file(tmp_path):
+    return Path(shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml"))
+
+
+def test_more_rounds_then_back_restores_the_file_byte_for_byte(params_file):
+    original = params_file.read_text()
+    set_rounds(params_file, 6)
+    params = load_params(params_file)
+    assert params.round_keys() == [f"{r:04d}" for r in range(1, 7)] and params.evaluate.policy == "round=0006"
+    assert params.rounds["0006"].prev == "round=0005"
+    changed = [line for line in params_file.read_text().splitlines() if line not in original.splitlines()]
+    assert changed == ["  policy: round=0006        # must be the last round below",
+                       '  "0005": {prev: round=0004}', '  "0006": {prev: round=0005}']
+    set_rounds(params_file, 4)
+    assert params_file.read_text() == original  # comments, nulls, number spellings and order all kept
+
+
+def test_one_round_and_bad_numbers(params_file):
+    set_rounds(params_file, 1)
+    params = load_params(params_file)
+    assert params.round_keys() == ["0001"] and params.evaluate.policy == "round=0001"
+    before = params_file.read_text()
+    for bad in (0, -3, 10_000):
+        with pytest.raises(ConfigError, match=f"{bad} rounds: give a number of rounds from 1 to 9999"):
+            set_rounds(params_file, bad)
+    assert params_file.read_text() == before
+
+
+def test_a_file_that_would_not_load_is_left_unchanged(params_file):
+    text = params_file.read_text().replace("task: sentiment", "task: poetry")
+    params_file.write_text(text)
+    with pytest.raises(ConfigError, match="'run.task' = 'poetry'"):
+        set_rounds(params_file, 2)
+    assert params_file.read_text() == text
+
+
+def test_exp_run_overrides_load_as_the_same_chain(params_file):
+    assert round_chain(3) == {"0001": "base", "0002": "round=0001", "0003": "round=0002"}
+    remove, add, policy = exp_run_overrides(3)
+    assert remove == "~rounds" and policy == "evaluate.policy='round=0003'"
+    chain = yaml.safe_load(add.removeprefix("+rounds="))  # the value Hydra parses; YAML reads it the same way
+    assert {f"{k:04d}" if isinstance(k, int) else k: v["prev"] for k, v in chain.items()} == round_chain(3)
+
+
+def stage_names(status_stdout: str) -> set[str]:
+    return set(re.findall(r"^(\S+):$", status_stdout, flags=re.M))
+
+
+def test_dvc_sees_the_new_stage_list(tmp_path):
+    """The real DVC: after `drlc rounds N`, `dvc status` lists exactly N rounds of stages."""
+    project = make_project(tmp_path, yaml.safe_load((ROOT / "params.yaml").read_text()))
+    run([sys.executable, "-m", "pipeline", "rounds", "2"], project)
+    names = stage_names(dvc(["status"], project).stdout)
+    assert {f"{s}@{r}" for s in ("rollout", "score", "critique", "ppo") for r in ("0001", "0002")} <= names
+    assert not any(name.endswith("@0003") for name in names) and "evaluate" in names
+    run([sys.executable, "-m", "pipeline", "rounds", "5"], project)
+    assert "ppo@0005" in stage_names(dvc(["status"], project).stdout)
