@@ -30,13 +30,15 @@ cached answer, so cache keys do not depend on it and a replay can switch it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pipeline.critic.align import align_spans, match_items
 from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient, CriticResult
 from pipeline.critic.parse import parse_answer
 from pipeline.errors import DataError
 
-__all__ = ["ANNOTATION_FIELDS", "STATUSES", "annotate_round", "critiqued_indices", "round_requests", "task_fields",
+__all__ = ["ANNOTATION_FIELDS", "STATUSES", "ReadAnswer", "annotate_round", "read_answer", "critiqued_indices", "round_requests", "task_fields",
            "zero_mean_rewards"]
 
 ANNOTATION_FIELDS = (
@@ -111,6 +113,48 @@ def zero_mean_rewards(token_rewards: list[float]) -> list[float]:
     return [float(r) - mean for r in token_rewards]
 
 
+@dataclass(frozen=True)
+class ReadAnswer:
+    """A critic answer read against its response: what :func:`_critiqued_row` records.
+
+    Attributes:
+        status: ``ok``, ``none``, ``no_match`` or ``parse_error`` (see the module docstring).
+        items: ``{label, text}`` of every item read.
+        kept: ``(label, text)`` of the items found in the response, to align.
+        dropped: ``{label, text, reason}`` of the items not kept.
+        error: why nothing was kept, or ``""``.
+    """
+
+    status: str
+    items: list[dict]
+    kept: list[tuple[str, str]]
+    dropped: list[dict]
+    error: str
+
+
+def read_answer(raw_text: str, *, labels, leading_label: str | None, response: str, rewards: dict[str, float],
+                elsewhere: dict[str, str] | None = None) -> ReadAnswer:
+    """Parse a complete critic answer and decide which items are kept for ``response``.
+
+    :param raw_text: the answer text (the client's status was ``ok``)
+    :param labels: the template's span labels
+    :param leading_label: the template's open-header label (``Template.leading_label``)
+    :param response: the critiqued response text
+    :param rewards: reward per label; an item whose label has none is dropped
+    :param elsewhere: other texts shown to the critic by name (summarization: the document)
+    :return: a :class:`ReadAnswer`
+    """
+    parsed = parse_answer(raw_text, labels=labels, leading_label=leading_label)
+    items = [{"label": item.label, "text": item.text} for item in parsed.items]
+    if parsed.status != "ok":
+        return ReadAnswer(parsed.status, items, [], [], parsed.error)
+    kept, dropped = match_items(parsed.items, response, rewards=rewards, elsewhere=elsewhere)
+    if kept:
+        return ReadAnswer("ok", items, kept, dropped, "")
+    error = f"none of the {len(items)} item(s) was kept; first: {dropped[0]['text']!r} {dropped[0]['reason']}"
+    return ReadAnswer("no_match", items, [], dropped, error)
+
+
 def _critiqued_row(row: dict, result: CriticResult, *, template, tokenizer, rewards, alignment,
                    requested_model: str, zero_mean: bool = False, fields=None) -> dict:
     """Build the annotation of one critiqued rollout from its critic result."""
@@ -123,19 +167,15 @@ def _critiqued_row(row: dict, result: CriticResult, *, template, tokenizer, rewa
     }
     if result.status != "ok":
         return out
-    parsed = parse_answer(result.raw_text, labels=template.labels, leading_label=template.leading_label)
-    out["items"] = [{"label": item.label, "text": item.text} for item in parsed.items]
-    if parsed.status != "ok":
-        return out | {"status": parsed.status, "error": parsed.error}
-    kept, dropped = match_items(parsed.items, row["response"], rewards=rewards,
-                                elsewhere=_other_texts(row, fields or task_fields(template)))
-    out["dropped"] = dropped
-    if not kept:
-        return out | {"status": "no_match", "error": f"none of the {len(parsed.items)} item(s) was kept: "
-                                                     f"{dropped[0]['reason']} ({dropped[0]['text']!r}, ...)"}
+    read = read_answer(result.raw_text, labels=template.labels, leading_label=template.leading_label,
+                       response=row["response"], rewards=rewards,
+                       elsewhere=_other_texts(row, fields or task_fields(template)))
+    out |= {"status": read.status, "items": read.items, "dropped": read.dropped, "error": read.error}
+    if read.status != "ok":
+        return out
     aligned = align_spans(
         response_text=row["response"], response_ids=list(row["response_ids"]), tokenizer=tokenizer,
-        spans=kept, rewards=rewards, mode=alignment,
+        spans=read.kept, rewards=rewards, mode=alignment,
     )
     assert len(aligned.token_rewards) == len(row["response_ids"]), "align_spans must return one reward per token"
     token_rewards = [float(r) for r in aligned.token_rewards]

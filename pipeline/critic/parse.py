@@ -24,8 +24,9 @@ each one of:
   marker; its explanation (after `` - ``, `` (``, ``: `` ...) cannot be told from the span
   without the response, so the item carries shorter candidates for alignment to try.
   A per-item label (``(Label: Irrelevant)``, ``[incoherent]``, ``irrelevant: "…"``) wins
-  over the header's; an unknown one is kept as written. An item whose quote is left open,
-  or an indented line under an unquoted item, continues onto the next line.
+  over the header's, also on the line after the item; an unknown one is kept as written.
+  An item whose quote is left open, or an indented line under an unquoted item, continues
+  onto the next line.
 - a **none**: ``None identified``, ``none``, ``N/A``, ``(none)``, ``No toxic spans found``
   ... as a whole item or header text. A span that merely starts with "None" is a span.
 - anything else is prose and is skipped (a preamble, a note, a closing remark).
@@ -69,6 +70,7 @@ _NONE = re.compile(
 _ITEM_LABEL = re.compile(r"[(\[]\s*(?:label|type|category|tag)\s*[:=-]\s*(?P<label>[^)\]]+?)\s*[)\]]", re.IGNORECASE)
 _EXPLANATION = re.compile(r"\s+[-–—]\s+|\s+\(|\s+\[|:\s+|;\s+|\s+because\s+|\s+which\s+|\s+—")
 _BOLD = re.compile(r"\*\*|__")
+_INLINE_MARKER = re.compile(r";|\[\s*span\s*#?\d+\s*\]\s*:|(?<!\w)span\s*#?\d+\s*:", re.IGNORECASE)
 _HEADER_WORDS = 9
 
 
@@ -321,6 +323,9 @@ class _Reader:
             self.open = (label, f"{text} {line}", split)
             self.open_quoted = not _closed_quotes(self.open[1])
             return True
+        if _ITEM_LABEL.fullmatch(line):  # the item's label on a line of its own
+            self.open = (label, f"{text} {line}", split)
+            return True
         indented = raw[:1].isspace() and line and not _MARKER.match(line) and line[:1] not in _OPEN_QUOTES
         if indented and text[:1] not in _OPEN_QUOTES and not _is_none(line):
             self.open = (label, f"{text} {line}", split)
@@ -347,7 +352,7 @@ def _items_of(text: str, label: str, labels: tuple[str, ...], *, split_plain: bo
     text, label = _item_label(text, label, labels)
     if text[:1] in _OPEN_QUOTES:
         return [Item(label, span, (span,)) for span in _quoted_spans(text) if not _is_none(span)]
-    pieces = [p for p in (piece.strip() for piece in text.split(";")) if p] if split_plain else [text]
+    pieces = [p for p in (piece.strip() for piece in _INLINE_MARKER.split(text)) if p] if split_plain else [text]
     items = []
     for piece in pieces:
         piece = piece.strip().strip("*_").strip()
