@@ -129,3 +129,20 @@ def test_format_answer_rejects_bad_spans():
         format_answer(SENTIMENT, [("neutral", "ok")])
     with pytest.raises(ConfigError, match="double quote"):
         format_answer(SENTIMENT, [("positive", 'say "hi"')])
+
+
+@pytest.mark.parametrize("labels, text, spans", [
+    (SENTIMENT, "| Span | Label |\n|---|---|\n| great | Positive |\n| **awful** | negative |", [(P, "great"), (N, "awful")]),
+    (SENTIMENT, 'Answer:\nPositive: ["great", "fun"]\nNegative: []', [(P, "great"), (P, "fun")]),
+    (SENTIMENT, 'Negative: "waste of time" (regret), "boring" (no interest)', [(N, "waste of time"), (N, "boring")]),
+    (SUMMARY, '1. Span: "jazz" — Label: Irrelevant\n2. Span: "on Monday" — Label: Factually Incorrect',
+     [("irrelevant", "jazz"), ("factually incorrect", "on Monday")]),
+    (("toxic",), 'Toxic Span 1 - "idiot"\n**Span 2:** shut up', [(T, "idiot"), (T, "shut up")]),
+])
+def test_other_chat_layouts(labels, text, spans):
+    assert list(parse_answer(text, labels=labels, leading_label=labels[0] if len(labels) == 1 else None).spans) == spans
+
+
+def test_prose_with_quotes_is_not_read_as_items():
+    parsed = parse_answer('The positive span is "great" and the negative span is "awful".', labels=SENTIMENT)
+    assert parsed.status == "parse_error"

@@ -115,7 +115,7 @@ def match_items(items, response_text: str, *, rewards: dict[str, float],
             span found only there is dropped with a reason that names it.
     Returns:
         ``(kept, dropped)``: kept ``(label, text)`` pairs, the text being the first candidate
-        found in the response; dropped ``{label, text, reason}`` dicts, in item order.
+        found in the response (or, if none is, each comma-separated part that is); dropped ``{label, text, reason}`` dicts, in item order.
     """
     kept, dropped = [], []
     for item in items:
@@ -127,6 +127,10 @@ def match_items(items, response_text: str, *, rewards: dict[str, float],
         found = next((text for text in candidates if find_occurrences(response_text, text)), None)
         if found is not None:
             kept.append((item.label, found))
+            continue
+        parts = [part for part in item.parts if find_occurrences(response_text, part)]
+        if parts:  # "great, fun": a list written without quotes
+            kept.extend((item.label, part) for part in parts)
             continue
         where = [name for name, other in (elsewhere or {}).items()
                  if any(find_occurrences(other, text) for text in candidates)]

@@ -29,6 +29,7 @@ each one of:
   onto the next line.
 - a **none**: ``None identified``, ``none``, ``N/A``, ``(none)``, ``No toxic spans found``
   ... as a whole item or header text. A span that merely starts with "None" is a span.
+- a **table row** ``| span | label |``: the cell that names a label labels the other one.
 - anything else is prose and is skipped (a preamble, a note, a closing remark).
 
 Items before the first header take ``leading_label``: the label of the prompt's last open
@@ -53,7 +54,7 @@ __all__ = ["Item", "ParsedAnswer", "parse_answer", "format_answer"]
 
 _OPEN_QUOTES = {'"': '"', "“": "”", "”": "”", "„": "“", "«": "»", "'": "'", "‘": "’", "’": "’", "`": "`"}
 _MARKER = re.compile(
-    r"^(?:\[\s*(?P<b>[^\]\n]{0,40}?)\s*\]|(?P<s>(?:[a-z][\w-]*\s+){0,3}(?:span|item|phrase|segment)\s*#?\s*\d+)"
+    r"^(?:\[\s*(?P<b>[^\]\n]{0,40}?)\s*\]|(?P<s>(?:[a-z][\w-]*\s+){0,3}(?:span|item|phrase|segment)(?:\s*#?\s*\d+|(?=\s*:)))"
     r"|\(?\d{1,3}[.)]|[-*•·+–—>])\s*[:.)–—-]?\s+(?=\S)",
     re.IGNORECASE,
 )
@@ -67,7 +68,9 @@ _NONE = re.compile(
     r"(?:\s+\w+){0,3})$",
     re.IGNORECASE,
 )
-_ITEM_LABEL = re.compile(r"[(\[]\s*(?:label|type|category|tag)\s*[:=-]\s*(?P<label>[^)\]]+?)\s*[)\]]", re.IGNORECASE)
+_ITEM_LABEL = re.compile(
+    r"[(\[]\s*(?:label|type|category|tag)\s*[:=-]\s*(?P<label>[^)\]]+?)\s*[)\]]"
+    r"|(?:\s+[-–—|]|[,;])\s*(?:label|type|category|tag)\s*[:=]\s*(?P<bare>[^\"“”()\[\]]+?)\s*$", re.IGNORECASE)
 _EXPLANATION = re.compile(r"\s+[-–—]\s+|\s+\(|\s+\[|:\s+|;\s+|\s+because\s+|\s+which\s+|\s+—")
 _BOLD = re.compile(r"\*\*|__")
 _INLINE_MARKER = re.compile(r";|\[\s*span\s*#?\d+\s*\]\s*:|(?<!\w)span\s*#?\d+\s*:", re.IGNORECASE)
@@ -84,11 +87,14 @@ class Item:
         text: the span as written (quotes, bold and per-item label removed).
         candidates: texts for alignment to try in order, ``text`` first; an unquoted item
             adds shorter readings without a trailing explanation.
+        parts: an unquoted item's comma-separated pieces (``great, fun``), for alignment to
+            try one by one when no candidate is in the response; empty for one piece.
     """
 
     label: str
     text: str
     candidates: tuple[str, ...] = ()
+    parts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -226,6 +232,8 @@ def _strip_markup(text: str) -> str:
 
 def _is_none(text: str) -> bool:
     bare = _strip_markup(text).strip("()[]").strip().rstrip(".!").strip()
+    if not bare:
+        return bool(text.strip())  # "[]", "()", "**": written, and empty
     bare = bare[1:-1].strip() if len(bare) > 1 and bare[0] in _OPEN_QUOTES and bare[-1] in '"”’\'»`' else bare
     return bool(_NONE.match(bare.rstrip(".!").strip()))
 
@@ -255,11 +263,17 @@ class _Reader:
         if not line:
             self.plain_ok = self.plain_ok and not self.block_items
             return
+        if line.startswith("|"):
+            self._table_row(line)
+            return
         heading = line.startswith("#") or raw.strip().startswith("**")
         body = line.lstrip("#").strip()
         marker = _MARKER.match(body)
         if marker and self._item_marker(marker):
             rest = body[marker.end():]
+            inner = _MARKER.match(rest)
+            while inner and inner.group("s"):  # "1. Span 1: ..." has two markers
+                rest, inner = rest[inner.end():], _MARKER.match(rest[inner.end():])
             if not self._header(rest, heading=False):
                 self._start_item(rest, label=self._marker_label(marker))
             return
@@ -275,6 +289,15 @@ class _Reader:
             self.plain_ok, self.block_items = True, 0  # a neutral header: "Problematic Spans Identified ...:"
         else:
             self.plain_ok = False  # prose
+
+    def _table_row(self, line: str) -> None:
+        """A Markdown table row: a cell naming a label labels the row's first other cell."""
+        cells = [_strip_markup(cell) for cell in line.strip().strip("|").split("|")]
+        named = [cell for cell in cells if _canonical(cell, self.labels) in self.labels]
+        spans = [cell for cell in cells if cell and cell not in named and not set(cell) <= set("-: ")]
+        if named and spans and not re.fullmatch(r"(?:span|text|phrase)s?", spans[0], re.IGNORECASE):
+            self._start_item(spans[0], label=_canonical(named[0], self.labels))
+            self._close()
 
     def _item_marker(self, marker: re.Match) -> bool:
         bracket = marker.group("b")
@@ -350,6 +373,8 @@ def _closed_quotes(text: str) -> bool:
 def _items_of(text: str, label: str, labels: tuple[str, ...], *, split_plain: bool) -> list[Item]:
     """The item(s) written in one item's text: quoted spans, or one unquoted span with candidates."""
     text, label = _item_label(text, label, labels)
+    if text[:1] == "[" and text.endswith("]") and text[1:2] in _OPEN_QUOTES:  # a JSON-style list of spans
+        text = text[1:-1].strip()
     if text[:1] in _OPEN_QUOTES:
         return [Item(label, span, (span,)) for span in _quoted_spans(text) if not _is_none(span)]
     pieces = [p for p in (piece.strip() for piece in _INLINE_MARKER.split(text)) if p] if split_plain else [text]
@@ -357,7 +382,8 @@ def _items_of(text: str, label: str, labels: tuple[str, ...], *, split_plain: bo
     for piece in pieces:
         piece = piece.strip().strip("*_").strip()
         if piece and not _is_none(piece):
-            items.append(Item(label, piece, _candidates(piece)))
+            parts = tuple(p.strip() for p in piece.split(",") if p.strip()) if "," in piece else ()
+            items.append(Item(label, piece, _candidates(piece), parts))
     return items
 
 
@@ -365,7 +391,8 @@ def _item_label(text: str, label: str, labels: tuple[str, ...]) -> tuple[str, st
     """Take a per-item label out of the text: ``(Label: X)``, ``[x]``, ``(x)``, ``x: "…"``, ``"…" - x``."""
     written = _ITEM_LABEL.search(text)
     if written:
-        return (text[:written.start()] + text[written.end():]).strip(), _canonical(written.group("label"), labels)
+        name = written.group("label") or written.group("bare")
+        return (text[:written.start()] + text[written.end():]).strip(), _canonical(name, labels)
     known = _label_regex(labels)
     for pattern in (rf"[(\[]\s*(?P<l>{known})\s*[)\]]", rf"\s[-–—]\s*(?P<l>{known})\s*$"):
         match = re.search(pattern, text, re.IGNORECASE)
@@ -378,7 +405,8 @@ def _item_label(text: str, label: str, labels: tuple[str, ...]) -> tuple[str, st
 
 
 def _quoted_spans(text: str) -> list[str]:
-    """The quoted spans at the start of ``text``, separated only by ``;``, ``,``, ``/``, ``|`` or "and"."""
+    """The quoted spans at the start of ``text``, separated by ``;``, ``,``, ``/``, ``|``, "and", or a
+    parenthesised note (``"a" (why), "b"``)."""
     spans, i = [], 0
     while i < len(text) and text[i] in _OPEN_QUOTES:
         close = _OPEN_QUOTES[text[i]]
@@ -388,7 +416,7 @@ def _quoted_spans(text: str) -> list[str]:
         span = _strip_markup(text[i + 1:j])
         if span:
             spans.append(span)
-        gap = re.match(r"[\s;,/|]*(?:\band\b|&)?[\s;,/|]*(?:\*\*)?", text[j + 1:])
+        gap = re.match(r"\s*(?:\([^()]*\))?[\s;,/|]*(?:\band\b|&)?[\s;,/|]*(?:\*\*)?", text[j + 1:])
         i = j + 1 + gap.end()
     return spans
 
