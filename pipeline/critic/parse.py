@@ -54,7 +54,7 @@ __all__ = ["Item", "ParsedAnswer", "parse_answer", "format_answer"]
 
 _OPEN_QUOTES = {'"': '"', "“": "”", "”": "”", "„": "“", "«": "»", "'": "'", "‘": "’", "’": "’", "`": "`"}
 _MARKER = re.compile(
-    r"^(?:\[\s*(?P<b>[^\]\n]{0,40}?)\s*\]|(?P<s>(?:[a-z][\w-]*\s+){0,3}(?:span|item|phrase|segment)(?:\s*#?\s*\d+|(?=\s*:)))"
+    r"^(?:\[\s*(?P<b>[^\]\n]{0,40}?)\s*\]|(?P<s>(?:[a-z][\w-]*\s+){0,3}(?:span|item|phrase|segment)\s*#?\s*\d+|(?:span|item|phrase|segment)(?=\s*:))"
     r"|\(?\d{1,3}[.)]|[-*•·+–—>])\s*[:.)–—-]?\s+(?=\S)",
     re.IGNORECASE,
 )
