@@ -71,7 +71,8 @@ def _messy(task: str, labels, by_label, rng: random.Random) -> str:
                          "{U}:"])
     marker = rng.choice(["- ", "* ", "• ", "{n}. ", "{n}) ", "[Span {n}]: ", "Span {n}: "])
     opening, closing = rng.choice(_QUOTES)
-    inline = rng.random() < 0.3
+    inline = rng.random() < 0.3 and not header.startswith("#")  # a Markdown heading stands on its own line
+    after = "\n" if header.startswith("#") else " "
     explain = rng.random() < 0.4
     wrap = rng.random() < 0.3
     blocks = []
@@ -79,7 +80,7 @@ def _messy(task: str, labels, by_label, rng: random.Random) -> str:
         head = header.format(L=label.capitalize(), l=label, U=label.upper())
         texts = by_label[label]
         if not texts:
-            blocks.append(f"{head} {rng.choice(_NONES)}")
+            blocks.append(f"{head}{after}{rng.choice(_NONES)}")
             continue
         quoted = [f"{opening}{text}{closing}" for text in texts]
         if inline:

@@ -279,11 +279,12 @@ class _Reader:
             return
         if _is_none(body):
             self.said_none = True
+            self.block_items += 1  # the block's answer: a later plain line is not its item
         elif self._header(body, heading=heading):
             return
         elif body[:1] in _OPEN_QUOTES:
             self._start_item(body, label=self.label)
-        elif self.plain_ok and len(body.split()) <= 40:
+        elif self.plain_ok and len(body.split()) <= 40 and not re.match(r"^[A-Z][\w ]{0,24}:\s+\S", body):
             self._start_item(body, label=self.label)
         elif re.match(r"^[^\"“”:]{1,80}:\s*$", body):
             self.plain_ok, self.block_items = True, 0  # a neutral header: "Problematic Spans Identified ...:"
