@@ -60,6 +60,7 @@ def test_answer_continues_under_the_prompts_open_header():
     ("Toxic Span 1: even bother with physics\nToxic Span 2: just not cut out for it.",
      [(T, "even bother with physics"), (T, "just not cut out for it.")]),
     ("**Toxic spans:**\n• “idiot”", [(T, "idiot")]),
+    ('**Toxic spans:**\n- "f**k off"\n- **idiot**', [(T, "f**k off"), (T, "idiot")]),  # ** inside a word is text
 ])
 def test_toxicity_answers_are_read(text, spans):
     parsed = parse_answer(text, labels=("toxic",), leading_label=T)

@@ -72,7 +72,8 @@ _ITEM_LABEL = re.compile(
     r"[(\[]\s*(?:label|type|category|tag)\s*[:=-]\s*(?P<label>[^)\]]+?)\s*[)\]]"
     r"|(?:\s+[-–—|]|[,;])\s*(?:label|type|category|tag)\s*[:=]\s*(?P<bare>[^\"“”()\[\]]+?)\s*$", re.IGNORECASE)
 _EXPLANATION = re.compile(r"\s+[-–—]\s+|\s+\(|\s+\[|:\s+|;\s+|\s+because\s+|\s+which\s+|\s+—")
-_BOLD = re.compile(r"\*\*|__")
+# ** at a word's edge only: "f**k" is a word; __ is never markup here ("__init__")
+_BOLD = re.compile(r"(?<!\w)\*\*|\*\*(?!\w)")
 _INLINE_MARKER = re.compile(r";|\[\s*span\s*#?\d+\s*\]\s*:|(?<!\w)span\s*#?\d+\s*:", re.IGNORECASE)
 _HEADER_WORDS = 9
 
