@@ -37,6 +37,9 @@ header (the paper's prompts end with ``Identified Positive Text Span:``, and the
 continues under it). A task with one label uses it for every unlabelled item. A JSON
 object ``{label: [spans]}`` or list of ``{"label", "span"}`` objects is also read.
 
+What one item says (quotes, per-item label, "none", candidates) is read by
+:mod:`pipeline.critic.items`; this module finds the items.
+
 Status: ``ok`` (at least one item), ``none`` (no item, and the answer says so explicitly),
 ``parse_error`` (content, but no item and no "none"). :func:`format_answer` writes drlc's
 own form; the offline lexicon critic uses it, so its answers take the same path as an LLM's.
@@ -44,58 +47,21 @@ own form; the offline lexicon critic uses it, so its answers take the same path 
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 
+from pipeline.critic.items import (BOLD, ITEM_LABEL, QUOTES, Item, canonical, closed_quotes, is_none, items_of,
+                                   json_items, label_regex, strip_markup)
 from pipeline.errors import ConfigError
 
 __all__ = ["Item", "ParsedAnswer", "parse_answer", "format_answer"]
 
-_OPEN_QUOTES = {'"': '"', "“": "”", "”": "”", "„": "“", "«": "»", "'": "'", "‘": "’", "’": "’", "`": "`"}
 _MARKER = re.compile(
     r"^(?:\[\s*(?P<b>[^\]\n]{0,40}?)\s*\]|(?P<s>(?:[a-z][\w-]*\s+){0,3}(?:span|item|phrase|segment)\s*#?\s*\d+|(?:span|item|phrase|segment)(?=\s*:))"
     r"|\(?\d{1,3}[.)]|[-*•·+–—>])\s*[:.)–—-]?\s+(?=\S)",
     re.IGNORECASE,
 )
-_FOUND = r"(?:\s+(?:were\s+|was\s+|are\s+|is\s+)?(?:identified|found|detected|present|flagged))"
-_NONE = re.compile(
-    r"^(?:none(?:\s+(?:identified|found|detected|given|present))?|nothing(?:\s+(?:identified|found))?|nil|null"
-    r"|n/?a|not applicable|-+|—|\[\s*\]"
-    rf"|no\s+(?:[\w-]+\s+){{0,3}}(?:spans?|words?|phrases?|segments?){_FOUND}?"
-    rf"|no\s+(?:[\w-]+\s+){{0,3}}(?:content|language|issues?|problems?|flaws?|errors?){_FOUND}"
-    r"|there (?:are|is|were|was) no\s+(?:[\w-]+\s+){0,3}(?:spans?|words?|phrases?|content|language|issues?|flaws?)"
-    r"(?:\s+\w+){0,3})$",
-    re.IGNORECASE,
-)
-_ITEM_LABEL = re.compile(
-    r"[(\[]\s*(?:label|type|category|tag)\s*[:=-]\s*(?P<label>[^)\]]+?)\s*[)\]]"
-    r"|(?:\s+[-–—|]|[,;])\s*(?:label|type|category|tag)\s*[:=]\s*(?P<bare>[^\"“”()\[\]]+?)\s*$", re.IGNORECASE)
-_EXPLANATION = re.compile(r"\s+[-–—]\s+|\s+\(|\s+\[|:\s+|;\s+|\s+because\s+|\s+which\s+|\s+—")
-# ** at a word's edge only: "f**k" is a word; __ is never markup here ("__init__")
-_BOLD = re.compile(r"(?<!\w)\*\*|\*\*(?!\w)")
-_INLINE_MARKER = re.compile(r";|\[\s*span\s*#?\d+\s*\]\s*:|(?<!\w)span\s*#?\d+\s*:", re.IGNORECASE)
 _HEADER_WORDS = 9
-
-
-@dataclass(frozen=True)
-class Item:
-    """One span the critic named.
-
-    Attributes:
-        label: canonical label (one of the labels given to :func:`parse_answer`), a label
-            as written (lower case) when it is not one of them, or ``""`` when none was given.
-        text: the span as written (quotes, bold and per-item label removed).
-        candidates: texts for alignment to try in order, ``text`` first; an unquoted item
-            adds shorter readings without a trailing explanation.
-        parts: an unquoted item's comma-separated pieces (``great, fun``), for alignment to
-            try one by one when no candidate is in the response; empty for one piece.
-    """
-
-    label: str
-    text: str
-    candidates: tuple[str, ...] = ()
-    parts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -132,7 +98,7 @@ def parse_answer(text: str, *, labels: tuple[str, ...] | list[str], leading_labe
     """
     labels = _check_labels(labels, leading_label)
     default = leading_label or (labels[0] if len(labels) == 1 else "")
-    from_json = _json_items(text or "", labels)
+    from_json = json_items(text or "", labels)
     if from_json is not None:
         return _result(from_json, said_none=True, labels=labels)
     reader = _Reader(labels, default)
@@ -202,7 +168,7 @@ def _lines(text: str, labels: tuple[str, ...]) -> list[str]:
 
 def _split_inline_labels(line: str, labels: tuple[str, ...]) -> list[str]:
     """``Positive: "a", Negative: "b"`` -> two lines (cuts outside quotes only)."""
-    pattern = re.compile(rf"(?<=[\"”’'\w.])[\s;,|]+(?=(?:\*\*)?{_label_regex(labels)}(?:\s+spans?)?(?:\*\*)?\s*:)",
+    pattern = re.compile(rf"(?<=[\"”’'\w.])[\s;,|]+(?=(?:\*\*)?{label_regex(labels)}(?:\s+spans?)?(?:\*\*)?\s*:)",
                          re.IGNORECASE)
     cuts = [m for m in pattern.finditer(line) if _outside_quotes(line, m.start())]
     pieces, end = [], len(line)
@@ -216,29 +182,6 @@ def _outside_quotes(line: str, position: int) -> bool:
     return sum(line[:position].count(q) for q in '"“”«»') % 2 == 0
 
 
-def _label_regex(labels: tuple[str, ...]) -> str:
-    words = ["[\\s_-]+".join(re.escape(word) for word in label.split()) for label in labels]
-    return r"\b(?:" + "|".join(sorted(words, key=len, reverse=True)) + r")\b"
-
-
-def _canonical(written: str, labels: tuple[str, ...]) -> str:
-    written = _BOLD.sub("", written).lower().strip(" *_:.")
-    normal = re.sub(r"[\s_-]+", " ", written)
-    return next((label for label in labels if label == normal), written)
-
-
-def _strip_markup(text: str) -> str:
-    return _BOLD.sub("", text).strip().strip("*_").strip()
-
-
-def _is_none(text: str) -> bool:
-    bare = _strip_markup(text).strip("()[]").strip().rstrip(".!").strip()
-    if not bare:
-        return bool(text.strip())  # "[]", "()", "**": written, and empty
-    bare = bare[1:-1].strip() if len(bare) > 1 and bare[0] in _OPEN_QUOTES and bare[-1] in '"”’\'»`' else bare
-    return bool(_NONE.match(bare.rstrip(".!").strip()))
-
-
 # --- the reader -------------------------------------------------------------------------------
 
 class _Reader:
@@ -247,7 +190,7 @@ class _Reader:
     def __init__(self, labels: tuple[str, ...], default: str):
         self.labels, self.label = labels, default
         self.header = re.compile(
-            rf"^(?P<head>[^\"“”«:\n]{{0,120}}?{_label_regex(labels)}[^\"“”«:\n]{{0,80}}?)"
+            rf"^(?P<head>[^\"“”«:\n]{{0,120}}?{label_regex(labels)}[^\"“”«:\n]{{0,80}}?)"
             r"(?:\s*(?P<sep>[:：]|[-–—](?=\s|$))\s*(?P<rest>.*)|\s*)$", re.IGNORECASE)
         self.items: list[Item] = []
         self.said_none = False
@@ -257,7 +200,7 @@ class _Reader:
         self.open_quoted = False  # its quote is still open
 
     def feed(self, raw: str) -> None:
-        line = _BOLD.sub("", raw).strip() if raw.strip().startswith("**") else raw.strip()
+        line = BOLD.sub("", raw).strip() if raw.strip().startswith("**") else raw.strip()
         if self.open is not None and self._continues(raw, line):
             return
         self._close()
@@ -278,12 +221,12 @@ class _Reader:
             if not self._header(rest, heading=False):
                 self._start_item(rest, label=self._marker_label(marker))
             return
-        if _is_none(body):
+        if is_none(body):
             self.said_none = True
             self.block_items += 1  # the block's answer: a later plain line is not its item
         elif self._header(body, heading=heading):
             return
-        elif body[:1] in _OPEN_QUOTES:
+        elif body[:1] in QUOTES:
             self._start_item(body, label=self.label)
         elif self.plain_ok and len(body.split()) <= 40 and not re.match(r"^[A-Z][\w ]{0,24}:\s+\S", body):
             self._start_item(body, label=self.label)
@@ -294,11 +237,11 @@ class _Reader:
 
     def _table_row(self, line: str) -> None:
         """A Markdown table row: a cell naming a label labels the row's first other cell."""
-        cells = [_strip_markup(cell) for cell in line.strip().strip("|").split("|")]
-        named = [cell for cell in cells if _canonical(cell, self.labels) in self.labels]
+        cells = [strip_markup(cell) for cell in line.strip().strip("|").split("|")]
+        named = [cell for cell in cells if canonical(cell, self.labels) in self.labels]
         spans = [cell for cell in cells if cell and cell not in named and not set(cell) <= set("-: ")]
         if named and spans and not re.fullmatch(r"(?:span|text|phrase)s?", spans[0], re.IGNORECASE):
-            self._start_item(spans[0], label=_canonical(named[0], self.labels))
+            self._start_item(spans[0], label=canonical(named[0], self.labels))
             self._close()
 
     def _item_marker(self, marker: re.Match) -> bool:
@@ -307,37 +250,37 @@ class _Reader:
 
     def _marker_label(self, marker: re.Match) -> str:
         named = marker.group("s") or marker.group("b") or ""
-        found = re.search(_label_regex(self.labels), named, re.IGNORECASE)
-        return _canonical(found.group(), self.labels) if found else self.label
+        found = re.search(label_regex(self.labels), named, re.IGNORECASE)
+        return canonical(found.group(), self.labels) if found else self.label
 
     def _header(self, body: str, *, heading: bool) -> bool:
         """Read ``body`` as a header naming a label (and the items after its colon); return whether it is one."""
-        match = self.header.match(_BOLD.sub("", body))
+        match = self.header.match(BOLD.sub("", body))
         if not match:
             return False
         head, rest = match.group("head").strip(" *_#>"), (match.group("rest") or "").strip().strip("*_").strip()
         words = len(head.split())
-        if words > (_HEADER_WORDS if not rest or rest[:1] in _OPEN_QUOTES else 6):
+        if words > (_HEADER_WORDS if not rest or rest[:1] in QUOTES else 6):
             return False
         if not match.group("sep") and not heading and words > 3:
             return False
-        found = re.search(_label_regex(self.labels), head, re.IGNORECASE)
-        self.label = _canonical(found.group(), self.labels)
+        found = re.search(label_regex(self.labels), head, re.IGNORECASE)
+        self.label = canonical(found.group(), self.labels)
         self.plain_ok, self.block_items = not rest, 0
-        if rest and _is_none(rest):
+        if rest and is_none(rest):
             self.said_none = True
         elif rest:
             self._start_item(rest, label=self.label, split=True)
         return True
 
     def _start_item(self, text: str, *, label: str, split: bool = False) -> None:
-        text = _BOLD.sub("", text).strip()
-        if _is_none(text):
+        text = BOLD.sub("", text).strip()
+        if is_none(text):
             self.said_none = True
             return
         self.block_items += 1
         self.open = (label, text, split)
-        self.open_quoted = text[:1] in _OPEN_QUOTES and not _closed_quotes(text)
+        self.open_quoted = text[:1] in QUOTES and not closed_quotes(text)
 
     def _continues(self, raw: str, line: str) -> bool:
         """Add ``line`` to the open item when that item wraps onto it; return whether it did."""
@@ -346,13 +289,13 @@ class _Reader:
             if not line:
                 return False
             self.open = (label, f"{text} {line}", split)
-            self.open_quoted = not _closed_quotes(self.open[1])
+            self.open_quoted = not closed_quotes(self.open[1])
             return True
-        if _ITEM_LABEL.fullmatch(line):  # the item's label on a line of its own
+        if ITEM_LABEL.fullmatch(line):  # the item's label on a line of its own
             self.open = (label, f"{text} {line}", split)
             return True
-        indented = raw[:1].isspace() and line and not _MARKER.match(line) and line[:1] not in _OPEN_QUOTES
-        if indented and text[:1] not in _OPEN_QUOTES and not _is_none(line):
+        indented = raw[:1].isspace() and line and not _MARKER.match(line) and line[:1] not in QUOTES
+        if indented and text[:1] not in QUOTES and not is_none(line):
             self.open = (label, f"{text} {line}", split)
             return True
         return False
@@ -361,93 +304,6 @@ class _Reader:
         if self.open is not None:
             label, text, split = self.open
             self.open, self.open_quoted = None, False
-            self.items.extend(_items_of(text, label, self.labels, split_plain=split))
+            self.items.extend(items_of(text, label, self.labels, split_plain=split))
 
 
-def _closed_quotes(text: str) -> bool:
-    close = _OPEN_QUOTES[text[0]]
-    return any(ch == close and (close not in "'’" or not text[i + 1:i + 2].isalpha())
-               for i, ch in enumerate(text[1:], start=1))
-
-
-# --- one item ---------------------------------------------------------------------------------
-
-def _items_of(text: str, label: str, labels: tuple[str, ...], *, split_plain: bool) -> list[Item]:
-    """The item(s) written in one item's text: quoted spans, or one unquoted span with candidates."""
-    text, label = _item_label(text, label, labels)
-    if text[:1] == "[" and text.endswith("]") and text[1:2] in _OPEN_QUOTES:  # a JSON-style list of spans
-        text = text[1:-1].strip()
-    if text[:1] in _OPEN_QUOTES:
-        return [Item(label, span, (span,)) for span in _quoted_spans(text) if not _is_none(span)]
-    pieces = [p for p in (piece.strip() for piece in _INLINE_MARKER.split(text)) if p] if split_plain else [text]
-    items = []
-    for piece in pieces:
-        piece = piece.strip().strip("*_").strip()
-        if piece and not _is_none(piece):
-            parts = tuple(p.strip() for p in piece.split(",") if p.strip()) if "," in piece else ()
-            items.append(Item(label, piece, _candidates(piece), parts))
-    return items
-
-
-def _item_label(text: str, label: str, labels: tuple[str, ...]) -> tuple[str, str]:
-    """Take a per-item label out of the text: ``(Label: X)``, ``[x]``, ``(x)``, ``x: "…"``, ``"…" - x``."""
-    written = _ITEM_LABEL.search(text)
-    if written:
-        name = written.group("label") or written.group("bare")
-        return (text[:written.start()] + text[written.end():]).strip(), _canonical(name, labels)
-    known = _label_regex(labels)
-    for pattern in (rf"[(\[]\s*(?P<l>{known})\s*[)\]]", rf"\s[-–—]\s*(?P<l>{known})\s*$"):
-        match = re.search(pattern, text, re.IGNORECASE)
-        if match:
-            return (text[:match.start()] + text[match.end():]).strip(), _canonical(match.group("l"), labels)
-    lead = re.match(rf"^(?P<l>{known})\s*[:：]\s*(?=[\"“”'‘«`])", text, re.IGNORECASE)
-    if lead:
-        return text[lead.end():], _canonical(lead.group("l"), labels)
-    return text, label
-
-
-def _quoted_spans(text: str) -> list[str]:
-    """The quoted spans at the start of ``text``, separated by ``;``, ``,``, ``/``, ``|``, "and", or a
-    parenthesised note (``"a" (why), "b"``)."""
-    spans, i = [], 0
-    while i < len(text) and text[i] in _OPEN_QUOTES:
-        close = _OPEN_QUOTES[text[i]]
-        j = i + 1
-        while j < len(text) and not (text[j] == close and (close not in "'’" or not text[j + 1:j + 2].isalpha())):
-            j += 1
-        span = _strip_markup(text[i + 1:j])
-        if span:
-            spans.append(span)
-        gap = re.match(r"\s*(?:\([^()]*\))?[\s;,/|]*(?:\band\b|&)?[\s;,/|]*(?:\*\*)?", text[j + 1:])
-        i = j + 1 + gap.end()
-    return spans
-
-
-def _candidates(text: str) -> tuple[str, ...]:
-    """The text, then the pieces before each explanation separator, longest first."""
-    cuts = [text[:m.start()].strip() for m in _EXPLANATION.finditer(text)]
-    return tuple(dict.fromkeys([text] + [cut for cut in reversed(cuts) if cut]))
-
-
-def _json_items(text: str, labels: tuple[str, ...]) -> list[Item] | None:
-    """Items of a JSON answer (``{label: [spans]}`` or ``[{"label", "span"|"text"}]``), or None if not JSON."""
-    stripped = re.sub(r"^```\w*\s*|\s*```$", "", text.strip())
-    if stripped[:1] not in "{[":
-        return None
-    try:
-        data = json.loads(stripped)
-    except ValueError:
-        return None
-    items = []
-    if isinstance(data, dict):
-        for key, values in data.items():
-            values = [values] if isinstance(values, str) else values if isinstance(values, list) else []
-            items.extend(Item(_canonical(str(key), labels), str(v), (str(v),)) for v in values
-                         if isinstance(v, str) and v.strip() and not _is_none(v))
-    elif isinstance(data, list):
-        for entry in data:
-            if isinstance(entry, dict):
-                span = entry.get("span", entry.get("text"))
-                if isinstance(span, str) and span.strip():
-                    items.append(Item(_canonical(str(entry.get("label", "")), labels), span, (span,)))
-    return items
