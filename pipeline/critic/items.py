@@ -107,7 +107,8 @@ def _item_label(text: str, label: str, labels: tuple[str, ...]) -> tuple[str, st
         name = written.group("label") or written.group("bare")
         return (text[:written.start()] + text[written.end():]).strip(), canonical(name, labels)
     known = label_regex(labels)
-    for pattern in (rf"[(\[]\s*(?P<l>{known})\s*[)\]]", rf"\s[-–—]\s*(?P<l>{known})\s*$"):
+    trailing = rf"(?:\s[-–—→|]|:)\s*\*?(?P<l>{known})\*?\s*(?:[:;,.]\s.*|[.!]?)$"  # "x - irrelevant: why"
+    for pattern in (rf"[(\[]\s*(?P<l>{known})\s*[)\]]", trailing):
         match = re.search(pattern, text, re.IGNORECASE)
         if match:
             return (text[:match.start()] + text[match.end():]).strip(), canonical(match.group("l"), labels)

@@ -191,7 +191,7 @@ class _Reader:
         self.labels, self.label = labels, default
         self.header = re.compile(
             rf"^(?P<head>[^\"“”«:\n]{{0,120}}?{label_regex(labels)}[^\"“”«:\n]{{0,80}}?)"
-            r"(?:\s*(?P<sep>[:：]|[-–—](?=\s|$))\s*(?P<rest>.*)|\s*)$", re.IGNORECASE)
+            r"(?:\s*(?P<sep>[:：]|->|=>|→|[-–—](?=\s|$))\s*(?P<rest>.*)|\s*)$", re.IGNORECASE)
         self.items: list[Item] = []
         self.said_none = False
         self.plain_ok = False  # a plain line is an item: under a header whose colon ended the line
@@ -265,6 +265,9 @@ class _Reader:
         if not match.group("sep") and not heading and words > 3:
             return False
         found = re.search(label_regex(self.labels), head, re.IGNORECASE)
+        before = head[:found.start()]
+        if len(before.split()) > 3 or re.search(r"[-–—*]\s|\s[-–—*]", before):  # "a pool — *Irrelevant*: why"
+            return False
         self.label = canonical(found.group(), self.labels)
         self.plain_ok, self.block_items = not rest, 0
         if rest and is_none(rest):
