@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerFast
 from conftest import train_bpe
 
 from pipeline.critic.annotate import ANNOTATION_FIELDS, annotate_round
-from pipeline.critic.client import CriticClient
+from pipeline.critic.client import CriticClient, CriticResult
 from pipeline.critic.server import serve_in_background
 from pipeline.critic.templates import load_template
 from pipeline.errors import DataError
@@ -161,3 +161,21 @@ def test_zero_mean_is_a_replay_setting(tmp_path):
     (tmp_path / "params.yaml").write_text((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
     params = effective_params(tmp_path, ["critic.zero_mean=true"])
     assert params.critic.zero_mean is True
+
+
+class TruncatingClient:
+    """Stands in for the client's finish_reason=length result (status "truncated"), which it passes through."""
+
+    model = "critic-m"
+
+    def run(self, requests, cache, progress=False):
+        return [CriticResult(status="truncated", cache_key=f"k{i}", raw_text='Positive: "awf', attempts=1,
+                             error="finish_reason=length") for i, _ in enumerate(requests)]
+
+
+def test_truncated_answers_are_passed_through_unparsed(cache):
+    out = annotate(TruncatingClient(), cache)
+    critiqued = [a for a in out if a["critiqued"]]
+    assert {a["status"] for a in critiqued} == {"truncated"}
+    assert all(a["raw_text"] == 'Positive: "awf' and a["items"] == [] and a["spans"] == [] and a["attempts"] == 1
+               and set(a["token_rewards"]) == {0.0} for a in critiqued)
