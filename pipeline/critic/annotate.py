@@ -185,10 +185,10 @@ def _critiqued_row(row: dict, result: CriticResult, *, template, tokenizer, rewa
 
 
 def _other_texts(row: dict, fields) -> dict[str, str]:
-    """The texts other than the response shown to the critic (summarization: the document)."""
+    """The texts other than the response shown to the critic (summarization: the document, not the score)."""
     response = row["response"].strip()
     return {name: value for name, value in fields(row).items()
-            if isinstance(value, str) and value.strip() != response and len(value) > 20}
+            if value.strip() != response and any(ch.isalpha() for ch in value)}
 
 
 def annotate_round(rows: list[dict], *, template, tokenizer, client: CriticClient, cache: CriticCache,
