@@ -10,8 +10,8 @@ Real critics vary that layout, and the paper's prompts ask for another one, so
 answer is a sequence of lines (CRLF or LF, blank lines and Markdown code fences ignored),
 each one of:
 
-- a **header**: a short phrase that names one of the task's labels, closed by ``:`` or a
-  dash, or written as a Markdown heading or a bold line (``Positive:``, ``Negative spans -``,
+- a **header**: a short phrase that names one of the task's labels, closed by ``:``, a
+  dash or an arrow, or written as a Markdown heading or a bold line (``Positive:``, ``Negative spans -``,
   ``Identified Negative Text Span:``, ``**Toxic spans:**``, ``### Irrelevant``). It sets the
   label of the items under it; text after the colon is read as items too. A short closed
   phrase without a label (``Problematic Spans Identified in the Summary:``) is a neutral
@@ -22,8 +22,10 @@ each one of:
   (``"…"``, ``'…'``, ``“…”``, ``‘…’``, ``«…»``, backticks) separated by ``;``, ``,``, ``/``
   or "and"; anything after them is an explanation. An unquoted item is the text after the
   marker; its explanation (after `` - ``, `` (``, ``: `` ...) cannot be told from the span
-  without the response, so the item carries shorter candidates for alignment to try.
-  A per-item label (``(Label: Irrelevant)``, ``[incoherent]``, ``irrelevant: "…"``) wins
+  without the response, so the item carries shorter candidates for alignment to try (and
+  its comma-separated parts, tried when no candidate is in the response). A per-item
+  label (``(Label: Irrelevant)``, ``[incoherent]``, ``irrelevant: "…"``, ``"…" (negative)``,
+  ``lovely: positive``, ``x — Irrelevant: why``) wins
   over the header's, also on the line after the item; an unknown one is kept as written.
   An item whose quote is left open, or an indented line under an unquoted item, continues
   onto the next line.
