@@ -179,3 +179,9 @@ def test_truncated_answers_are_passed_through_unparsed(cache):
     assert {a["status"] for a in critiqued} == {"truncated"}
     assert all(a["raw_text"] == 'Positive: "awf' and a["items"] == [] and a["spans"] == [] and a["attempts"] == 1
                and set(a["token_rewards"]) == {0.0} for a in critiqued)
+
+
+def test_annotation_fields_and_the_store_schema_are_in_step():
+    from pipeline.store import SCHEMAS
+
+    assert SCHEMAS["annotations"].names == ["run_id", "round", *ANNOTATION_FIELDS]
