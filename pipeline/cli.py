@@ -84,7 +84,7 @@ def cmd_critic_serve(args) -> None:
     serve_forever(host=args.host, port=args.port, backend=args.backend, model_dir=args.model_dir, latency_s=args.latency,
                   error_rate=args.error_rate, rate_limit_rate=args.rate_limit_rate,
                   garbage_rate=args.garbage_rate, drop_rate=args.drop_rate, empty_rate=args.empty_rate,
-                  seed=args.seed)
+                  seed=args.seed, answer_format=args.answer_format)
 
 
 def cmd_report(args) -> None:
@@ -117,10 +117,11 @@ def cmd_batch_prepare(args) -> None:
     from pipeline.critic.templates import load_template
     from pipeline.steps.critique import critic_client, scored_rows
 
-    critic = load_params(args.params).critic
+    params = load_params(args.params)
+    critic = params.critic
     rows = scored_rows(store.read_table(f"{args.data}/rollouts/round={args.round}", "rollouts"),
                        store.read_table(f"{args.data}/scores/round={args.round}", "scores"))
-    requests = round_requests(rows, template=load_template(critic.template), threshold=critic.threshold)
+    requests = round_requests(rows, template=load_template(critic.template, task=params.run.task, labels=critic.labels), threshold=critic.threshold)
     client = critic_client(critic, None)  # only for its cache naming and checked sampling parameters
     with CriticCache(critic.cache_dir) as cache:
         n = batch_prepare(requests, endpoint=client.cache_endpoint, model=client.model,
@@ -161,7 +162,8 @@ def _audit_args(args, name: str, out: str) -> list[str]:
 def cmd_critic_eval(args) -> None:
     from pipeline.config import load_params
 
-    critic = load_params(args.params, args.set).critic
+    params = load_params(args.params, args.set)
+    critic = params.critic
     name = _audit_name(args, critic)
     out = args.out or f"reports/critic_eval/{name}"
     if args.dvc:
@@ -174,7 +176,8 @@ def cmd_critic_eval(args) -> None:
         return
     from pipeline.critic.audit import audit_critic, write_audit
 
-    rows, summary = audit_critic(spans_path=args.spans, critic=critic, train_path=args.train, limit=args.limit,
+    rows, summary = audit_critic(spans_path=args.spans, critic=critic, task=params.run.task,
+                                 train_path=args.train, limit=args.limit,
                                  seed=args.seed, iou=args.span_iou, references=args.references,
                                  base_dir=args.base_model, audit=name)
     paths = write_audit(rows, summary, data_dir=args.data, out_dir=out)
@@ -267,6 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--backend", default="lexicon", help="lexicon | echo | hf")
     serve.add_argument("--model-dir", default=None, help="local chat-model checkpoint for --backend hf")
+    serve.add_argument("--answer-format", default="drlc", choices=["drlc", "paper", "markdown", "messy"],
+                       help="layout of the lexicon backend's answers (default: drlc, the templates' own format)")
     serve.add_argument("--latency", type=float, default=0.0, help="seconds added to every answer")
     serve.add_argument("--error-rate", type=float, default=0.0, help="share of answers that are HTTP 500")
     serve.add_argument("--rate-limit-rate", type=float, default=0.0, help="share answered 429 + Retry-After")

@@ -180,6 +180,7 @@ class CriticParams:
     model_dir: str | None = None  # hf backend: "base" (this run's base model: self-critique) or a model folder
     model: str = "drlc-lexicon"
     template: str = "prompts/sentiment.md"
+    labels: list[str] = field(default_factory=list)  # span labels; [] = the template's front matter (.txt: required)
     threshold: float = 0.0  # critique responses with env reward <= threshold
     rewards: dict[str, float] = field(default_factory=lambda: {"positive": 0.5, "negative": -0.5})
     alignment: str = "exact"  # one of ALIGNMENTS

@@ -137,7 +137,8 @@ def estimate_critic(params: Params, *, root: str | Path = ".", stated_rate: floa
 
     rate, source = critique_rate(params, stated=stated_rate, measured=measured_rate)
     count, counter_name = token_counter(params, root)
-    template = load_template(Path(root) / params.critic.template)
+    template = load_template(Path(root) / params.critic.template, task=params.run.task,
+                             labels=params.critic.labels)
     response = mean_response_tokens(params)
     empty = {name: "" for name in template.placeholders}
     scaffold = sum(count(m["content"]) for m in template.render(empty))

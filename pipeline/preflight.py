@@ -19,7 +19,7 @@ def check_inputs(params: Params, root: str | Path = ".") -> None:
     from pipeline.critic.templates import load_template
 
     template_path = Path(root) / params.critic.template
-    template = load_template(template_path)
+    template = load_template(template_path, task=params.run.task, labels=params.critic.labels)
     if template.task != params.run.task:
         raise ConfigError(
             f"'critic.template' = {params.critic.template!r} is a {template.task!r} template but "

@@ -199,7 +199,7 @@ def rebuild_annotations(run_dir: Path, params: Params, inputs: dict, *, allow_ne
     annotations, metrics, total = {}, {}, 0
     with contextlib.ExitStack() as stack:
         if critic.enabled:
-            template = load_template(run_dir / critic.template)
+            template = load_template(run_dir / critic.template, task=params.run.task, labels=critic.labels)
             tokenizer = AutoTokenizer.from_pretrained(str(run_dir / "models" / "base"))
             cache = stack.enter_context(CriticCache(_cache_dir(run_dir, params)))
             base_url = stack.enter_context(critic_endpoint(critic))[0] if allow_new_calls else None

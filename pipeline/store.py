@@ -24,6 +24,8 @@ SPAN = pa.struct(
 )
 
 LABELLED_RANGE = pa.struct([("label", pa.string()), ("start", pa.int32()), ("end", pa.int32())])
+ITEM = pa.struct([("label", pa.string()), ("text", pa.string())])
+DROPPED = pa.struct([("label", pa.string()), ("text", pa.string()), ("reason", pa.string())])
 
 SCHEMAS: dict[str, pa.Schema] = {
     "prompts": pa.schema(KEYS + [
@@ -43,9 +45,11 @@ SCHEMAS: dict[str, pa.Schema] = {
     "annotations": pa.schema(KEYS + [
         ("rollout_id", pa.string()), ("critiqued", pa.bool_()), ("status", pa.string()),
         ("cache_key", pa.string()), ("cache_hit", pa.bool_()), ("critic_model", pa.string()),
-        ("template_sha", pa.string()), ("raw_text", pa.string()), ("spans", pa.list_(SPAN)),
+        ("template_sha", pa.string()), ("raw_text", pa.string()), ("items", pa.list_(ITEM)),
+        ("spans", pa.list_(SPAN)), ("dropped", pa.list_(DROPPED)),
         ("token_rewards", pa.list_(pa.float64())), ("prompt_tokens", pa.int64()),
-        ("completion_tokens", pa.int64()), ("cost_usd", pa.float64()), ("error", pa.string()),
+        ("completion_tokens", pa.int64()), ("cost_usd", pa.float64()), ("attempts", pa.int32()),
+        ("error", pa.string()),
     ]),
     "ppo_steps": pa.schema(KEYS + [
         ("step", pa.int32()), ("epoch", pa.int32()), ("policy_loss", pa.float64()),
@@ -82,7 +86,7 @@ PARTITION_KEYS = {"critic_eval": "audit"}
 
 # Columns that measure the machine or the cache rather than the experiment: they legitimately
 # differ between a first run and a re-run (a forced re-run hits the cache; speed varies).
-VOLATILE_COLUMNS = {"annotations": ["cache_hit"], "ppo_steps": ["tokens_per_s"]}
+VOLATILE_COLUMNS = {"annotations": ["cache_hit", "attempts"], "ppo_steps": ["tokens_per_s"]}
 
 
 def partition_dir(root: str | Path, table: str, round_: int) -> Path:

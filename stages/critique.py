@@ -10,7 +10,7 @@ def main():
     rows, metrics = critique(
         store.read_table(args.rollouts, "rollouts"), store.read_table(args.scores, "scores"),
         critic=params.critic, tokenizer_dir=args.tokenizer, run_id=params.run.run_id,
-        round_=int(args.round),
+        round_=int(args.round), task=params.run.task,
     )
     store.write_table(rows, "annotations", args.out)
     stage.write_json(metrics, args.metrics)

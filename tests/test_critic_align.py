@@ -10,7 +10,7 @@ from transformers import PreTrainedTokenizerFast
 
 from conftest import train_bpe
 
-from pipeline.critic.align import align_spans, find_occurrences, token_char_ranges
+from pipeline.critic.align import align_spans, find_occurrences, match_items, token_char_ranges
 from pipeline.errors import ConfigError, DataError
 
 REWARDS = {"positive": 1.0, "negative": -1.0}
@@ -207,3 +207,26 @@ def test_property_length_and_coverage(words, data):
     assert matched, "a span cut from the text is always found"
     for s in matched:
         assert text[s["start"]:s["end"]] in decoded_runs
+
+
+def test_edge_punctuation_decoration_and_quote_styles_are_tolerated():
+    text = "What a mess! I didn’t enjoy it: kill you , bitch."
+    assert [text[a:b] for a, b in find_occurrences(text, "What a mess.")] == ["What a mess"]
+    assert [text[a:b] for a, b in find_occurrences(text, "**didn't enjoy**")] == ["didn’t enjoy"]
+    assert [text[a:b] for a, b in find_occurrences(text, "kill you, bitch")] == ["kill you , bitch"]
+    assert find_occurrences(text, "what a disaster") == []
+
+
+def test_match_items_keeps_found_items_and_gives_every_drop_a_reason():
+    from pipeline.critic.parse import Item
+
+    items = [Item("negative", "quite boring - shows boredom", ("quite boring - shows boredom", "quite boring")),
+             Item("positive", "great, fun", ("great, fun",), ("great", "fun")),
+             Item("off-topic", "plot"), Item("", "plot"), Item("negative", "jazz festival"),
+             Item("negative", "superb")]
+    kept, dropped = match_items(items, "A great plot, quite boring but fun.", rewards=REWARDS,
+                                elsewhere={"document": "The jazz festival starts today."})
+    assert kept == [("negative", "quite boring"), ("positive", "great"), ("positive", "fun")]
+    assert [(d["text"], d["reason"]) for d in dropped] == [
+        ("plot", "label 'off-topic' has no reward"), ("plot", "no label given"),
+        ("jazz festival", "not in the response (found only in the document)"), ("superb", "not in the response")]

@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerFast
 from conftest import train_bpe
 
 from pipeline.critic.annotate import ANNOTATION_FIELDS, annotate_round
-from pipeline.critic.client import CriticClient
+from pipeline.critic.client import CriticClient, CriticResult
 from pipeline.critic.server import serve_in_background
 from pipeline.critic.templates import load_template
 from pipeline.errors import DataError
@@ -46,7 +46,7 @@ def test_low_reward_rows_are_critiqued_once_and_aligned(cache):
     assert [a["rollout_id"] for a in out] == ["r0", "r1", "r2", "r3", "r4"]
     assert all(tuple(a) == ANNOTATION_FIELDS for a in out)
     assert [a["critiqued"] for a in out] == [True, False, True, True, True]
-    assert [a["status"] for a in out] == ["ok", "skipped", "ok", "ok", "ok"]
+    assert [a["status"] for a in out] == ["ok", "skipped", "none", "ok", "ok"]  # r2: the answer names nothing
     skipped = out[1]
     assert skipped["cache_key"] == "" and skipped["token_rewards"] == [0.0] * len(rows()[1]["response_ids"])
     first = out[0]
@@ -60,6 +60,8 @@ def test_low_reward_rows_are_critiqued_once_and_aligned(cache):
     assert negative.split() == ["awful", "boring"]  # rewarded tokens, read back independently
     assert all(r == 0.0 for piece, r in zip(decoded, first["token_rewards"]) if piece.strip() in ("The", "movie"))
     assert out[2]["spans"] == [] and set(out[2]["token_rewards"]) == {0.0}  # lexicon finds nothing here
+    assert first["items"] == [{"label": "negative", "text": "awful"}, {"label": "negative", "text": "boring"}]
+    assert first["dropped"] == [] and out[2]["items"] == [] and first["attempts"] == 1
 
 
 def test_second_round_is_all_cache_hits_and_deterministic(cache):
@@ -71,8 +73,9 @@ def test_second_round_is_all_cache_hits_and_deterministic(cache):
         assert stats()["requests"] == 3
     assert second == third
     assert all(a["cache_hit"] for a in second if a["critiqued"])
-    assert [{**a, "cache_hit": False, "cost_usd": 0.0} for a in first] == \
-           [{**a, "cache_hit": False, "cost_usd": 0.0} for a in second]
+    assert all(a["attempts"] == 0 for a in second)  # a cache hit sends nothing
+    assert [{**a, "cache_hit": False, "cost_usd": 0.0, "attempts": 0} for a in first] == \
+           [{**a, "cache_hit": False, "cost_usd": 0.0, "attempts": 0} for a in second]
 
 
 def test_unparseable_answer_is_a_parse_error_with_zero_rewards(cache):
@@ -93,7 +96,7 @@ def test_api_errors_and_budget_are_recorded_not_raised(cache):
                for a in failed if a["critiqued"])
     with serve_in_background(backend="lexicon") as (url, _):
         budgeted = annotate(CriticClient(base_url=url, max_concurrency=1, max_requests=2, **FAST), cache)
-    assert [a["status"] for a in budgeted] == ["ok", "skipped", "ok", "ok", "budget"]
+    assert [a["status"] for a in budgeted] == ["ok", "skipped", "none", "ok", "budget"]
     assert budgeted[4]["critic_model"] == "critic-m" and "max_requests" in budgeted[4]["error"]
 
 
@@ -158,3 +161,27 @@ def test_zero_mean_is_a_replay_setting(tmp_path):
     (tmp_path / "params.yaml").write_text((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
     params = effective_params(tmp_path, ["critic.zero_mean=true"])
     assert params.critic.zero_mean is True
+
+
+class TruncatingClient:
+    """Stands in for the client's finish_reason=length result (status "truncated"), which it passes through."""
+
+    model = "critic-m"
+
+    def run(self, requests, cache, progress=False):
+        return [CriticResult(status="truncated", cache_key=f"k{i}", raw_text='Positive: "awf', attempts=1,
+                             error="finish_reason=length") for i, _ in enumerate(requests)]
+
+
+def test_truncated_answers_are_passed_through_unparsed(cache):
+    out = annotate(TruncatingClient(), cache)
+    critiqued = [a for a in out if a["critiqued"]]
+    assert {a["status"] for a in critiqued} == {"truncated"}
+    assert all(a["raw_text"] == 'Positive: "awf' and a["items"] == [] and a["spans"] == [] and a["attempts"] == 1
+               and set(a["token_rewards"]) == {0.0} for a in critiqued)
+
+
+def test_annotation_fields_and_the_store_schema_are_in_step():
+    from pipeline.store import SCHEMAS
+
+    assert SCHEMAS["annotations"].names == ["run_id", "round", *ANNOTATION_FIELDS]

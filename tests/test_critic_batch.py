@@ -123,7 +123,7 @@ def test_ingested_answers_serve_annotate_round_without_requests(cache, tmp_path)
                                      cache=cache, threshold=0.0, rewards={"positive": 1.0, "negative": -1.0},
                                      alignment="exact", progress=False)
         assert stats()["requests"] == sent == 4
-    assert [a["status"] for a in annotations] == ["ok", "skipped", "ok", "ok", "ok", "ok"]
+    assert [a["status"] for a in annotations] == ["ok", "skipped", "none", "ok", "ok", "ok"]  # r2: nothing named
     assert all(a["cache_hit"] for a in annotations if a["critiqued"])
     assert annotations[0]["raw_text"] == 'Positive: none\nNegative: "awful"; "boring"'
     assert any(r < 0 for r in annotations[0]["token_rewards"])

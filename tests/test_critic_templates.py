@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.critic.parse import TASK_LABELS
+from pipeline.critic.lexicon import ANSWER_LABELS
 from pipeline.critic.templates import load_template
 from pipeline.errors import TemplateError
 
@@ -52,7 +52,7 @@ def test_shipped_template_loads_and_renders(task):
     path = PROMPTS / f"{task}.md"
     template = load_template(path)
     assert template.task == task
-    assert template.labels == TASK_LABELS[task]
+    assert template.labels == ANSWER_LABELS[task]
     assert set(template.placeholders) == set(FIELDS[task])
     assert template.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
     assert f"\nTask: {task}\n" in template.system

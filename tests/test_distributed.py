@@ -40,7 +40,7 @@ FILLER = {  # schema columns the ppo stage does not read
     "scores": {"scorer": "toy", "scorer_version": "1"},
     "annotations": {"critiqued": True, "status": "ok", "cache_key": "k", "cache_hit": False, "critic_model": "m",
                     "template_sha": "s", "raw_text": "", "spans": [], "prompt_tokens": 0, "completion_tokens": 0,
-                    "cost_usd": 0.0, "error": None},
+                    "cost_usd": 0.0, "error": None, "items": [], "dropped": [], "attempts": 0},
 }
 
 

@@ -43,7 +43,7 @@ def test_budget_stop_keeps_answers_and_rerun_sends_only_the_rest(tmp_path):
         rows = [r for r in pq.read_table(out / "part-0.parquet").to_pylist() if r["critiqued"]]
         unique = {r["cache_key"] for r in rows}
         assert server.stats()["requests"] == len(unique)  # BUDGET before + only the rest now
-        assert sum(r["cache_hit"] for r in rows) >= BUDGET and {r["status"] for r in rows} == {"ok"}
+        assert sum(r["cache_hit"] for r in rows) >= BUDGET and {r["status"] for r in rows} <= {"ok", "none"}
     print(f"\nbudget {BUDGET} of {len(unique)} unique requests; re-run sent {len(unique) - BUDGET}")
 
 

@@ -66,7 +66,7 @@ def test_critique_survives_30_percent_faults_and_resends_only_failures(tmp_path)
     faults1 = sum(stats1["faults"].values()) + options["backend"].hangs
     unique = {r["cache_key"] for r in rows1}
     assert len(rows1) == 64 and faults1 >= 10, (len(rows1), stats1)
-    assert {r["status"] for r in rows1} <= {"ok", "api_error", "parse_error"}
+    assert {r["status"] for r in rows1} <= {"ok", "none", "api_error", "parse_error"}
     failed1 = {r["cache_key"] for r in rows1 if r["status"] == "api_error"}
     for row in rows1:
         if row["status"] == "api_error":
@@ -86,7 +86,8 @@ def test_critique_survives_30_percent_faults_and_resends_only_failures(tmp_path)
 
     rows3, stats3, _ = critique_once(project, workdir, port, "run3")
     assert stats3["requests"] == len(failed2) and sum(stats3["faults"].values()) == 0
-    assert {r["status"] for r in rows3} == {"ok"}, [r["error"] for r in rows3 if r["status"] != "ok"]
+    assert {r["status"] for r in rows3} <= {"ok", "none"}, [r["error"] for r in rows3 if r["status"] != "ok"]
+    assert any(r["status"] == "ok" for r in rows3)
     assert {r["cache_key"] for r in rows3 if not r["cache_hit"]} == failed2
     print(f"\nfaults injected: run1 {faults1} ({stats1['faults']}, hangs {faults1 - sum(stats1['faults'].values())}) "
           f"over {stats1['requests']} requests; run2 {faults2} over {stats2['requests']}; "

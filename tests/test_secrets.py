@@ -107,7 +107,8 @@ def test_critic_answers_with_paths_code_and_huge_spans_are_only_text(tmp_path, m
                                progress=False)
     assert row["status"] == "ok" and row["raw_text"] == hostile_answer([])
     texts = {span["text"]: span for span in row["spans"]}
-    assert set(HOSTILE_SPANS) <= set(texts) and HUGE_SPAN in texts
-    assert texts[HUGE_SPAN]["start"] == -1  # not in the response: listed, never rewarded
+    assert set(HOSTILE_SPANS) <= set(texts) and HUGE_SPAN not in texts
+    # not in the response: recorded in `dropped` with its reason, never rewarded
+    assert [(d["text"], d["reason"]) for d in row["dropped"]] == [(HUGE_SPAN, "not in the response")]
     assert sum(r > 0 for r in row["token_rewards"]) > 0 and min(row["token_rewards"]) >= 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]  # nothing created, PWNED included

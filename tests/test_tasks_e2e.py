@@ -70,4 +70,5 @@ def test_rows_carry_the_task(finished_run):
     assert all(p["reference"] for p in prompts) == (task == "summarization")
     annotations = pq.read_table(project / "data" / "annotations" / "round=0001" / "part-0.parquet").to_pylist()
     critiqued = [a for a in annotations if a["critiqued"]]
-    assert critiqued and all(a["status"] == "ok" for a in critiqued), critiqued[:2]
+    assert critiqued and all(a["status"] in ("ok", "none") for a in critiqued), critiqued[:2]
+    assert any(a["status"] == "ok" for a in critiqued)

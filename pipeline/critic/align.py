@@ -2,10 +2,17 @@
 
 Mode ``"exact"`` (the default) finds each span's character occurrences in the response
 text and rewards every token whose characters overlap one. Occurrences are searched in
-this order, stopping at the first rule that finds any: the exact text at word boundaries,
-a case- and whitespace-tolerant match at word boundaries, the exact text anywhere, the
+this order, stopping at the first rule that finds any (:func:`find_occurrences`): the
+exact text at word boundaries, a tolerant match at word boundaries (case, whitespace runs,
+quote and dash styles), the same without punctuation or decoration at the span's edges
+(a critic copying "What a mess!" as "What a mess."), then the exact text anywhere and the
 tolerant match anywhere (so "bad" prefers the word "Bad" over the inside of "badge").
-Every occurrence found by that rule is rewarded. A token overlapping several matched
+Every occurrence found by that rule is rewarded.
+
+:func:`match_items` decides, before alignment, which of a parsed answer's items are kept:
+an item is dropped, with its reason, when its label has no reward or when none of its
+candidate texts is in the response (for summarization, a span that is only in the source
+document says so). A token overlapping several matched
 occurrences gets the **sum** of their rewards: two spans that both cover a token are two
 pieces of evidence about it, and summing keeps each span's contribution visible in the
 total (``sum(token_rewards)`` changes when a span is added).
@@ -34,7 +41,7 @@ from dataclasses import dataclass
 
 from pipeline.errors import ConfigError, DataError
 
-__all__ = ["MODES", "AlignedSpans", "align_spans", "token_char_ranges", "find_occurrences"]
+__all__ = ["MODES", "AlignedSpans", "align_spans", "token_char_ranges", "find_occurrences", "match_items"]
 
 MODES = ("exact", "substring")
 _REPLACEMENT = "\ufffd"
@@ -96,31 +103,94 @@ def align_spans(*, response_text: str, response_ids: list[int], tokenizer, spans
     return AlignedSpans(token_rewards=token_rewards, spans=listed)
 
 
+def match_items(items, response_text: str, *, rewards: dict[str, float],
+                elsewhere: dict[str, str] | None = None) -> tuple[list[tuple[str, str]], list[dict]]:
+    """Split a parsed answer's items into the spans to align and the dropped items.
+
+    Params:
+        items: :class:`pipeline.critic.parse.Item` objects (label, text, candidates).
+        response_text: the text the spans must be found in.
+        rewards: reward per label; an item whose label is not a key is dropped.
+        elsewhere: other texts shown to the critic, by name (e.g. ``{"document": ...}``): a
+            span found only there is dropped with a reason that names it.
+    Returns:
+        ``(kept, dropped)``: kept ``(label, text)`` pairs, the text being the first candidate
+        found in the response (or, if none is, each comma-separated part that is); dropped ``{label, text, reason}`` dicts, in item order.
+    """
+    kept, dropped = [], []
+    for item in items:
+        if item.label not in rewards:
+            reason = "no label given" if not item.label else f"label {item.label!r} has no reward"
+            dropped.append({"label": item.label, "text": item.text, "reason": reason})
+            continue
+        candidates = item.candidates or (item.text,)
+        found = next((text for text in candidates if find_occurrences(response_text, text)), None)
+        if found is not None:
+            kept.append((item.label, found))
+            continue
+        parts = [part for part in item.parts if find_occurrences(response_text, part)]
+        if parts:  # "great, fun": a list written without quotes
+            kept.extend((item.label, part) for part in parts)
+            continue
+        where = [name for name, other in (elsewhere or {}).items()
+                 if any(find_occurrences(other, text) for text in candidates)]
+        reason = "not in the response" + (f" (found only in the {', '.join(where)})" if where else "")
+        dropped.append({"label": item.label, "text": item.text, "reason": reason})
+    return list(dict.fromkeys(kept)), dropped
+
+
 def find_occurrences(text: str, span: str) -> list[tuple[int, int]]:
     """Return the ``(start, end)`` character ranges of ``span`` in ``text``.
 
-    Tries, in order, and returns the first non-empty result: exact at word boundaries,
-    case/whitespace-tolerant at word boundaries, exact anywhere, tolerant anywhere.
-    Occurrences do not overlap. A blank span is never found.
+    Tries, in order, and returns the first non-empty result: the exact span at word
+    boundaries; a tolerant match at word boundaries (any case, any whitespace run, optional
+    space around punctuation, straight or curly quotes and apostrophes, any dash); the same
+    for the span without the punctuation and decoration at its edges (quotes, ``*``, ``.``,
+    ``!``, brackets ...: "What a mess." finds "What a mess!"); then the exact span and the
+    tolerant edge-trimmed span anywhere, inside words too. Occurrences do not overlap. A blank
+    span is never found.
     """
     span = span.strip()
     if not span:
         return []
-    exact = re.escape(span)
-    tolerant = r"\s+".join(re.escape(word) for word in span.split())
-    head = r"(?<!\w)" if re.match(r"\w", span) else ""
-    tail = r"(?!\w)" if re.search(r"\w$", span) else ""
+    core = span.strip(_EDGE) or span  # a span of punctuation only is looked up as it is
     attempts = [
-        (head + exact + tail, 0),
-        (head + tolerant + tail, re.IGNORECASE),
-        (exact, 0),
-        (tolerant, re.IGNORECASE),
+        (_bounded(span, re.escape(span)), 0),
+        (_bounded(span, _tolerant(span)), re.IGNORECASE),
+        (_bounded(core, _tolerant(core)), re.IGNORECASE),
+        (re.escape(span), 0),
+        (_tolerant(core), re.IGNORECASE),
     ]
     for pattern, flags in attempts:
         found = [(m.start(), m.end()) for m in re.finditer(pattern, text, flags)]
         if found:
             return found
     return []
+
+
+_EDGE = " \t\n\"'“”‘’«»„`*_.,;:!?…()[]{}<>-–—~"
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+_SAME = {"'": "['’‘`]", "’": "['’‘`]", "‘": "['’‘`]", "`": "['’‘`]", '"': "[\"“”„]", "“": "[\"“”„]",
+         "”": "[\"“”„]", "-": "[-–—]", "–": "[-–—]", "—": "[-–—]"}
+
+
+def _tolerant(span: str) -> str:
+    """A pattern for ``span`` with any whitespace run between words and optional space at punctuation."""
+    tokens = list(_TOKEN.finditer(span))
+    parts = []
+    for previous, token in zip([None] + tokens, tokens):
+        if previous is not None:
+            spaced = previous.end() < token.start()
+            words = previous.group()[-1].isalnum() and token.group()[0].isalnum()
+            parts.append(r"\s+" if spaced and words else "" if words else r"\s*")
+        parts.append(_SAME.get(token.group(), re.escape(token.group())))
+    return "".join(parts)
+
+
+def _bounded(span: str, pattern: str) -> str:
+    head = r"(?<!\w)" if re.match(r"\w", span) else ""
+    tail = r"(?!\w)" if re.search(r"\w$", span) else ""
+    return head + pattern + tail
 
 
 def token_char_ranges(tokenizer, response_ids: list[int]) -> tuple[str, list[tuple[int, int]]]:

@@ -7,6 +7,21 @@ identical requests once); each answer is parsed and its spans are aligned to res
 tokens. Every other rollout gets a ``skipped`` row with all-zero token rewards, so the
 output has exactly one row per input row, in input order.
 
+Status of a row (``STATUSES``), honest about what the answer gave:
+
+- ``ok``: at least one span was kept and aligned;
+- ``none``: the answer explicitly names nothing ("None identified");
+- ``no_match``: items were read, but none was kept (each is in ``dropped`` with its
+  reason: not in the response, only in the source document, a label without a reward);
+- ``parse_error``: the answer has content but no item could be read;
+- ``api_error``, ``truncated`` (``finish_reason == "length"``), ``budget``: from the client,
+  passed through with no spans;
+- ``skipped``: not sent to the critic.
+
+Each critiqued row records the ``items`` read, the kept ``spans`` (one per aligned
+occurrence), the ``dropped`` items with reasons, and ``attempts`` (HTTP attempts in this
+run; 0 for a cache hit).
+
 With ``zero_mean`` (``critic.zero_mean``) each critiqued response's aligned token rewards
 get their own mean subtracted, so they sum to zero: the critic then moves credit between a
 response's tokens without adding or removing reward in total. It is post-processing of the
@@ -15,19 +30,23 @@ cached answer, so cache keys do not depend on it and a replay can switch it.
 
 from __future__ import annotations
 
-from pipeline.critic.align import align_spans
+from dataclasses import dataclass
+
+from pipeline.critic.align import align_spans, match_items
 from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient, CriticResult
 from pipeline.critic.parse import parse_answer
 from pipeline.errors import DataError
 
-__all__ = ["ANNOTATION_FIELDS", "annotate_round", "critiqued_indices", "round_requests", "task_fields",
+__all__ = ["ANNOTATION_FIELDS", "STATUSES", "ReadAnswer", "annotate_round", "read_answer", "critiqued_indices", "round_requests", "task_fields",
            "zero_mean_rewards"]
 
 ANNOTATION_FIELDS = (
     "rollout_id", "critiqued", "status", "cache_key", "cache_hit", "critic_model", "template_sha",
-    "raw_text", "spans", "token_rewards", "prompt_tokens", "completion_tokens", "cost_usd", "error",
+    "raw_text", "items", "spans", "dropped", "token_rewards", "prompt_tokens", "completion_tokens", "cost_usd",
+    "attempts", "error",
 )
+STATUSES = ("ok", "none", "no_match", "parse_error", "api_error", "truncated", "budget", "skipped")
 _ROLLOUT_FIELDS = ("rollout_id", "response", "response_ids", "env_reward")
 
 
@@ -77,9 +96,9 @@ def skipped_row(row: dict) -> dict:
     """The annotation of a response not sent to the critic: status skipped, zero intrinsic reward."""
     return {
         "rollout_id": row["rollout_id"], "critiqued": False, "status": "skipped", "cache_key": "",
-        "cache_hit": False, "critic_model": "", "template_sha": "", "raw_text": "", "spans": [],
-        "token_rewards": [0.0] * len(row["response_ids"]), "prompt_tokens": 0, "completion_tokens": 0,
-        "cost_usd": 0.0, "error": "",
+        "cache_hit": False, "critic_model": "", "template_sha": "", "raw_text": "", "items": [], "spans": [],
+        "dropped": [], "token_rewards": [0.0] * len(row["response_ids"]), "prompt_tokens": 0,
+        "completion_tokens": 0, "cost_usd": 0.0, "attempts": 0, "error": "",
     }
 
 
@@ -94,29 +113,82 @@ def zero_mean_rewards(token_rewards: list[float]) -> list[float]:
     return [float(r) - mean for r in token_rewards]
 
 
+@dataclass(frozen=True)
+class ReadAnswer:
+    """A critic answer read against its response: what :func:`_critiqued_row` records.
+
+    Attributes:
+        status: ``ok``, ``none``, ``no_match`` or ``parse_error`` (see the module docstring).
+        items: ``{label, text}`` of every item read.
+        kept: ``(label, text)`` of the items found in the response, to align.
+        dropped: ``{label, text, reason}`` of the items not kept.
+        error: why nothing was kept, or ``""``.
+    """
+
+    status: str
+    items: list[dict]
+    kept: list[tuple[str, str]]
+    dropped: list[dict]
+    error: str
+
+
+def read_answer(raw_text: str, *, labels, leading_label: str | None, response: str, rewards: dict[str, float],
+                elsewhere: dict[str, str] | None = None) -> ReadAnswer:
+    """Parse a complete critic answer and decide which items are kept for ``response``.
+
+    :param raw_text: the answer text (the client's status was ``ok``)
+    :param labels: the template's span labels
+    :param leading_label: the template's open-header label (``Template.leading_label``)
+    :param response: the critiqued response text
+    :param rewards: reward per label; an item whose label has none is dropped
+    :param elsewhere: other texts shown to the critic by name (summarization: the document)
+    :return: a :class:`ReadAnswer`
+    """
+    parsed = parse_answer(raw_text, labels=labels, leading_label=leading_label)
+    items = [{"label": item.label, "text": item.text} for item in parsed.items]
+    if parsed.status != "ok":
+        return ReadAnswer(parsed.status, items, [], [], parsed.error)
+    kept, dropped = match_items(parsed.items, response, rewards=rewards, elsewhere=elsewhere)
+    if kept:
+        return ReadAnswer("ok", items, kept, dropped, "")
+    error = f"none of the {len(items)} item(s) was kept; first: {dropped[0]['text']!r} {dropped[0]['reason']}"
+    return ReadAnswer("no_match", items, [], dropped, error)
+
+
 def _critiqued_row(row: dict, result: CriticResult, *, template, tokenizer, rewards, alignment,
-                   requested_model: str, zero_mean: bool = False) -> dict:
+                   requested_model: str, zero_mean: bool = False, fields=None) -> dict:
     """Build the annotation of one critiqued rollout from its critic result."""
     out = skipped_row(row) | {
         "critiqued": True, "status": result.status, "cache_key": result.cache_key,
         "cache_hit": result.cache_hit, "critic_model": result.model or requested_model,
         "template_sha": template.sha256, "raw_text": result.raw_text, "prompt_tokens": result.prompt_tokens,
-        "completion_tokens": result.completion_tokens, "cost_usd": result.cost_usd, "error": result.error,
+        "completion_tokens": result.completion_tokens, "cost_usd": result.cost_usd,
+        "attempts": int(result.attempts), "error": result.error,
     }
     if result.status != "ok":
         return out
-    parsed = parse_answer(template.task, result.raw_text)
-    if parsed.status != "ok":
-        return out | {"status": "parse_error", "error": parsed.error}
+    read = read_answer(result.raw_text, labels=template.labels, leading_label=template.leading_label,
+                       response=row["response"], rewards=rewards,
+                       elsewhere=_other_texts(row, fields or task_fields(template)))
+    out |= {"status": read.status, "items": read.items, "dropped": read.dropped, "error": read.error}
+    if read.status != "ok":
+        return out
     aligned = align_spans(
         response_text=row["response"], response_ids=list(row["response_ids"]), tokenizer=tokenizer,
-        spans=parsed.spans, rewards=rewards, mode=alignment,
+        spans=read.kept, rewards=rewards, mode=alignment,
     )
     assert len(aligned.token_rewards) == len(row["response_ids"]), "align_spans must return one reward per token"
     token_rewards = [float(r) for r in aligned.token_rewards]
     if zero_mean:
         token_rewards = zero_mean_rewards(token_rewards)
     return out | {"spans": [dict(span) for span in aligned.spans], "token_rewards": token_rewards}
+
+
+def _other_texts(row: dict, fields) -> dict[str, str]:
+    """The texts other than the response shown to the critic (summarization: the document, not the score)."""
+    response = row["response"].strip()
+    return {name: value for name, value in fields(row).items()
+            if value.strip() != response and any(ch.isalpha() for ch in value)}
 
 
 def annotate_round(rows: list[dict], *, template, tokenizer, client: CriticClient, cache: CriticCache,
@@ -127,7 +199,8 @@ def annotate_round(rows: list[dict], *, template, tokenizer, client: CriticClien
     A row is critiqued when ``env_reward <= threshold``; its request is the template
     rendered with ``fields(row)`` (see :func:`round_requests`). The result is deterministic for the
     same rows, template, client settings and cache contents. Only ``ok`` rows carry
-    non-zero token rewards; a failed or budget-stopped request is recorded, not raised.
+    non-zero token rewards; a failed or budget-stopped request is recorded, not raised
+    (see the module docstring for the statuses).
 
     :param rows: rollouts with rollout_id, response, response_ids and env_reward
     :param template: a loaded critic template (``pipeline.critic.templates.Template``)
@@ -151,5 +224,5 @@ def annotate_round(rows: list[dict], *, template, tokenizer, client: CriticClien
     for i, result in zip(chosen, results):
         annotations[i] = _critiqued_row(rows[i], result, template=template, tokenizer=tokenizer,
                                         rewards=rewards, alignment=alignment, requested_model=client.model,
-                                        zero_mean=zero_mean)
+                                        zero_mean=zero_mean, fields=fields)
     return annotations

@@ -30,11 +30,10 @@ from pathlib import Path
 from pipeline import store
 from pipeline.config import CriticParams
 from pipeline.critic.align import find_occurrences
-from pipeline.critic.annotate import task_fields
+from pipeline.critic.annotate import read_answer as annotate_read_answer, task_fields
 from pipeline.critic.audit_report import render_report
 from pipeline.critic.cache import CriticCache
 from pipeline.critic.labelled import LabelledPost, read_labelled
-from pipeline.critic.parse import parse_answer
 from pipeline.critic.span_baselines import everything, learn_wordlist, nothing, wordlist_spans
 from pipeline.critic.span_metrics import SPAN_IOU, PostScore, score_post, span_precision_recall
 from pipeline.critic.templates import Template, load_template
@@ -44,7 +43,7 @@ from pipeline.steps.critique import critic_client, critic_endpoint
 
 __all__ = ["STATUSES", "Reading", "read_answer", "sample_posts", "audit_critic", "write_audit"]
 
-STATUSES = ("ok", "none", "parse_error", "api_error", "truncated")
+STATUSES = ("ok", "none", "no_match", "parse_error", "api_error", "truncated")
 # the reference critic: the offline lexicon critic through the local server (free, so no budget)
 LEXICON = {"endpoint": "local", "backend": "lexicon", "model": "drlc-lexicon", "model_dir": None,
            "max_requests": None, "max_cost_usd": None}
@@ -72,20 +71,17 @@ class Reading:
 def read_answer(raw_text: str, text: str, *, template: Template) -> Reading:
     """Parse a critic answer and locate its spans in ``text`` (the one adapter to the parser/aligner API).
 
-    Spans are located as the aligner locates them for token rewards (all occurrences, its
-    tolerant matching), so the audit scores exactly the characters training would reward.
+    The round's own reading (:func:`pipeline.critic.annotate.read_answer`) decides which items
+    are kept; kept spans are located as the aligner locates them for token rewards (every
+    occurrence, its tolerant matching), so the audit scores exactly the characters training
+    would reward. Every template label counts here (the audit scores spans, not rewards).
     """
-    parsed = parse_answer(template.task, raw_text)
-    if parsed.status != "ok":
-        return Reading(status="parse_error", error=parsed.error)
-    if not parsed.spans:
-        return Reading(status="none")
-    located, absent = [], 0
-    for label, span in parsed.spans:
-        found = find_occurrences(text, span)
-        absent += not found
-        located += [(label, start, end) for start, end in found]
-    return Reading(status="ok", spans=tuple(located), proposed=len(parsed.spans), absent=absent)
+    read = annotate_read_answer(raw_text, labels=template.labels, leading_label=template.leading_label,
+                                response=text, rewards={label: 1.0 for label in template.labels})
+    absent = sum(item["reason"].startswith("not in the response") for item in read.dropped)
+    located = [(label, start, end) for label, span in read.kept for start, end in find_occurrences(text, span)]
+    return Reading(status=read.status, spans=tuple(located), proposed=len(read.items), absent=absent,
+                   error=read.error)
 
 
 def sample_posts(posts: list[LabelledPost], *, limit: int | None, seed: int) -> list[LabelledPost]:
@@ -181,13 +177,15 @@ def _summary(rows: list[dict], predictions: list[dict], calls: dict | None) -> d
     }
 
 
-def audit_critic(*, spans_path: str | Path, critic: CriticParams, train_path: str | Path | None = None,
+def audit_critic(*, spans_path: str | Path, critic: CriticParams, task: str | None = None,
+                 train_path: str | Path | None = None,
                  limit: int | None = None, seed: int = 0, iou: float = SPAN_IOU, references: bool = True,
                  base_dir: str | None = None, audit: str = "audit", progress: bool = True) -> tuple[list[dict], dict]:
     """Score `critic` (and the reference points) on a labelled span file.
 
     :param spans_path: the labelled posts (:func:`~pipeline.critic.labelled.read_labelled`)
     :param critic: the params file's critic section, used unchanged
+    :param task: the run's task (``run.task``), needed for a plain-text ``critic.template``
     :param train_path: labelled train split for the word-list baseline (None: no word list)
     :param limit: score a seeded sample of this many posts (None: all)
     :param seed: the sample's seed
@@ -200,7 +198,7 @@ def audit_critic(*, spans_path: str | Path, critic: CriticParams, train_path: st
     """
     if not 0 < iou <= 1:
         raise ConfigError(f"--span-iou {iou}: the span match threshold must be in (0, 1]")
-    template = load_template(critic.template)
+    template = load_template(critic.template, task=task, labels=critic.labels)
     posts = sample_posts(read_labelled(spans_path, labels=template.labels), limit=limit, seed=seed)
     runs: dict[str, tuple[list[dict], dict | None]] = {}
     with CriticCache(critic.cache_dir) as cache:

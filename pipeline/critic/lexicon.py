@@ -4,7 +4,14 @@ It is the ``lexicon`` backend of the local OpenAI-compatible server, so the demo
 runs the production client path with no network. It reads the same messages an LLM reads
 (the ``Task: <task>`` line of the system message and the ``<response>`` / ``<document>`` /
 ``<summary>`` blocks of the last user message) and answers in the templates' output
-format, written by :func:`pipeline.critic.parse.format_answer`.
+format, written by :func:`pipeline.critic.parse.format_answer` (``answer_format="drlc"``).
+Other layouts (``ANSWER_FORMATS``) let tests run the tolerant parser through the real
+HTTP path: ``paper`` (the RELC prompts' headers and ``[Span N]:`` / ``Toxic Span N:`` /
+``Span N: ... (Label: X)`` items), ``markdown`` (bold headers, bullets, curly quotes) and
+``messy`` (a preamble, CRLF, varied header wording and case, numbering, quote styles,
+bold, explanations after items, wrapped lines, "N/A"-style nones), chosen per answer from
+a hash of the response so a replay writes the same text. Every layout names the same
+spans, copied exactly, so the spans kept after parsing do not depend on the layout.
 
 - sentiment: words and two-word entries of the VADER lexicon. A preceding chain of VADER
   intensifiers ("very", "really", ...) is kept in the span; a negation just before that
@@ -23,11 +30,18 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from pipeline.critic.parse import TASK_LABELS, format_answer
+import hashlib
+
+from pipeline.critic.parse import format_answer
 from pipeline.errors import CriticError
 from pipeline.rewards.toxicity import TOXIC_TERMS
 
-__all__ = ["answer", "TOXIC_WORDS"]
+__all__ = ["ANSWER_FORMATS", "ANSWER_LABELS", "answer", "TOXIC_WORDS"]
+
+ANSWER_FORMATS = ("drlc", "paper", "markdown", "messy")
+# the labels the shipped prompts/*.md templates ask for, in their order: what this critic writes
+ANSWER_LABELS = {"sentiment": ("positive", "negative"), "toxicity": ("toxic",),
+                 "summarization": ("irrelevant", "incoherent", "factually incorrect")}
 
 _TASK_LINE = re.compile(r"^Task:[ \t]*(\S+)[ \t]*$", re.MULTILINE)
 _WORD = re.compile(r"\w+(?:['’]\w+)*")
@@ -40,17 +54,20 @@ _STOPWORDS = frozenset(
 )
 
 
-def answer(messages: list[dict]) -> str:
-    """Answer a rendered critic prompt in the template's output format.
+def answer(messages: list[dict], answer_format: str = "drlc") -> str:
+    """Answer a rendered critic prompt in the template's output format (or another layout).
 
     Params:
         messages: OpenAI chat messages as rendered by ``Template.render``.
+        answer_format: one of ``ANSWER_FORMATS``.
     Returns:
         The answer text, e.g. ``'Positive: "very good"\\nNegative: "not funny"'``.
     Raises:
-        CriticError: no ``Task:`` line in a system message, an unknown task, or the
-            delimited text block missing from the last user message.
+        CriticError: no ``Task:`` line in a system message, an unknown task, the
+            delimited text block missing from the last user message, or an unknown format.
     """
+    if answer_format not in ANSWER_FORMATS:
+        raise CriticError(f"lexicon critic: unknown answer format {answer_format!r}; valid: {list(ANSWER_FORMATS)}")
     task = _task_of(messages)
     user = _last_user_text(messages)
     if task == "sentiment":
@@ -59,7 +76,12 @@ def answer(messages: list[dict]) -> str:
         spans = _toxic_spans(_delimited(user, "response"))
     else:
         spans = _unsupported_spans(_delimited(user, "summary"), _delimited(user, "document"))
-    return format_answer(task, spans)
+    if answer_format == "drlc":
+        return format_answer(ANSWER_LABELS[task], spans)
+    from pipeline.critic.layouts import write_layout
+
+    seed = int(hashlib.sha256(user.encode("utf-8")).hexdigest()[:8], 16)
+    return write_layout(answer_format, task=task, labels=ANSWER_LABELS[task], spans=spans, seed=seed)
 
 
 def _task_of(messages: list[dict]) -> str:
@@ -68,8 +90,8 @@ def _task_of(messages: list[dict]) -> str:
             match = _TASK_LINE.search(str(message.get("content", "")))
             if match:
                 task = match.group(1)
-                if task not in TASK_LABELS:
-                    raise CriticError(f"lexicon critic: unknown task {task!r}; it answers {sorted(TASK_LABELS)}")
+                if task not in ANSWER_LABELS:
+                    raise CriticError(f"lexicon critic: unknown task {task!r}; it answers {sorted(ANSWER_LABELS)}")
                 return task
     raise CriticError("lexicon critic: no 'Task: <task>' line in a system message; render the prompt from prompts/")
 

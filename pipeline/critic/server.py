@@ -14,7 +14,8 @@ Endpoints:
 - ``GET /v1/models`` lists the one model the server answers as.
 - ``GET /stats`` returns counters: requests, completions, rejected, faults by kind.
 
-Backends: ``lexicon`` (the offline lexicon critic), ``echo`` (repeats the last user
+Backends: ``lexicon`` (the offline lexicon critic; ``answer_format`` picks its layout, one of
+:data:`pipeline.critic.lexicon.ANSWER_FORMATS`), ``echo`` (repeats the last user
 message), ``hf`` (a local causal LM checkpoint in ``model_dir``, loaded once per server;
 see :mod:`pipeline.critic.hf_backend`) or any callable ``messages -> text``.
 
@@ -82,8 +83,12 @@ def _prompt_words(messages: list[dict]) -> int:
     return sum(len(content_text(m.get("content")).split()) for m in messages)
 
 
-def _resolve_backend(backend: str | AnswerFn, model_dir: str | None) -> tuple[str, CompleteFn]:
+def _resolve_backend(backend: str | AnswerFn, model_dir: str | None,
+                     answer_format: str = "drlc") -> tuple[str, CompleteFn]:
     """Return (name, request -> Completion) for a backend name or a callable ``messages -> text``."""
+    if answer_format != "drlc" and backend != "lexicon":
+        raise CriticError(f"critic server answer_format (--answer-format) {answer_format!r} is only used by "
+                          f"backend 'lexicon', not {backend!r}; drop it or use --backend lexicon")
     if backend != "hf" and model_dir is not None:
         raise CriticError(f"critic server model_dir (--model-dir) is only used by backend 'hf', "
                           f"not {backend!r}; drop it or use --backend hf")
@@ -94,7 +99,13 @@ def _resolve_backend(backend: str | AnswerFn, model_dir: str | None) -> tuple[st
     if backend == "lexicon":
         from pipeline.critic import lexicon
 
-        return "lexicon", _word_count_completion(lexicon.answer)
+        if answer_format not in lexicon.ANSWER_FORMATS:
+            raise CriticError(f"unknown critic answer format {answer_format!r}; valid: {list(lexicon.ANSWER_FORMATS)}")
+
+        def lexicon_answer(messages: list[dict]) -> str:
+            return lexicon.answer(messages, answer_format=answer_format)
+
+        return "lexicon", _word_count_completion(lexicon_answer)
     if backend == "hf":
         if model_dir is None:
             raise CriticError("critic server backend 'hf' needs model_dir (--model-dir DIR): "
@@ -296,7 +307,7 @@ class _Handler(BaseHTTPRequestHandler):
 def make_server(*, host: str = "127.0.0.1", port: int = 0, backend: str | AnswerFn = "lexicon",
                 latency_s: float = 0.0, error_rate: float = 0.0, rate_limit_rate: float = 0.0,
                 garbage_rate: float = 0.0, drop_rate: float = 0.0, empty_rate: float = 0.0,
-                seed: int = 0, model_dir: str | None = None) -> _CriticServer:
+                seed: int = 0, model_dir: str | None = None, answer_format: str = "drlc") -> _CriticServer:
     """Create (bind, not start) a critic server; ``port=0`` picks a free port.
 
     :param host: interface to bind (loopback by default)
@@ -308,9 +319,11 @@ def make_server(*, host: str = "127.0.0.1", port: int = 0, backend: str | Answer
         probabilities per chat request, each in [0, 1], summing to at most 1
     :param seed: seed of the fault draws
     :param model_dir: checkpoint folder of the "hf" backend; must be ``None`` for the others
+    :param answer_format: layout of the "lexicon" backend's answers (drlc, paper, markdown, messy);
+        must be "drlc" for the others
     :return: a server with ``base_url``, ``stats()``, ``serve_forever()``, ``shutdown()``
-    :raises CriticError: on an unknown backend, "hf" without a loadable ``model_dir``, or a
-        ``model_dir`` given to another backend
+    :raises CriticError: on an unknown backend or answer format, "hf" without a loadable
+        ``model_dir``, or a ``model_dir`` or answer format given to another backend
     :raises ConfigError: on a fault rate out of range
     :raises CriticError: if host:port cannot be bound (in use, out of range, not a local address)
     """
@@ -319,7 +332,7 @@ def make_server(*, host: str = "127.0.0.1", port: int = 0, backend: str | Answer
     _check_rates(rates)
     if latency_s < 0:
         raise ConfigError(f"critic server latency_s={latency_s!r} is negative; use a value >= 0")
-    backend_name, complete_fn = _resolve_backend(backend, model_dir)  # fail before binding a port
+    backend_name, complete_fn = _resolve_backend(backend, model_dir, answer_format)  # fail before binding a port
     try:
         return _CriticServer((host, port), backend_name=backend_name, complete_fn=complete_fn,
                              latency_s=latency_s, rates=rates, seed=seed)

@@ -1,4 +1,4 @@
-"""Critic prompt templates: versioned Markdown files under prompts/, validated at load.
+"""Critic prompt templates: versioned Markdown files under prompts/, or plain-text prompts, validated at load.
 
 A template file is a YAML front matter block between two ``---`` lines, then a
 ``## system`` section and a ``## user`` section whose texts become the two chat messages::
@@ -23,6 +23,16 @@ Placeholders are written ``{name}``; a literal brace is written ``{{`` or ``}}``
 system section must hold a line ``Task: <task>`` (the offline lexicon critic reads it) and
 one of the sections an ``### Output format`` heading. The SHA-256 of the file bytes goes
 into the annotations table, so a changed prompt is visible in every row it produced.
+
+A file with any other extension (e.g. the paper's ``prompt_sentiment_3shot_v2.txt``) is a
+**plain-text prompt**: the whole file is the one user message (no system message), with
+positional ``{}`` placeholders filled in the order of the task's ``critic_fields``
+(summarization: document, summary, score). It has no front matter, so the task and the
+labels come from the caller (``run.task`` and ``critic.labels``).
+
+A prompt whose last line is an open header naming one label (``Identified Positive Text
+Span:``) gets that label as ``leading_label``: the model's answer often continues under
+that header without repeating it, and the parser gives the first items that label.
 """
 
 from __future__ import annotations
@@ -57,6 +67,10 @@ class Template:
         system: the system message text, placeholders unfilled.
         user: the user message text, placeholders unfilled.
         sha256: hex SHA-256 of the file bytes.
+        leading_label: the label of the prompt's last line when that line is an open header
+            (``Identified Positive Text Span:``), else ``None``.
+        positional: a plain-text prompt: ``user`` holds ``{}`` placeholders, filled in the
+            order of ``placeholders``, and there is no system message.
     """
 
     path: str
@@ -67,6 +81,8 @@ class Template:
     system: str
     user: str
     sha256: str
+    leading_label: str | None = None
+    positional: bool = False
 
     def render(self, fields: dict[str, str]) -> list[dict]:
         """Fill the placeholders and return OpenAI chat messages.
@@ -74,7 +90,8 @@ class Template:
         Params:
             fields: one string value per declared placeholder, no more, no fewer.
         Returns:
-            ``[{"role": "system", "content": ...}, {"role": "user", "content": ...}]``.
+            ``[{"role": "system", "content": ...}, {"role": "user", "content": ...}]``; a
+            plain-text prompt gives the user message only.
         Raises:
             TemplateError: a field is missing, undeclared or not a string.
         """
@@ -88,23 +105,31 @@ class Template:
         not_text = sorted(name for name, value in fields.items() if not isinstance(value, str))
         if not_text:
             raise TemplateError(f"{self.path}: fields {not_text} are not strings; convert them with str() first")
+        if self.positional:
+            return [{"role": "user", "content": self.user.format(*(fields[name] for name in self.placeholders))}]
         return [
             {"role": "system", "content": self.system.format_map(fields)},
             {"role": "user", "content": self.user.format_map(fields)},
         ]
 
 
-def load_template(path: str | Path) -> Template:
+def load_template(path: str | Path, *, task: str | None = None, labels=()) -> Template:
     """Read a prompt template file and validate it.
 
     Params:
-        path: a ``prompts/<task>.md`` file.
+        path: a ``prompts/<task>.md`` file, or a plain-text prompt with ``{}`` placeholders.
+        task: the run's task (``run.task``); required for a plain-text prompt; a Markdown
+            template names its own (callers compare it with ``run.task``).
+        labels: the span labels (``critic.labels``); required for a plain-text prompt; for
+            a Markdown template empty means "from the front matter", else they must match it.
     Returns:
         The frozen :class:`Template`.
     Raises:
         TemplateError: the file is unreadable, the front matter is missing or incomplete,
             a section is missing, a declared placeholder is unused or an undeclared one is
-            used, braces are unbalanced, or the ``Task:`` line does not name the task.
+            used, braces are unbalanced, the ``Task:`` line does not name the task, the
+            given labels disagree with the front matter, or a plain-text prompt
+            lacks its task or labels or has a placeholder count other than the task's fields.
     """
     path = Path(path)
     try:
@@ -112,6 +137,71 @@ def load_template(path: str | Path) -> Template:
         text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise TemplateError(f"{path}: cannot read the template ({error}); give a UTF-8 prompts/*.md file") from error
+    labels = tuple(labels)
+    if path.suffix.lower() != ".md":
+        return _plain_text_template(path, text, hashlib.sha256(raw).hexdigest(), task=task, labels=labels)
+    template = _markdown_template(path, text, hashlib.sha256(raw).hexdigest())
+    if labels and labels != template.labels:
+        raise TemplateError(f"{path}: critic.labels {list(labels)} differ from the front matter labels "
+                            f"{list(template.labels)}; set critic.labels: [] to use the front matter's")
+    return template
+
+
+def _plain_text_template(path: Path, text: str, sha256: str, *, task: str | None, labels: tuple) -> Template:
+    """A whole-file user prompt with positional ``{}`` placeholders in the order of the task's fields."""
+    if not task or not labels:
+        raise TemplateError(f"{path}: a plain-text prompt has no front matter, so it needs the task and the "
+                            f"labels from config (run.task = {task!r}, critic.labels = {list(labels)}); "
+                            "set critic.labels, e.g. [positive, negative]")
+    names = _task_field_names(path, task)
+    count = _positional_count(path, text)
+    if count != len(names):
+        raise TemplateError(f"{path}: {count} '{{}}' placeholder(s), but task {task!r} fills {len(names)} "
+                            f"({', '.join(names)}, in that order); write one '{{}}' per field, literal "
+                            "braces as {{ and }}")
+    return Template(path=str(path), task=task, version=sha256[:12], placeholders=names, labels=labels,
+                    system="", user=text, sha256=sha256, leading_label=_open_header_label(text, labels),
+                    positional=True)
+
+
+def _task_field_names(path: Path, task: str) -> tuple[str, ...]:
+    """The names of ``critic_fields`` of ``task``, in order, read from one probe row."""
+    from pipeline.tasks import get_task
+
+    try:
+        fields = get_task(task).critic_fields
+    except Exception as error:
+        raise TemplateError(f"{path}: cannot find the critic fields of task {task!r} ({error})") from error
+    probe = {"rollout_id": "", "prompt_id": "", "query": "", "response": "", "env_reward": 0.0}
+    return tuple(fields(probe))
+
+
+def _positional_count(path: Path, text: str) -> int:
+    """How many ``{}`` fields ``text`` has; named or numbered fields are rejected."""
+    try:
+        parsed = list(string.Formatter().parse(text))
+    except ValueError as error:
+        raise TemplateError(f"{path}: unbalanced brace ({error}); write literal braces as {{{{ and }}}}") from error
+    fields = [(field, spec, conversion) for _, field, spec, conversion in parsed if field is not None]
+    bad = [field for field, spec, conversion in fields if field or spec or conversion]
+    if bad:
+        raise TemplateError(f"{path}: placeholder {{{bad[0]}}} is not a plain '{{}}'; a plain-text prompt "
+                            "uses positional '{}' only")
+    return len(fields)
+
+
+def _open_header_label(text: str, labels: tuple[str, ...]) -> str | None:
+    """The one label named by the text's last line when that line is an open header (ends with ':')."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if not lines or not lines[-1].endswith(":"):
+        return None
+    named = [label for label in labels
+             if re.search(r"\b" + r"[\s_-]+".join(map(re.escape, label.split())) + r"\b", lines[-1], re.I)]
+    return named[0] if len(named) == 1 else None
+
+
+def _markdown_template(path: Path, text: str, sha256: str) -> Template:
+    """A ``prompts/*.md`` template: front matter, ``## system`` and ``## user`` sections."""
     meta, body = _split_front_matter(path, text)
     system, user = _split_sections(path, body)
     if not _OUTPUT_FORMAT_HEADING.search(system + "\n" + user):
@@ -135,7 +225,8 @@ def load_template(path: str | Path) -> Template:
         labels=tuple(meta["labels"]),
         system=system,
         user=user,
-        sha256=hashlib.sha256(raw).hexdigest(),
+        sha256=sha256,
+        leading_label=_open_header_label(user, tuple(meta["labels"])),
     )
 
 

@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 
 from pipeline.config import CriticParams
 from pipeline.errors import CriticError
-from pipeline.critic.annotate import annotate_round, skipped_row
+from pipeline.critic.annotate import STATUSES, annotate_round, skipped_row
 from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient
 from pipeline.critic.server import serve_in_background
@@ -82,14 +82,16 @@ def critic_client(critic: CriticParams, base_url: str | None) -> CriticClient:
 
 
 def critique(rollout_rows: list[dict], score_rows: list[dict], *, critic: CriticParams, tokenizer_dir: str,
-             run_id: str, round_: int) -> tuple[list[dict], dict]:
-    """Annotate one round. Returns (annotation rows, stats with the requests the server received)."""
+             run_id: str, round_: int, task: str | None = None) -> tuple[list[dict], dict]:
+    """Annotate one round. Returns (annotation rows, stats with the requests the server received).
+
+    task: run.task, needed to load a plain-text critic.template (pipeline.critic.templates)."""
     rows = scored_rows(rollout_rows, score_rows)
     if not critic.enabled:
         annotations = [skipped_row(row) for row in rows]
         server_requests = 0
     else:
-        template = load_template(critic.template)
+        template = load_template(critic.template, task=task, labels=critic.labels)
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         with CriticCache(critic.cache_dir) as cache, critic_endpoint(critic, tokenizer_dir) as (base_url, server_stats):
             client = critic_client(critic, base_url)
@@ -114,7 +116,7 @@ def summarize(annotations: list[dict], server_requests: int) -> dict:
     """Per-round critic metrics (names `critic/<quantity>`)."""
     critiqued = [a for a in annotations if a["critiqued"]]
     by_status = {s: sum(a["status"] == s for a in annotations) for s in
-                 ("ok", "skipped", "parse_error", "api_error", "budget")}
+                 STATUSES}
     return {
         "critic/critiqued": len(critiqued),
         "critic/cache_hits": sum(a["cache_hit"] for a in critiqued),

@@ -1,0 +1,76 @@
+"""The lexicon critic's other answer layouts (drlc critic serve --answer-format) name the same spans."""
+import json
+import random
+from pathlib import Path
+
+import pytest
+from test_critic_server import chat_body, post
+
+from pipeline.critic.align import match_items
+from pipeline.critic.lexicon import ANSWER_FORMATS, answer
+from pipeline.critic.parse import parse_answer
+from pipeline.critic.server import make_server, serve_in_background
+from pipeline.errors import CriticError
+
+PROMPTS = Path(__file__).resolve().parents[1] / "prompts"
+WORDS = ("the movie was not good but the cast was very charming and the plot dull awful wonderful "
+         "shut up you stupid idiot kind fine boring really great").split()
+
+
+def texts(n=40):
+    rng = random.Random(1)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 14))).capitalize() + "." for _ in range(n)]
+
+
+def kept(template, raw, response):
+    parsed = parse_answer(raw, labels=template.labels, leading_label=template.leading_label)
+    spans, dropped = match_items(parsed.items, response, rewards={label: 1.0 for label in template.labels})
+    assert dropped == [], raw
+    return parsed.status, spans
+
+
+@pytest.mark.parametrize("task", ["sentiment", "toxicity", "summarization"])
+@pytest.mark.parametrize("layout", [f for f in ANSWER_FORMATS if f != "drlc"])
+def test_every_layout_keeps_the_drlc_formats_spans(task, layout):
+    from pipeline.critic.templates import load_template
+
+    template = load_template(PROMPTS / f"{task}.md")
+    answers = []
+    for text in texts():
+        fields = {"response": text} if task != "summarization" else \
+            {"document": "The cast was good.", "summary": text, "score": "0.2"}
+        messages = template.render(fields)
+        drlc, other = answer(messages), answer(messages, answer_format=layout)
+        response = fields.get("response", fields.get("summary"))
+        assert kept(template, other, response) == kept(template, drlc, response)
+        answers.append(other)
+    assert all(a != answer(template.render({"response": "x"} if task != "summarization" else
+                                           {"document": "x", "summary": "x", "score": "0"})) for a in answers)
+    if layout == "messy":  # several habits show up across 40 answers
+        assert any("\r\n" in a for a in answers) and len({a.split("\n")[0][:6] for a in answers}) >= 3
+
+
+def test_answer_format_is_served_over_http_and_checked():
+    from pipeline.critic.templates import load_template
+
+    messages = load_template(PROMPTS / "sentiment.md").render({"response": "The plot was awful."})
+    with serve_in_background(backend="lexicon", answer_format="paper") as (url, _):
+        status, _, body = post(url, chat_body(messages))
+    assert status == 200
+    assert json.loads(body)["choices"][0]["message"]["content"] == answer(messages, answer_format="paper")
+    assert "Identified Negative Text Span:\n[Span 1]: awful" in answer(messages, answer_format="paper")
+    with pytest.raises(CriticError, match="only used by backend 'lexicon'"):
+        make_server(backend="echo", answer_format="messy")
+    with pytest.raises(CriticError, match="unknown critic answer format 'yaml'"):
+        make_server(backend="lexicon", answer_format="yaml")
+
+
+def test_cli_offers_every_answer_format():
+    from pipeline.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["critic", "serve", "--answer-format", "messy"])
+    assert args.answer_format == "messy"
+    serve = parser._subparsers._group_actions[0].choices["critic"]._subparsers._group_actions[0].choices["serve"]
+    choices = next(a.choices for a in serve._actions if a.dest == "answer_format")
+    assert tuple(choices) == ANSWER_FORMATS
