@@ -176,7 +176,7 @@ def run_record(project: Path, exp: dict, arm: str, seed: int, *, with_spread: bo
     return {"arm": arm, "seed": seed, "experiment": exp_name(arm, seed), "rev": exp["rev"], "score_scale": scale,
             "rounds": rounds, "eval": eval_metrics,
             "critic": {"critiqued": sum(r["critic_calls"] for r in rounds),
-                       "server_requests": sum(m.get("critic/server_requests", 0) for m in critique),
+                       "requests": sum(m.get("critic_requests", 0) for m in critique),
                        "cache_hits": sum(r["cache_hits"] for r in rounds),
                        "cost_usd": sum(r["cost_usd"] for r in rounds)}}
 
@@ -194,7 +194,7 @@ def headline(by_arm: dict[str, list[dict]], *, final_window: int) -> dict:
             "final_env_reward": final("env_reward"), "final_kl": final("kl"),
             "final_intrinsic_reward_sum": final("intrinsic_reward_sum"),
             "eval": {m: mean_std([run["eval"][m] for run in runs if m in run["eval"]]) for m in metrics},
-            "critic_server_requests": sum(run["critic"]["server_requests"] for run in runs),
+            "critic_requests": sum(run["critic"]["requests"] for run in runs),
             "critic_critiqued": sum(run["critic"]["critiqued"] for run in runs)}
     return out
 
@@ -217,7 +217,7 @@ def markdown(result: dict) -> str:
              "|---" * (5 + len(evals)) + "|"]
     for arm, a in head["arms"].items():
         reached = "-" if a["rounds_to_target"] is None else str(a["rounds_to_target"])
-        cells = [arm, reached, ms(a["final_env_reward"]), ms(a["final_kl"]), str(a["critic_server_requests"])]
+        cells = [arm, reached, ms(a["final_env_reward"]), ms(a["final_kl"]), str(a["critic_requests"])]
         cells += [ms(a["eval"][m]) if m in a["eval"] else "-" for m in evals]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Wall time {result['wall_seconds'] / 60:.1f} min; experiments: "

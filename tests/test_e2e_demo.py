@@ -60,8 +60,8 @@ def test_second_repro_does_nothing_and_forced_rerun_is_free_and_identical(finish
     assert forced.stdout.count("Running stage") >= 2 + 4 * 3 + 1
     for metrics in sorted((finished_run / "metrics" / "critique").glob("*.json")):
         data = json.loads(metrics.read_text())
-        assert data["critic/server_requests"] == 0, (metrics.name, data)
-        assert data["critic/cache_hits"] == data["critic/critiqued"]
+        assert data["critic_requests"] == 0 and data["critic_retries"] == 0, (metrics.name, data)
+        assert data["cache_hits"] == data["critiqued"] and data["critic_error_rate"] == 0.0
     assert table_contents(finished_run) == before
 
 

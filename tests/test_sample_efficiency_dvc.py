@@ -54,12 +54,12 @@ def test_experiment_set_runs_and_collects_each_experiments_metrics(tmp_path, mon
         params = data["params"]["params.yaml"]["data"]
         assert list(params["rounds"]) == ["0001"] and params["run"]["seed"] == 0
         critique = data["metrics"]["metrics/critique/round=0001.json"]["data"]
-        assert record["critic"]["server_requests"] == critique["critic/server_requests"]
+        assert record["critic"]["requests"] == critique["critic_requests"]
     assert written["runs"]["sparse"][0]["critic"]["critiqued"] == 0
-    assert written["runs"]["sparse"][0]["critic"]["server_requests"] == 0
+    assert written["runs"]["sparse"][0]["critic"]["requests"] == 0
     batch = tiny_params()["rollout"]["batch_size"]
     assert written["runs"]["dense_all"][0]["critic"]["critiqued"] == batch  # threshold above every reward
-    assert written["runs"]["dense_all"][0]["critic"]["server_requests"] > 0
+    assert written["runs"]["dense_all"][0]["critic"]["requests"] > 0
     dense, centred = written["runs"]["dense_all"][0]["rounds"][0], written["runs"]["dense_zero_mean"][0]["rounds"][0]
     assert dense["intrinsic_reward_sum"] != 0.0 and centred["intrinsic_reward_sum"] == pytest.approx(0.0, abs=1e-6)
     assert centred["env_reward"] == dense["env_reward"]  # round 1 samples the same base policy, same seed

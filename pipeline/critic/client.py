@@ -13,11 +13,15 @@ Retry policy (drlc's own; the ``openai`` package runs with ``max_retries=0``):
 - a ``Retry-After`` (or ``retry-after-ms``) header is honoured exactly when it is at most
   ``backoff_max_s``; a longer one fails that request at once (``retry_after ... >
   backoff_max_s``) instead of stalling the round;
-- not retried: other 4xx, ``finish_reason == "length"`` (``truncated``: the same request
-  would be cut off again, so raise ``max_tokens``) and ``content_filter``.
+- not retried: other 4xx and ``content_filter``.
 
-Failures are returned as ``status="api_error"`` results and never cached. The backoff
-slot is held while waiting, so a rate-limited endpoint also sees fewer parallel requests.
+Failures are returned as ``status="api_error"`` results and never cached. An answer cut
+off by ``max_tokens`` (``finish_reason == "length"``) is returned with
+``status="truncated"`` and its partial text; it is not retried (the same request would be
+cut off again: raise ``max_tokens``) and not cached, since only complete answers are. The
+backoff slot is held while waiting, so a rate-limited endpoint also sees fewer parallel
+requests. Every complete answer is put into the cache the moment it arrives, so a crash
+or a failed round later in the call loses nothing that was paid for.
 
 Budgets: every HTTP attempt counts as a request. A new attempt starts only if
 ``max_requests`` would not be exceeded and the spent cost plus the in-flight attempts,
@@ -53,7 +57,7 @@ _RETRY_STATUS = (408, 409, 429)
 class CriticResult:
     """The outcome of one critic request (one per request given to :meth:`CriticClient.run`)."""
 
-    status: str  # "ok" | "api_error" | "budget"
+    status: str  # "ok" | "truncated" | "api_error" | "budget"
     cache_key: str
     cache_hit: bool = False
     raw_text: str = ""
@@ -73,9 +77,10 @@ class RunStats:
     """Counters of one :meth:`CriticClient.run` call."""
 
     requests_sent: int = 0  # HTTP attempts, retries included
-    cache_hits: int = 0
+    cache_hits: int = 0  # requests answered from the cache (each repeat of a cached request counts)
     retries: int = 0
     failures: int = 0  # requests that ended as api_error
+    truncated: int = 0  # requests answered with finish_reason "length" (not cached)
     budget_stopped: int = 0
     cost_usd: float = 0.0
     in_flight: int = field(default=0, repr=False)
@@ -143,9 +148,11 @@ class CriticClient:
     :param max_requests: most HTTP attempts per :meth:`run` call (``None`` = unlimited)
     :param max_cost_usd: most dollars per :meth:`run` call (``None`` = unlimited)
     :param sampling: sampling parameters sent with every request (see ``SAMPLING_PARAMS``)
-    :param cache_endpoint: the endpoint as named in cache keys (default ``base_url``). drlc's own
-        local server listens on a fresh port each run, so it passes a stable name instead
-        (``"drlc-local:<backend>"``); otherwise every run would miss the cache.
+    :param model_id: the model's identity in cache keys (default ``model``). drlc's local server
+        answers with its backend whatever model name is sent, so the critique stage names the
+        backend here (``"drlc-local:<backend>"``) and answers of two backends never mix.
+    :param template_sha: SHA-256 of the template that rendered the messages; in every cache key
+    :param cache_namespace: separates caches (``critic.cache_namespace``); in every cache key
     :raises CriticError: on a malformed base URL or a missing API key for a remote URL
     :raises ConfigError: on an unknown sampling parameter, or a cost budget without a price
     """
@@ -154,11 +161,12 @@ class CriticClient:
         self, *, base_url: str, model: str, max_concurrency: int = 8, timeout_s: float = 60.0,
         max_retries: int = 5, backoff_base_s: float = 0.5, backoff_max_s: float = 30.0, seed: int = 0,
         prices: dict[str, tuple[float, float]] | None = None, max_requests: int | None = None,
-        max_cost_usd: float | None = None, sampling: dict | None = None, cache_endpoint: str | None = None,
+        max_cost_usd: float | None = None, sampling: dict | None = None, model_id: str | None = None,
+        template_sha: str = "", cache_namespace: str = "",
     ) -> None:
         self._api_key = api_key_for(base_url)
         self.base_url, self.model = str(base_url), model
-        self.cache_endpoint = cache_endpoint or self.base_url
+        self.model_id, self.template_sha, self.cache_namespace = model_id or model, template_sha, cache_namespace
         self.sampling = _check_sampling(sampling)
         if max_concurrency < 1 or max_retries < 0 or timeout_s <= 0:
             raise ConfigError(
@@ -178,8 +186,8 @@ class CriticClient:
 
     def key_for(self, messages: list[dict], sample_index: int = 0) -> str:
         """Return the cache key this client uses for ``messages``."""
-        return cache_key(endpoint=self.cache_endpoint, model=self.model, messages=messages,
-                         sample_index=sample_index, **self.sampling)
+        return cache_key(model=self.model_id, messages=messages, template_sha=self.template_sha,
+                         sample_index=sample_index, namespace=self.cache_namespace, **self.sampling)
 
     def cost_of(self, model: str, prompt_tokens: int, completion_tokens: int) -> float:
         """Price tokens with ``prices[model]`` (falling back to the requested model; 0 if unpriced)."""
@@ -211,8 +219,8 @@ class CriticClient:
             if value is not MISSING:
                 done[key] = self._result_from_cache(key, value)
                 cache.tally(cost_usd_saved=self.cost_of(value["model"], *_usage_of(value)))
-                stats.cache_hits += 1
                 bar.update()
+        stats.cache_hits = sum(key in done for key in keys)
         misses = [key for key in unique if key not in done]
         if misses:
             semaphore = asyncio.Semaphore(self.max_concurrency)
@@ -276,13 +284,16 @@ class CriticClient:
                     stats.in_flight -= 1
                 stats.cost_usd += result.cost_usd
                 stats.dearest_attempt_usd = max(stats.dearest_attempt_usd, result.cost_usd)
+                bar.update()
+                if result.status == "truncated":  # paid for, but incomplete: never cached
+                    stats.truncated += 1
+                    return result
                 cache.put(key, {
                     "raw_text": result.raw_text, "finish_reason": result.finish_reason,
                     "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens},
                     "model": result.model, "system_fingerprint": result.system_fingerprint or None,
                     "latency_s": result.latency_s,
                 })
-                bar.update()
                 return result
 
     def _retry_delay(self, failure: _Attempt, key: str, attempts: int) -> float | None:
@@ -298,7 +309,7 @@ class CriticClient:
         return min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempts - 1)) * (0.5 + 0.5 * jitter)
 
     async def _attempt(self, api, key: str, messages: list[dict], attempts: int) -> CriticResult:
-        """Make one HTTP attempt; return an ok result or raise :class:`_Attempt`."""
+        """Make one HTTP attempt; return an ok or truncated result, or raise :class:`_Attempt`."""
         started = time.monotonic()
         try:
             completion = await asyncio.wait_for(
@@ -328,14 +339,15 @@ class CriticClient:
         model = getattr(completion, "model", None) or self.model
         cost = self.cost_of(model, prompt_tokens, completion_tokens)
         text, finish_reason = choices[0].message.content or "", choices[0].finish_reason or ""
-        if not text.strip():
+        if finish_reason == "content_filter":
+            raise _Attempt("content_filter", retry=False, cost_usd=cost)
+        truncated = finish_reason == "length"
+        if not truncated and not text.strip():
             raise _Attempt("empty_content", retry=True, cost_usd=cost)
-        if finish_reason in ("length", "content_filter"):
-            reason = "truncated (finish_reason=length); raise critic max_tokens" if finish_reason == "length" \
-                else "content_filter"
-            raise _Attempt(reason, retry=False, cost_usd=cost)
         return CriticResult(
-            status="ok", cache_key=key, raw_text=text, finish_reason=finish_reason, model=model,
+            status="truncated" if truncated else "ok", cache_key=key, raw_text=text,
+            error="truncated (finish_reason=length); raise critic.max_tokens" if truncated else "",
+            finish_reason=finish_reason, model=model,
             system_fingerprint=getattr(completion, "system_fingerprint", None) or "",
             prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost_usd=cost,
             latency_s=latency, attempts=attempts,
