@@ -227,28 +227,32 @@ class CriticClient:
         keys = [self.key_for(messages, sample_index) for messages in requests]
         unique = dict(zip(keys, requests))  # first occurrence of each key, in order
         bar = tqdm(total=len(unique), desc="critic requests", unit="req", disable=not progress)
-        done: dict[str, CriticResult] = {}
-        for key in unique:
-            value = cache.get(key)
-            if value is not MISSING:
-                done[key] = self._result_from_cache(key, value)
-                cache.tally(cost_usd_saved=self.cost_of(value["model"], *_usage_of(value)))
-                bar.update()
-        stats.cache_hits = sum(key in done for key in keys)
-        misses = [key for key in unique if key not in done]
-        if misses:
-            semaphore = asyncio.Semaphore(self.max_concurrency)
-            try:
-                async with openai.AsyncOpenAI(
-                        base_url=self.base_url, api_key=self._api_key, max_retries=0, timeout=self.timeout_s,
-                        http_client=openai.DefaultAsyncHttpxClient(verify=_tls_context())) as api:
-                    answers = await asyncio.gather(
-                        *(self._request(api, semaphore, key, unique[key], cache, bar) for key in misses))
-            finally:  # one counter write per call, not one per attempt (each is a SQLite commit)
-                cache.tally(requests=stats.requests_sent)
-            done.update(zip(misses, answers))
-        bar.close()
+        semaphore = asyncio.Semaphore(self.max_concurrency)
+        try:
+            async with openai.AsyncOpenAI(
+                    base_url=self.base_url, api_key=self._api_key, max_retries=0, timeout=self.timeout_s,
+                    http_client=openai.DefaultAsyncHttpxClient(verify=_tls_context())) as api:
+                answers = await asyncio.gather(
+                    *(self._answer(api, semaphore, key, messages, cache, bar) for key, messages in unique.items()))
+        finally:  # one counter write per call, not one per attempt (each is a SQLite commit)
+            cache.tally(requests=stats.requests_sent)
+            bar.close()
+        done = dict(zip(unique, answers))
+        stats.cache_hits = sum(done[key].cache_hit for key in keys)
         return _expand(keys, done)
+
+    async def _answer(self, api, semaphore, key, messages, cache, bar) -> CriticResult:
+        """The cached answer for ``key``, else :meth:`_request`'s.
+
+        Each task looks its key up itself, so the first requests are on the wire while the
+        rest are still being looked up (a lookup is a SQLite read plus a counter write).
+        """
+        value = cache.get(key)
+        if value is MISSING:
+            return await self._request(api, semaphore, key, messages, cache, bar)
+        cache.tally(cost_usd_saved=self.cost_of(value["model"], *_usage_of(value)))
+        bar.update()
+        return self._result_from_cache(key, value)
 
     def _result_from_cache(self, key: str, value: dict) -> CriticResult:
         prompt_tokens, completion_tokens = _usage_of(value)
