@@ -3,7 +3,10 @@
 :class:`CriticClient` answers a list of chat requests. It looks each one up in the
 :class:`~pipeline.critic.cache.CriticCache` first, sends identical requests once, runs the
 misses concurrently (at most ``max_concurrency`` in flight) and stores every complete
-answer before returning, so whatever was paid for survives a crash or a budget stop.
+answer in the cache as it arrives, so whatever was paid for survives a crash, a budget
+stop or a round that fails its error-rate check. The cache's persistent request counter
+is added once per call (a SQLite commit per attempt was measurable); a killed process
+leaves it short by that call's requests.
 
 Retry policy (drlc's own; the ``openai`` package runs with ``max_retries=0``):
 
@@ -20,8 +23,7 @@ off by ``max_tokens`` (``finish_reason == "length"``) is returned with
 ``status="truncated"`` and its partial text; it is not retried (the same request would be
 cut off again: raise ``max_tokens``) and not cached, since only complete answers are. The
 backoff slot is held while waiting, so a rate-limited endpoint also sees fewer parallel
-requests. Every complete answer is put into the cache the moment it arrives, so a crash
-or a failed round later in the call loses nothing that was paid for.
+requests.
 
 Budgets: every HTTP attempt counts as a request. A new attempt starts only if
 ``max_requests`` would not be exceeded and the spent cost plus the in-flight attempts,
