@@ -40,9 +40,10 @@ def make_round(tmp: Path, port: int, **critic) -> Path:
                          timeout_s=5.0, max_concurrency=4, **critic)
     (tmp / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     keys = {"run_id": "health", "round": 1}
+    ids = [tokenizer.encode(text) for text in TEXTS]
     rollouts = [keys | {"rollout_id": f"r{i}", "prompt_id": f"p{i}", "query": "", "response": text, "query_ids": [],
-                        "response_ids": tokenizer.encode(text), "behaviour_logprobs": [0.0] * len(tokenizer.encode(text)),
-                        "seed": 0, "max_new_tokens": 16, "policy": "base"} for i, text in enumerate(TEXTS)]
+                        "response_ids": ids[i], "behaviour_logprobs": [0.0] * len(ids[i]), "seed": 0,
+                        "max_new_tokens": 16, "policy": "base"} for i, text in enumerate(TEXTS)]
     scores = [keys | {"rollout_id": f"r{i}", "env_reward": -1.0, "scorer": "test", "scorer_version": "1"}
               for i in range(len(TEXTS))]
     store.write_table(rollouts, "rollouts", tmp / "data" / "rollouts")
@@ -65,7 +66,8 @@ def expected_keys(workdir: Path) -> list[str]:
     rows = scored_rows(store.read_table(workdir / "data" / "rollouts", "rollouts"),
                        store.read_table(workdir / "data" / "scores", "scores"))
     client = critic_client(critic, None, template_sha=template.sha256)
-    return [client.key_for(messages) for messages in round_requests(rows, template=template, threshold=critic.threshold)]
+    requests = round_requests(rows, template=template, threshold=critic.threshold)
+    return [client.key_for(messages) for messages in requests]
 
 
 def cached_keys(workdir: Path) -> set[str]:
@@ -74,10 +76,11 @@ def cached_keys(workdir: Path) -> set[str]:
 
 
 def assert_failed_cleanly(result: subprocess.CompletedProcess, workdir: Path, name: str) -> str:
-    """Exit 2, one stderr line besides the progress bar, no annotations partition and no metrics written; returns the line."""
+    """Exit 2, one stderr line (besides the progress bar), no annotations or metrics written; returns the line."""
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
-    lines = [line for line in result.stderr.strip().splitlines() if not line.startswith("critic requests:")]
-    assert len(lines) == 1, result.stderr  # the progress bar aside, one line
+    lines = [line for line in result.stderr.strip().splitlines()
+             if not line.startswith("critic requests:")]  # the progress bar aside, one line
+    assert len(lines) == 1, result.stderr
     assert not (workdir / name / "annotations").exists() and not (workdir / name / "critique.json").exists()
     return lines[0]
 
