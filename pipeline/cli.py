@@ -121,11 +121,11 @@ def cmd_batch_prepare(args) -> None:
     critic = params.critic
     rows = scored_rows(store.read_table(f"{args.data}/rollouts/round={args.round}", "rollouts"),
                        store.read_table(f"{args.data}/scores/round={args.round}", "scores"))
-    requests = round_requests(rows, template=load_template(critic.template, task=params.run.task, labels=critic.labels), threshold=critic.threshold)
-    client = critic_client(critic, None)  # only for its cache naming and checked sampling parameters
+    template = load_template(critic.template, task=params.run.task, labels=critic.labels)
+    requests = round_requests(rows, template=template, threshold=critic.threshold)
+    client = critic_client(critic, None, template_sha=template.sha256)  # for its cache keys; sends nothing
     with CriticCache(critic.cache_dir) as cache:
-        n = batch_prepare(requests, endpoint=client.cache_endpoint, model=client.model,
-                          sampling=client.sampling, cache=cache, out_path=args.out)
+        n = batch_prepare(requests, client=client, cache=cache, out_path=args.out)
     print(f"wrote {n} uncached requests of round {args.round} to {args.out}")
 
 

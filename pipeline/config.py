@@ -186,9 +186,13 @@ class CriticParams:
     alignment: str = "exact"  # one of ALIGNMENTS
     zero_mean: bool = False  # subtract each critiqued response's mean token reward (sum 0: no reward scale added)
     cache_dir: str = "cache/critic"
+    cache_namespace: str = ""  # part of every cache key: separates caches; "" = shared by all runs
     max_concurrency: int = 8
     timeout_s: float = 60.0
     max_retries: int = 6
+    # the critique stage fails when more than this share of critiqued responses ends in
+    # api_error, parse_error or truncated (after caching every good answer)
+    max_error_rate: float = 0.2
     max_requests: int | None = None
     max_cost_usd: float | None = None
     temperature: float = 0.0
@@ -205,6 +209,7 @@ class CriticParams:
         "max_concurrency": (_positive, "> 0"),
         "timeout_s": (_positive, "> 0"),
         "max_retries": (lambda x: x >= 0, ">= 0"),
+        "max_error_rate": (_probability, "in [0, 1]"),
         "max_requests": (lambda x: x is None or x >= 0, ">= 0 or null"),
         "max_cost_usd": (lambda x: x is None or x >= 0, ">= 0 or null"),
         "temperature": (lambda x: x >= 0, ">= 0"),

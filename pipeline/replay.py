@@ -190,6 +190,7 @@ def rebuild_annotations(run_dir: Path, params: Params, inputs: dict, *, allow_ne
 
     from pipeline.critic.annotate import annotate_round
     from pipeline.critic.cache import CriticCache
+    from pipeline.critic.client import RunStats
     from pipeline.critic.templates import load_template
     from pipeline.critic.annotate import skipped_row
     from pipeline.steps.critique import critic_client, critic_endpoint, scored_rows
@@ -203,21 +204,21 @@ def rebuild_annotations(run_dir: Path, params: Params, inputs: dict, *, allow_ne
             tokenizer = AutoTokenizer.from_pretrained(str(run_dir / "models" / "base"))
             cache = stack.enter_context(CriticCache(_cache_dir(run_dir, params)))
             base_url = stack.enter_context(critic_endpoint(critic))[0] if allow_new_calls else None
-            client = critic_client(critic, base_url)
         for key, tables in inputs.items():
             rows = scored_rows(tables["rollouts"], tables["scores"])
             if not critic.enabled:
-                rows_out, sent = [skipped_row(row) for row in rows], 0
+                rows_out, stats = [skipped_row(row) for row in rows], RunStats()
             else:
+                client = critic_client(critic, base_url, template_sha=template.sha256)  # fresh counters per round
                 rows_out = annotate_round(rows, template=template, tokenizer=tokenizer, client=client, cache=cache,
                                           threshold=critic.threshold, rewards=dict(critic.rewards),
                                           alignment=critic.alignment, zero_mean=critic.zero_mean,
                                           progress=progress)
-                sent = client.last_stats.requests_sent
+                stats = client.last_stats
                 _check_complete(rows_out, key, params, allow_new_calls)
-            total += sent
+            total += stats.requests_sent
             annotations[key] = [dict(a, run_id=run_id, round=int(key)) for a in rows_out]
-            metrics[key] = critique_summary(annotations[key], sent)
+            metrics[key] = critique_summary(annotations[key], stats)
     return annotations, metrics, total
 
 
@@ -278,7 +279,7 @@ def train_rounds(build_dir: Path, run_dir: Path, params: Params, prepared: dict,
         write_json(ppo_summary(steps), build_dir / "metrics" / "ppo" / f"round={key}.json")
         if progress:
             print(f"replay: round {key}: {len(steps)} PPO steps, "
-                  f"{critique_metrics['critic/critiqued']} critiqued responses")
+                  f"{critique_metrics['critiqued']} critiqued responses")
     write_json({"rounds": round_curves(data)}, build_dir / "metrics" / "rounds.json")
     return {"run_dir": str(run_dir), "overrides": list(overrides), "allow_new_calls": prepared["allow_new_calls"],
             "critic_requests": prepared["requests"], "rounds": params.round_keys()}

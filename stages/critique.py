@@ -1,4 +1,7 @@
-"""critique: send low-reward responses to the critic (through the cache); store span rewards."""
+"""critique: send low-reward responses to the critic (through the cache); store span rewards.
+
+Exits 2 with one line, writing nothing, when the round fails critic.max_error_rate or its budget.
+"""
 from pipeline import stage, store
 from pipeline.steps.critique import critique
 
@@ -14,8 +17,9 @@ def main():
     )
     store.write_table(rows, "annotations", args.out)
     stage.write_json(metrics, args.metrics)
-    print(f"critique: {metrics['critic/critiqued']} critiqued, "
-          f"{metrics['critic/server_requests']} requests sent, {metrics['critic/cache_hits']} cache hits")
+    print(f"critique: {metrics['critiqued']} critiqued, {metrics['critic_requests']} requests sent "
+          f"({metrics['critic_retries']} retries, {metrics['critic_failures']} failed), "
+          f"{metrics['cache_hits']} cache hits, ${metrics['critic_cost_usd']:.4f}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 `shrunken_run()` builds one 1-round project with `dvc repro` (once per pytest process, shared
 by every reliability test file) with OPENAI_API_KEY set to `SECRET` and the critic on a
 loopback server started here, so the secrets test can scan it and the fault, crash and budget
-tests can run single stages on its tables.
+tests can run single stages on its tables. `RecordingBackend` makes a loopback critic server
+that fails chosen requests on purpose and records what it received.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from e2e import make_project, tiny_params
+from pipeline.critic import lexicon
 from pipeline.critic.server import make_server
 from pipeline.store import VOLATILE_COLUMNS
 
@@ -51,6 +53,28 @@ def critic_server(port: int = 0, **options):
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+class RecordingBackend:
+    """A critic backend (``messages -> text``) that records every request and fails chosen ones on purpose.
+
+    A request whose last message contains one of ``failing`` raises, which drlc's server answers
+    with HTTP 500 ("backend failed: ..."); the others get the lexicon critic's answer. ``seen``
+    lists the last message of every request that reached the backend, in arrival order.
+    """
+
+    __name__ = "lexicon-recording"
+
+    def __init__(self, failing=()):
+        self.failing, self.seen, self.lock = set(failing), [], threading.Lock()
+
+    def __call__(self, messages: list[dict]) -> str:
+        text = str(messages[-1]["content"])
+        with self.lock:
+            self.seen.append(text)
+        if any(marker in text for marker in self.failing):
+            raise RuntimeError("this request fails on purpose")
+        return lexicon.answer(messages)
 
 
 def stage_env() -> dict:

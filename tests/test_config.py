@@ -48,6 +48,8 @@ def test_ppo_defaults_match_legacy_trl():
     (lambda r: r["ppo"].update(ppo_epochs="four"), ["ppo.ppo_epochs", "'four'", "int"]),
     (lambda r: r["ppo"].update(kl_penalty="kll"), ["ppo.kl_penalty", "'kll'", "one of"]),
     (lambda r: r["critic"].update(enabled="yes"), ["critic.enabled", "bool"]),
+    (lambda r: r["critic"].update(max_error_rate=1.5), ["critic.max_error_rate", "1.5", "in [0, 1]"]),
+    (lambda r: r["critic"].update(cache_namespace=3), ["critic.cache_namespace", "str"]),
     (lambda r: r["critic"].update(rewards={"positive": "high"}), ["critic.rewards", "dict[str, float]"]),
     (lambda r: r["rollout"].update(batch_size=0), ["rollout.batch_size", "> 0"]),
     (lambda r: r.update(critc={}), ["critc", "Did you mean 'critic'"]),

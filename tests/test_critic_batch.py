@@ -31,7 +31,7 @@ def rows():
 
 
 def client_for(url):
-    return CriticClient(base_url=url, model="critic-m", sampling=SAMPLING, timeout_s=5.0)
+    return CriticClient(base_url=url, model="critic-m", sampling=SAMPLING, timeout_s=5.0, template_sha=TEMPLATE.sha256)
 
 
 def read_jsonl(path):
@@ -67,7 +67,7 @@ def test_prepare_answer_ingest_then_a_live_round_sends_nothing(cache, tmp_path):
     with serve_in_background(backend="lexicon") as (url, stats):
         client = client_for(url)
         client.run(requests[:1], cache)  # one answer is already paid for: it stays out of the batch
-        count = batch_prepare(requests, endpoint=url, model="critic-m", sampling=SAMPLING, cache=cache,
+        count = batch_prepare(requests, client=client_for("http://127.0.0.1:9/v1"), cache=cache,  # any port
                               out_path=tmp_path / "batch" / "input.jsonl")
         lines = read_jsonl(tmp_path / "batch" / "input.jsonl")
         assert count == len(lines) == 3
@@ -114,8 +114,7 @@ def test_ingested_answers_serve_annotate_round_without_requests(cache, tmp_path)
     batch = [dict(row, response_ids=tokenizer.encode(row["response"])) for row in rows()]
     requests = round_requests(batch, template=TEMPLATE, threshold=0.0)
     with serve_in_background(backend="lexicon") as (url, stats):
-        batch_prepare(requests, endpoint=url, model="critic-m", sampling=SAMPLING, cache=cache,
-                      out_path=tmp_path / "in.jsonl")
+        batch_prepare(requests, client=client_for(url), cache=cache, out_path=tmp_path / "in.jsonl")
         output = [answer_with_server(url, line, n) for n, line in enumerate(read_jsonl(tmp_path / "in.jsonl"))]
         assert batch_ingest(write_jsonl(tmp_path / "out.jsonl", output), cache=cache)["ingested"] == 4
         sent = stats()["requests"]
@@ -133,12 +132,10 @@ def test_prepare_twice_writes_nothing_new_and_rejects_unknown_sampling(cache, tm
     requests = round_requests(rows(), template=TEMPLATE, threshold=0.0)
     with serve_in_background(backend="lexicon") as (url, _):
         client_for(url).run(requests, cache)
-        assert batch_prepare(requests, endpoint=url, model="critic-m", sampling=SAMPLING, cache=cache,
-                             out_path=tmp_path / "in.jsonl") == 0
+        assert batch_prepare(requests, client=client_for(url), cache=cache, out_path=tmp_path / "in.jsonl") == 0
     assert (tmp_path / "in.jsonl").read_text() == ""
-    with pytest.raises(ConfigError, match="temprature"):
-        batch_prepare(requests, endpoint=url, model="critic-m", sampling={"temprature": 0}, cache=cache,
-                      out_path=tmp_path / "x.jsonl")
+    with pytest.raises(ConfigError, match="temprature"):  # the client checks what a batch body will carry
+        CriticClient(base_url=url, model="critic-m", sampling={"temprature": 0})
 
 
 GOOD = {"custom_id": "d" * 64, "response": {"status_code": 200, "body": {

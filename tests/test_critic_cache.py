@@ -15,7 +15,8 @@ from pipeline.errors import CacheError, StoreError
 
 REPO = Path(__file__).resolve().parents[1]
 MESSAGES = [{"role": "system", "content": "Task: sentiment"}, {"role": "user", "content": "Un café très bon"}]
-BASE = dict(endpoint="http://127.0.0.1:8000/v1", model="critic-m", messages=MESSAGES,
+TEMPLATE_SHA = hashlib.sha256(b"Task: sentiment {response}").hexdigest()
+BASE = dict(model="critic-m", messages=MESSAGES, template_sha=TEMPLATE_SHA, namespace="",
             temperature=0.0, top_p=1.0, max_tokens=64, seed=3, stop=["\n\n"], n=1, sample_index=0)
 
 
@@ -26,17 +27,18 @@ def answer(text="Positive: none", prompt_tokens=5, completion_tokens=2):
 
 def test_key_is_sha256_of_canonical_json_computed_by_hand():
     canonical = (
-        '{"endpoint":"http://127.0.0.1:8000/v1","messages":[{"content":"Task: sentiment","role":"system"},'
-        '{"content":"Un café très bon","role":"user"}],"model":"critic-m","sample_index":0,'
+        '{"messages":[{"content":"Task: sentiment","role":"system"},'
+        '{"content":"Un café très bon","role":"user"}],"model":"critic-m","namespace":"","sample_index":0,'
         '"sampling":{"max_tokens":64,"n":1,"seed":3,"stop":["\\n\\n"],"temperature":0.0,"top_p":1.0},'
-        f'"schema":{SCHEMA_VERSION}}}'
+        f'"schema":{SCHEMA_VERSION},"template_sha":"{TEMPLATE_SHA}"}}'
     )
+    assert SCHEMA_VERSION == 2  # 1 had the endpoint URL in the key; its entries are never hit
     assert cache_key(**BASE) == hashlib.sha256(canonical.encode("utf-8")).hexdigest()
     assert cache_key(**BASE) == cache_key(**dict(reversed(list(BASE.items()))))
 
 
 @pytest.mark.parametrize("field, other", [
-    ("endpoint", "http://127.0.0.1:8001/v1"), ("model", "critic-n"),
+    ("model", "critic-n"), ("template_sha", "0" * 64), ("template_sha", ""), ("namespace", "team-b"),
     ("messages", [{"role": "user", "content": "Un café très bon"}]),
     ("messages", [{"role": "system", "content": "Task: sentiment"}, {"role": "user", "content": "Un café très bon!"}]),
     ("temperature", 0.7), ("top_p", 0.9), ("max_tokens", 65), ("seed", 4), ("stop", ["\n"]), ("n", 2),
@@ -46,11 +48,11 @@ def test_every_field_changes_the_key(field, other):
     assert cache_key(**(BASE | {field: other})) != cache_key(**BASE)
 
 
-def test_credentials_and_trailing_slash_do_not_change_the_key():
-    plain = cache_key(**(BASE | {"endpoint": "https://api.example.com/v1"}))
-    for endpoint in ("https://user:pw@api.example.com/v1", "https://api.example.com/v1/",
-                     "https://api.example.com/v1?api-key=abc", "HTTPS://api.example.com/v1"):
-        assert cache_key(**(BASE | {"endpoint": endpoint})) == plain, endpoint
+def test_key_has_no_endpoint_so_a_moved_server_still_hits():
+    with pytest.raises(TypeError, match="endpoint"):
+        cache_key(**BASE, endpoint="http://127.0.0.1:8000/v1")
+    with pytest.raises(TypeError, match="template_sha"):  # explicit: a forgotten template hash is an error
+        cache_key(**{k: v for k, v in BASE.items() if k != "template_sha"})
 
 
 def test_key_has_no_api_key_or_header_parameter():

@@ -1,13 +1,14 @@
 """Critic client through a real server on 127.0.0.1: concurrency, retries, faults, budgets, keys."""
 
+import json
 import subprocess
 import sys
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from openai.types.chat import ChatCompletion
 
 from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient
@@ -208,13 +209,68 @@ def test_api_key_changes_no_key_and_never_reaches_disk_or_errors(cache, tmp_path
     assert files and not any(secret.encode() in p.read_bytes() for p in files)
 
 
-def test_finish_reason_length_is_an_uncached_failure():
-    client = CriticClient(base_url="http://127.0.0.1:9/v1", model="m")
-    completion = ChatCompletion.model_validate({
-        "id": "x", "object": "chat.completion", "created": 0, "model": "m",
-        "choices": [{"index": 0, "finish_reason": "length", "message": {"role": "assistant", "content": "Pos"}}],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-    })
-    with pytest.raises(Exception) as failure:
-        client._check_completion(completion, "k", 1, 0.1)
-    assert "truncated" in failure.value.reason and failure.value.retry is False
+class _CutOffHandler(BaseHTTPRequestHandler):
+    """A chat-completions endpoint that cuts off (finish_reason "length") answers to messages with "long"."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        text = request["messages"][-1]["content"]
+        self.server.received.append(text)
+        cut = "long" in text
+        body = json.dumps({
+            "id": "x", "object": "chat.completion", "created": 0, "model": request["model"],
+            "choices": [{"index": 0, "finish_reason": "length" if cut else "stop",
+                         "message": {"role": "assistant", "content": "Positive: the" if cut else text}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+        }).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_finish_reason_length_is_truncated_paid_not_retried_and_not_cached(cache):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _CutOffHandler)
+    server.received = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = CriticClient(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1",
+                              prices={"critic-m": (1e6, 1e6)}, **FAST)
+        requests = [[{"role": "user", "content": "short one"}], [{"role": "user", "content": "a long one"}]]
+        first = client.run(requests, cache)
+        second = client.run(requests, cache)
+    finally:
+        server.shutdown()
+        server.server_close()
+    ok, cut = first
+    assert ok.status == "ok" and ok.raw_text == "short one"
+    assert (cut.status, cut.raw_text, cut.finish_reason, cut.attempts) == ("truncated", "Positive: the", "length", 1)
+    assert "raise critic.max_tokens" in cut.error and cut.cost_usd == 5.0  # paid: 3 + 2 tokens at $1 each
+    assert set(cache.keys()) == {ok.cache_key}  # only the complete answer
+    assert [r.status for r in second] == ["ok", "truncated"] and second[0].cache_hit and not second[1].cache_hit
+    assert server.received == ["short one", "a long one", "a long one"]  # the cut-off one is asked again next run
+    assert (client.last_stats.truncated, client.last_stats.failures, client.last_stats.retries) == (1, 0, 0)
+
+
+def test_cache_hits_count_every_request_answered_from_the_cache(cache):
+    with serve_in_background(backend="echo") as (url, stats):
+        client = CriticClient(base_url=url, **FAST)
+        client.run(requests_for(2), cache)
+        client.run(requests_for(3) * 2, cache)  # 2 cached keys asked twice each, 1 new key asked twice
+        assert stats()["requests"] == 3
+    assert (client.last_stats.cache_hits, client.last_stats.requests_sent) == (4, 1)
+
+
+def test_keys_ignore_host_and_port_but_not_template_namespace_or_model_id():
+    messages = requests_for(1)[0]
+    key = CriticClient(base_url="http://127.0.0.1:8000/v1", model="m", template_sha="t").key_for(messages)
+    assert key == CriticClient(base_url="http://localhost:9001/v1", model="m", template_sha="t").key_for(messages)
+    for other in ({"template_sha": "u"}, {"template_sha": "t", "cache_namespace": "b"},
+                  {"template_sha": "t", "model_id": "drlc-local:echo"}):
+        assert CriticClient(base_url="http://127.0.0.1:8000/v1", model="m", **other).key_for(messages) != key

@@ -156,11 +156,11 @@ def test_self_critique_serves_the_runs_base_model(tmp_path):
     """critic.model_dir 'base' serves the run's base model: with a LoRA policy, the policy with
     adapters disabled (the paper's self-critique)."""
     from pipeline.config import CriticParams
-    from pipeline.steps.critique import cache_endpoint, critic_endpoint
+    from pipeline.steps.critique import critic_endpoint, critic_model_id
 
     base_dir = save_checkpoint(tmp_path / "base", crafted=True)
     critic = CriticParams(backend="hf", model_dir="base", model="self")
-    assert cache_endpoint(critic) == "drlc-local:hf:base"
+    assert critic_model_id(critic) == "drlc-local:hf:base"
     with critic_endpoint(critic, base_dir) as (url, stats):
         status, body = post_json(url, {"model": "self", "messages": MESSAGES, "max_tokens": 16})
         assert stats()["requests"] == 1

@@ -62,8 +62,8 @@ def test_second_repro_does_nothing_and_forced_rerun_is_free_and_identical(finish
     assert forced.stdout.count("Running stage") >= 2 + 4 * 3 + 1
     for metrics in sorted((finished_run / "metrics" / "critique").glob("*.json")):
         data = json.loads(metrics.read_text())
-        assert data["critic_requests"] == 0, (metrics.name, data)
-        assert data["cache_hits"] == data["critiqued"]
+        assert data["critic_requests"] == 0 and data["critic_retries"] == 0, (metrics.name, data)
+        assert data["cache_hits"] == data["critiqued"] and data["critic_error_rate"] == 0.0
     curves = json.loads((finished_run / "metrics" / "rounds.json").read_text())["rounds"]
     assert [c["critic_requests"] for c in curves] == [0, 0, 0]  # a free re-run plots zero requests, not the hits
     assert all(c["cache_hits"] == c["critiqued"] > 0 for c in curves), curves

@@ -99,7 +99,7 @@ def test_sentiment_dense_shared_layers_token_prefixes_and_length_range(tmp_path)
     rollouts = store.read_table(project / "data/rollouts/round=0001", "rollouts")
     assert all(len(r["response_ids"]) <= r["max_new_tokens"] and 15 <= r["max_new_tokens"] <= 20 for r in rollouts)
     critique = json.loads((project / "metrics/critique/round=0001.json").read_text())
-    assert critique["critic/critiqued"] == 8 and critique["critic/server_requests"] == 8  # threshold 10: all
+    assert critique["critiqued"] == 8 and critique["critic_requests"] == 8  # threshold 10: all
     base = AutoModelForCausalLM.from_pretrained(project / "models/base")
     trained = dict(AutoModelForCausalLM.from_pretrained(project / "models/round=0001").named_parameters())
     for name, param in base.named_parameters():
@@ -130,7 +130,7 @@ def test_self_critique_lora_policy_critiqued_by_its_own_base_through_the_hf_back
     project = run_project(tmp_path, params)
 
     critique = json.loads((project / "metrics/critique/round=0001.json").read_text())
-    assert critique["critic/critiqued"] == 8 and critique["critic/server_requests"] == 8
+    assert critique["critiqued"] == 8 and critique["critic_requests"] == 8
     round1 = project / "models/round=0001"
     assert (round1 / "adapter_config.json").is_file() and not (round1 / "model.safetensors").exists()
     adapter = json.loads((round1 / "adapter_config.json").read_text())

@@ -23,7 +23,7 @@ WORKER = textwrap.dedent("""
     base_url, cache_dir, first, count, out = sys.argv[1:]
     first, count = int(first), int(count)
     requests = [[{"role": "user", "content": f"request {i}"}] for i in range(first, first + count)]
-    client = CriticClient(base_url=base_url, model="m", cache_endpoint="shared", max_concurrency=8)
+    client = CriticClient(base_url=base_url, model="m", max_concurrency=8)
     with CriticCache(cache_dir) as cache:
         results = client.run(requests, cache)
     json.dump([[r.status, r.raw_text, r.cache_hit] for r in results], open(out, "w"))
@@ -31,7 +31,7 @@ WORKER = textwrap.dedent("""
 
 
 def expected_key(i: int) -> str:
-    return cache_key(endpoint="shared", model="m", messages=[{"role": "user", "content": f"request {i}"}])
+    return cache_key(model="m", messages=[{"role": "user", "content": f"request {i}"}], template_sha="")
 
 
 def test_two_processes_share_one_cache_without_loss_or_corruption(tmp_path):

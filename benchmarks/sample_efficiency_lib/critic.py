@@ -3,8 +3,8 @@
 It duck-types :meth:`pipeline.critic.client.CriticClient.run`, so
 :func:`pipeline.critic.annotate.annotate_round` (threshold, rendering, parsing, alignment) runs
 unchanged; only the HTTP hop to the local server is skipped for speed. Cache keys use the same
-recipe and endpoint name as the pipeline's local lexicon server ("drlc-local:lexicon"), so entries
-are interchangeable. Token counts are estimates (characters / 4 of the messages and of the
+recipe and model identity as the pipeline's local lexicon server ("drlc-local:lexicon"), so entries
+are interchangeable when ``template_sha`` is the template's SHA-256. Token counts are estimates (characters / 4 of the messages and of the
 answer): the lexicon backend has no tokenizer, and the estimate is what a gpt-3.5-turbo critic
 reading the same prompt would roughly be billed.
 """
@@ -18,7 +18,7 @@ from pipeline.critic.cache import MISSING, CriticCache, cache_key
 from pipeline.critic.client import CriticResult
 from pipeline.errors import CriticError
 
-ENDPOINT = "drlc-local:lexicon"
+MODEL_ID = "drlc-local:lexicon"  # the model identity the pipeline's local lexicon server is keyed under
 MODEL = "drlc-lexicon"
 SAMPLING = {"temperature": 0.0, "max_tokens": 256}
 GPT35_PRICES = (0.5, 1.5)  # USD per 1M prompt / completion tokens (gpt-3.5-turbo)
@@ -52,13 +52,15 @@ class InProcessLexiconCritic:
     """A cache-first critic that answers misses with the lexicon backend (or refuses them).
 
     Params: prices: (prompt, completion) USD per 1M tokens used for the cost accounting;
-    allow_calls: False makes every cache miss an error (the zero-cost replay mode).
+    allow_calls: False makes every cache miss an error (the zero-cost replay mode);
+    template_sha: SHA-256 of the template that renders the requests (part of every cache key).
     """
 
     model = MODEL
 
-    def __init__(self, *, prices: tuple[float, float] = GPT35_PRICES, allow_calls: bool = True):
-        self.prices, self.allow_calls = prices, allow_calls
+    def __init__(self, *, prices: tuple[float, float] = GPT35_PRICES, allow_calls: bool = True,
+                 template_sha: str = ""):
+        self.prices, self.allow_calls, self.template_sha = prices, allow_calls, template_sha
         self.tally = CriticTally()
         self.arm = ""  # the arm the next requests are counted under
 
@@ -74,7 +76,8 @@ class InProcessLexiconCritic:
         return [self._answer(messages, cache, sample_index) for messages in requests]
 
     def _answer(self, messages: list[dict], cache: CriticCache, sample_index: int) -> CriticResult:
-        key = cache_key(endpoint=ENDPOINT, model=MODEL, messages=messages, sample_index=sample_index, **SAMPLING)
+        key = cache_key(model=MODEL_ID, messages=messages, template_sha=self.template_sha, sample_index=sample_index,
+                        **SAMPLING)
         counts = self.tally.by_arm.setdefault(self.arm, {"requests": 0, "calls": 0, "cache_hits": 0})
         self.tally.requests += 1
         counts["requests"] += 1

@@ -73,9 +73,10 @@ def run_study(config, *, scratch: str | Path, progress: bool = True) -> dict:
                    f"{base_info['seconds']}s)")
     world, arms = world_for(config), study_arms(config.selective_threshold)
     with tempfile.TemporaryDirectory(dir=scratch, prefix="critic-cache-") as cache_dir, CriticCache(cache_dir) as cache:
-        critic = InProcessLexiconCritic(prices=GPT35_PRICES)
+        template = load_template(ROOT / "prompts" / template_name(config.task))
+        critic = InProcessLexiconCritic(prices=GPT35_PRICES, template_sha=template.sha256)
         ctx = StudyContext(config=config, world=world, base_dir=base_dir, critic=critic, cache=cache,
-                           template=load_template(ROOT / "prompts" / template_name(config.task)))
+                           template=template)
         by_arm: dict[str, list[dict]] = {}
         for name in ("sparse", "dense_all"):
             _log(progress, f"arm {name}")
@@ -88,7 +89,8 @@ def run_study(config, *, scratch: str | Path, progress: bool = True) -> dict:
         recorded = by_arm["dense_all"][0].pop("rollouts")
         _log(progress, "ablation (replay, cache only)")
         replay_ctx = StudyContext(config=config, world=world, base_dir=base_dir, template=ctx.template,
-                                  critic=InProcessLexiconCritic(prices=GPT35_PRICES, allow_calls=False), cache=cache)
+                                  critic=InProcessLexiconCritic(prices=GPT35_PRICES, allow_calls=False,
+                                                                template_sha=template.sha256), cache=cache)
         ablation = run_ablation(recorded, replay_ctx, seed=config.seeds[0])
         base_eval = [dict(evaluate_base(ctx, seed), seed=seed) for seed in config.seeds]
     return {

@@ -100,7 +100,7 @@ def _critic_rows(posts, *, critic: CriticParams, template: Template, cache: Crit
     fields = task_fields(template)
     requests = [template.render(fields(post.request_row())) for post in posts]
     with critic_endpoint(critic, base_dir) as (base_url, server_stats):
-        client = critic_client(critic, base_url)
+        client = critic_client(critic, base_url, template_sha=template.sha256)
         results = client.run(requests, cache, progress=progress)
         stats, server_requests = client.last_stats, server_stats().get("requests", 0)
     if stats.budget_stopped:

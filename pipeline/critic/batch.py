@@ -4,8 +4,9 @@ OpenAI's Batch API answers a JSONL of requests within a day at half the price. d
 it as another way to fill the critic cache:
 
 1. :func:`batch_prepare` writes one line per request whose answer is not cached yet, with
-   ``custom_id`` = the cache key :class:`~pipeline.critic.client.CriticClient` would use
-   for the same endpoint, model and sampling parameters;
+   ``custom_id`` = the cache key of the given :class:`~pipeline.critic.client.CriticClient`
+   (its model, sampling parameters, template SHA-256 and namespace; no endpoint URL, so
+   the answers serve a live round against any server of the same model);
 2. the file is uploaded and run outside drlc (``openai`` CLI or web console);
 3. :func:`batch_ingest` stores every complete successful answer of the output JSONL under
    its ``custom_id``, in the value layout the client stores.
@@ -24,8 +25,8 @@ import tempfile
 from pathlib import Path
 
 from pipeline.critic.annotate import round_requests
-from pipeline.critic.cache import CriticCache, cache_key
-from pipeline.critic.client import _check_sampling
+from pipeline.critic.cache import CriticCache
+from pipeline.critic.client import CriticClient
 from pipeline.errors import DataError
 
 __all__ = ["BATCH_URL", "batch_prepare", "batch_ingest", "round_requests"]
@@ -34,34 +35,30 @@ BATCH_URL = "/v1/chat/completions"
 _CACHE_KEY = re.compile(r"^[0-9a-f]{64}$")
 
 
-def batch_prepare(requests: list[list[dict]], *, endpoint: str, model: str, sampling: dict,
-                  cache: CriticCache, out_path: str | Path, sample_index: int = 0) -> int:
+def batch_prepare(requests: list[list[dict]], *, client: CriticClient, cache: CriticCache,
+                  out_path: str | Path, sample_index: int = 0) -> int:
     """Write a Batch-API input JSONL with one line per request not already answered in the cache.
 
     Each line is ``{"custom_id": <cache key>, "method": "POST", "url": "/v1/chat/completions",
     "body": {"model": ..., "messages": ..., <sampling>}}``, the body being exactly what the
-    client sends. Identical requests get one line (a batch needs unique ids). The file is
-    written atomically; with nothing to ask it is still written, empty.
+    client sends and the key exactly :meth:`CriticClient.key_for`. Identical requests get one
+    line (a batch needs unique ids). The file is written atomically; with nothing to ask it
+    is still written, empty. The client sends nothing here.
 
     :param requests: one chat message list per request, e.g. from :func:`round_requests`
-    :param endpoint: base URL the answers will be keyed under, as later given to the client
-        (e.g. ``"https://api.openai.com/v1"``)
-    :param model: model name sent in every body
-    :param sampling: sampling parameters sent in every body (``temperature``, ``max_tokens``, ...)
+    :param client: the client a live round would use (e.g. ``critic_client(critic, None, ...)``)
     :param cache: the critic cache; requests it already answers are left out
     :param out_path: the JSONL to write
     :param sample_index: sample index put into every cache key, as in ``CriticClient.run``
     :return: number of lines written
-    :raises ConfigError: on an unknown sampling parameter
     """
-    sampling = _check_sampling(sampling)
     lines: dict[str, str] = {}
     for messages in requests:
-        key = cache_key(endpoint=endpoint, model=model, messages=messages, sample_index=sample_index, **sampling)
+        key = client.key_for(messages, sample_index)
         if key in lines or key in cache:
             continue
         line = {"custom_id": key, "method": "POST", "url": BATCH_URL,
-                "body": {"model": model, "messages": messages, **sampling}}
+                "body": {"model": client.model, "messages": messages, **client.sampling}}
         lines[key] = json.dumps(line, ensure_ascii=False, separators=(",", ":"))
     _write_atomically(Path(out_path), "".join(f"{line}\n" for line in lines.values()))
     return len(lines)

@@ -1,17 +1,21 @@
 """Content-hashed disk cache of critic answers.
 
-A critic answer is stored under :func:`cache_key`, the SHA-256 of everything that was sent
-to the endpoint (never the API key or headers), so a re-run, a resumed run or a PPO-only
-experiment makes no API call. Only complete, successful answers are stored, the first
-stored answer for a key is canonical (a temperature-0 critic is not deterministic), and
-nothing is ever evicted. The store is a :class:`diskcache.Cache`, safe to share between
-processes; hit, miss and request counters live in the same directory, so ``drlc cache
-stats`` reports totals over every process that used it.
+A critic answer is stored under :func:`cache_key`, the SHA-256 of what determines the
+answer: the model, the full messages, the sampling parameters, the sample index, the
+SHA-256 of the template that rendered the messages and an optional namespace. The
+endpoint's host and port are not part of it (a local critic server restarted on another
+port still hits), nor the API key or headers. A re-run, a resumed run or a PPO-only
+experiment therefore makes no API call. Only complete, successful answers are stored
+(never a failure, never a truncated answer), the first stored answer for a key is
+canonical (a temperature-0 critic is not deterministic), and nothing is ever evicted. The
+store is a :class:`diskcache.Cache`, safe to share between processes; hit, miss and
+request counters live in the same directory, so ``drlc cache stats`` reports totals over
+every process that used it.
 
 >>> import tempfile
 >>> with tempfile.TemporaryDirectory() as tmp, CriticCache(tmp) as cache:
-...     key = cache_key(endpoint="http://127.0.0.1:8000/v1", model="m",
-...                     messages=[{"role": "user", "content": "hi"}], temperature=0.0)
+...     key = cache_key(model="m", messages=[{"role": "user", "content": "hi"}], template_sha="",
+...                     temperature=0.0)
 ...     cache.put(key, {"raw_text": "ok", "finish_reason": "stop",
 ...                     "usage": {"prompt_tokens": 1, "completion_tokens": 1},
 ...                     "model": "m", "system_fingerprint": None, "latency_s": 0.1})
@@ -27,7 +31,6 @@ import json
 import sqlite3
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import diskcache
 
@@ -35,12 +38,14 @@ from pipeline.errors import CacheError, StoreError
 
 __all__ = ["SCHEMA_VERSION", "MISSING", "cache_key", "CriticCache", "export_parquet", "import_parquet"]
 
-SCHEMA_VERSION = 1
-"""Bumped when the key recipe or the value layout changes; old entries then stop matching."""
+SCHEMA_VERSION = 2
+"""Bumped when the key recipe or the value layout changes; old entries then stop matching.
+
+2: the endpoint URL left the key; the template SHA-256 and the namespace joined it.
+"""
 
 _VALUE_FIELDS = ("raw_text", "finish_reason", "usage", "model", "system_fingerprint", "latency_s")
 _COUNTERS = ("hits", "misses", "requests", "saved_prompt_tokens", "saved_completion_tokens", "saved_nano_usd")
-_SECRET_QUERY_WORDS = ("key", "token", "secret", "password", "sig")
 _SIZE_LIMIT = 2**50  # effectively unlimited: eviction is off anyway, this only silences culling
 
 
@@ -53,25 +58,13 @@ MISSING = _Missing()
 """Sentinel returned by :meth:`CriticCache.get` when a key is absent (``None`` could be a value)."""
 
 
-def _endpoint_without_credentials(base_url: str) -> str:
-    """Drop userinfo, secret-looking query parameters and a trailing slash from a base URL."""
-    parts = urlsplit(base_url)
-    host = parts.hostname or ""
-    if ":" in host:  # IPv6 literal
-        host = f"[{host}]"
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    query = urlencode(
-        [(k, v) for k, v in parse_qsl(parts.query) if not any(w in k.lower() for w in _SECRET_QUERY_WORDS)]
-    )
-    return urlunsplit((parts.scheme.lower(), netloc, parts.path.rstrip("/"), query, ""))
-
-
 def cache_key(
     *,
-    endpoint: str,
     model: str,
     messages: list[dict],
+    template_sha: str,
     sample_index: int = 0,
+    namespace: str = "",
     temperature: float | None = None,
     top_p: float | None = None,
     max_tokens: int | None = None,
@@ -82,31 +75,34 @@ def cache_key(
     """Return the cache key of one critic request: a 64-character SHA-256 hex digest.
 
     The digest covers canonical JSON (sorted keys, UTF-8, no spaces) of the cache schema
-    version, the endpoint with credentials removed, the model, the full messages, every
-    sampling parameter that is sent (``None`` means "not sent" and is left out) and the
-    sample index. The API key and HTTP headers are never part of it.
+    version, the model, the full messages, the template's SHA-256, every sampling
+    parameter that is sent (``None`` means "not sent" and is left out), the sample index
+    and the namespace. The endpoint URL (host, port) is not part of it, so the same
+    model behind a restarted or moved server hits; the API key and HTTP headers never are.
 
     >>> msgs = [{"role": "user", "content": "hi"}]
-    >>> a = cache_key(endpoint="https://u:secret@api.example.com/v1/", model="m", messages=msgs)
-    >>> a == cache_key(endpoint="https://api.example.com/v1", model="m", messages=msgs)
-    True
-    >>> a == cache_key(endpoint="https://api.example.com/v1", model="m", messages=msgs, seed=1)
+    >>> a = cache_key(model="m", messages=msgs, template_sha="ab")
+    >>> a == cache_key(model="m", messages=msgs, template_sha="ab", seed=1)
+    False
+    >>> a == cache_key(model="m", messages=msgs, template_sha="ab", namespace="team-b")
     False
     >>> len(a)
     64
 
-    :param endpoint: base URL of the OpenAI-compatible API
-    :param model: model name as requested
+    :param model: the model's identity (the name requested; drlc's local server adds its backend)
     :param messages: chat messages, each a dict with role and content
+    :param template_sha: SHA-256 of the critic template that rendered ``messages`` ("" if none)
     :param sample_index: which sample of the same request this is (0 for the first)
+    :param namespace: free text that separates caches (``critic.cache_namespace``; "" = shared)
     :param temperature, top_p, max_tokens, seed, stop, n: sampling parameters as sent
     :return: lowercase hex SHA-256 digest
     """
     sampling = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "stop": stop, "n": n}
     payload = {
         "schema": SCHEMA_VERSION,
-        "endpoint": _endpoint_without_credentials(endpoint),
+        "namespace": namespace,
         "model": model,
+        "template_sha": template_sha,
         "messages": messages,
         "sampling": {k: v for k, v in sampling.items() if v is not None},
         "sample_index": sample_index,

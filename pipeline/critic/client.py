@@ -3,7 +3,10 @@
 :class:`CriticClient` answers a list of chat requests. It looks each one up in the
 :class:`~pipeline.critic.cache.CriticCache` first, sends identical requests once, runs the
 misses concurrently (at most ``max_concurrency`` in flight) and stores every complete
-answer before returning, so whatever was paid for survives a crash or a budget stop.
+answer in the cache as it arrives, so whatever was paid for survives a crash, a budget
+stop or a round that fails its error-rate check. The cache's persistent request counter
+is added once per call (a SQLite commit per attempt was measurable); a killed process
+leaves it short by that call's requests.
 
 Retry policy (drlc's own; the ``openai`` package runs with ``max_retries=0``):
 
@@ -13,11 +16,14 @@ Retry policy (drlc's own; the ``openai`` package runs with ``max_retries=0``):
 - a ``Retry-After`` (or ``retry-after-ms``) header is honoured exactly when it is at most
   ``backoff_max_s``; a longer one fails that request at once (``retry_after ... >
   backoff_max_s``) instead of stalling the round;
-- not retried: other 4xx, ``finish_reason == "length"`` (``truncated``: the same request
-  would be cut off again, so raise ``max_tokens``) and ``content_filter``.
+- not retried: other 4xx and ``content_filter``.
 
-Failures are returned as ``status="api_error"`` results and never cached. The backoff
-slot is held while waiting, so a rate-limited endpoint also sees fewer parallel requests.
+Failures are returned as ``status="api_error"`` results and never cached. An answer cut
+off by ``max_tokens`` (``finish_reason == "length"``) is returned with
+``status="truncated"`` and its partial text; it is not retried (the same request would be
+cut off again: raise ``max_tokens``) and not cached, since only complete answers are. The
+backoff slot is held while waiting, so a rate-limited endpoint also sees fewer parallel
+requests.
 
 Budgets: every HTTP attempt counts as a request. A new attempt starts only if
 ``max_requests`` would not be exceeded and the spent cost plus the in-flight attempts,
@@ -28,14 +34,18 @@ that cannot start get ``status="budget"``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import random
+import ssl
 import time
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
+import httpx2
 import openai
+from openai.types.chat import ChatCompletion
 from tqdm import tqdm
 
 from pipeline.critic.cache import MISSING, CriticCache, cache_key
@@ -53,7 +63,7 @@ _RETRY_STATUS = (408, 409, 429)
 class CriticResult:
     """The outcome of one critic request (one per request given to :meth:`CriticClient.run`)."""
 
-    status: str  # "ok" | "api_error" | "budget"
+    status: str  # "ok" | "truncated" | "api_error" | "budget"
     cache_key: str
     cache_hit: bool = False
     raw_text: str = ""
@@ -73,9 +83,10 @@ class RunStats:
     """Counters of one :meth:`CriticClient.run` call."""
 
     requests_sent: int = 0  # HTTP attempts, retries included
-    cache_hits: int = 0
+    cache_hits: int = 0  # requests answered from the cache (each repeat of a cached request counts)
     retries: int = 0
     failures: int = 0  # requests that ended as api_error
+    truncated: int = 0  # requests answered with finish_reason "length" (not cached)
     budget_stopped: int = 0
     cost_usd: float = 0.0
     in_flight: int = field(default=0, repr=False)
@@ -118,6 +129,16 @@ def api_key_for(base_url: str) -> str:
     )
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """The default TLS context (system CA bundle), built once per process.
+
+    httpx builds one per client, which loads the CA bundle: ~0.1 s of CPU per
+    :meth:`CriticClient.run` call, even for a plain-http local server.
+    """
+    return httpx2.create_ssl_context()
+
+
 def _check_sampling(sampling: dict | None) -> dict:
     sampling = dict(sampling or {})
     unknown = sorted(set(sampling) - set(SAMPLING_PARAMS))
@@ -143,9 +164,11 @@ class CriticClient:
     :param max_requests: most HTTP attempts per :meth:`run` call (``None`` = unlimited)
     :param max_cost_usd: most dollars per :meth:`run` call (``None`` = unlimited)
     :param sampling: sampling parameters sent with every request (see ``SAMPLING_PARAMS``)
-    :param cache_endpoint: the endpoint as named in cache keys (default ``base_url``). drlc's own
-        local server listens on a fresh port each run, so it passes a stable name instead
-        (``"drlc-local:<backend>"``); otherwise every run would miss the cache.
+    :param model_id: the model's identity in cache keys (default ``model``). drlc's local server
+        answers with its backend whatever model name is sent, so the critique stage names the
+        backend here (``"drlc-local:<backend>"``) and answers of two backends never mix.
+    :param template_sha: SHA-256 of the template that rendered the messages; in every cache key
+    :param cache_namespace: separates caches (``critic.cache_namespace``); in every cache key
     :raises CriticError: on a malformed base URL or a missing API key for a remote URL
     :raises ConfigError: on an unknown sampling parameter, or a cost budget without a price
     """
@@ -154,11 +177,12 @@ class CriticClient:
         self, *, base_url: str, model: str, max_concurrency: int = 8, timeout_s: float = 60.0,
         max_retries: int = 5, backoff_base_s: float = 0.5, backoff_max_s: float = 30.0, seed: int = 0,
         prices: dict[str, tuple[float, float]] | None = None, max_requests: int | None = None,
-        max_cost_usd: float | None = None, sampling: dict | None = None, cache_endpoint: str | None = None,
+        max_cost_usd: float | None = None, sampling: dict | None = None, model_id: str | None = None,
+        template_sha: str = "", cache_namespace: str = "",
     ) -> None:
         self._api_key = api_key_for(base_url)
         self.base_url, self.model = str(base_url), model
-        self.cache_endpoint = cache_endpoint or self.base_url
+        self.model_id, self.template_sha, self.cache_namespace = model_id or model, template_sha, cache_namespace
         self.sampling = _check_sampling(sampling)
         if max_concurrency < 1 or max_retries < 0 or timeout_s <= 0:
             raise ConfigError(
@@ -178,8 +202,8 @@ class CriticClient:
 
     def key_for(self, messages: list[dict], sample_index: int = 0) -> str:
         """Return the cache key this client uses for ``messages``."""
-        return cache_key(endpoint=self.cache_endpoint, model=self.model, messages=messages,
-                         sample_index=sample_index, **self.sampling)
+        return cache_key(model=self.model_id, messages=messages, template_sha=self.template_sha,
+                         sample_index=sample_index, namespace=self.cache_namespace, **self.sampling)
 
     def cost_of(self, model: str, prompt_tokens: int, completion_tokens: int) -> float:
         """Price tokens with ``prices[model]`` (falling back to the requested model; 0 if unpriced)."""
@@ -205,24 +229,32 @@ class CriticClient:
         keys = [self.key_for(messages, sample_index) for messages in requests]
         unique = dict(zip(keys, requests))  # first occurrence of each key, in order
         bar = tqdm(total=len(unique), desc="critic requests", unit="req", disable=not progress)
-        done: dict[str, CriticResult] = {}
-        for key in unique:
-            value = cache.get(key)
-            if value is not MISSING:
-                done[key] = self._result_from_cache(key, value)
-                cache.tally(cost_usd_saved=self.cost_of(value["model"], *_usage_of(value)))
-                stats.cache_hits += 1
-                bar.update()
-        misses = [key for key in unique if key not in done]
-        if misses:
-            semaphore = asyncio.Semaphore(self.max_concurrency)
-            async with openai.AsyncOpenAI(base_url=self.base_url, api_key=self._api_key,
-                                          max_retries=0, timeout=self.timeout_s) as api:
+        semaphore = asyncio.Semaphore(self.max_concurrency)
+        try:
+            async with openai.AsyncOpenAI(
+                    base_url=self.base_url, api_key=self._api_key, max_retries=0, timeout=self.timeout_s,
+                    http_client=openai.DefaultAsyncHttpxClient(verify=_tls_context())) as api:
                 answers = await asyncio.gather(
-                    *(self._request(api, semaphore, key, unique[key], cache, bar) for key in misses))
-            done.update(zip(misses, answers))
-        bar.close()
+                    *(self._answer(api, semaphore, key, messages, cache, bar) for key, messages in unique.items()))
+        finally:  # one counter write per call, not one per attempt (each is a SQLite commit)
+            cache.tally(requests=stats.requests_sent)
+            bar.close()
+        done = dict(zip(unique, answers))
+        stats.cache_hits = sum(done[key].cache_hit for key in keys)
         return _expand(keys, done)
+
+    async def _answer(self, api, semaphore, key, messages, cache, bar) -> CriticResult:
+        """The cached answer for ``key``, else :meth:`_request`'s.
+
+        Each task looks its key up itself, so the first requests are on the wire while the
+        rest are still being looked up (a lookup is a SQLite read plus a counter write).
+        """
+        value = cache.get(key)
+        if value is MISSING:
+            return await self._request(api, semaphore, key, messages, cache, bar)
+        cache.tally(cost_usd_saved=self.cost_of(value["model"], *_usage_of(value)))
+        bar.update()
+        return self._result_from_cache(key, value)
 
     def _result_from_cache(self, key: str, value: dict) -> CriticResult:
         prompt_tokens, completion_tokens = _usage_of(value)
@@ -258,7 +290,6 @@ class CriticClient:
                 attempts += 1
                 stats.requests_sent += 1
                 stats.in_flight += 1
-                cache.tally(requests=1)
                 try:
                     result = await self._attempt(api, key, messages, attempts)
                 except _Attempt as failure:
@@ -276,13 +307,16 @@ class CriticClient:
                     stats.in_flight -= 1
                 stats.cost_usd += result.cost_usd
                 stats.dearest_attempt_usd = max(stats.dearest_attempt_usd, result.cost_usd)
+                bar.update()
+                if result.status == "truncated":  # paid for, but incomplete: never cached
+                    stats.truncated += 1
+                    return result
                 cache.put(key, {
                     "raw_text": result.raw_text, "finish_reason": result.finish_reason,
                     "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens},
                     "model": result.model, "system_fingerprint": result.system_fingerprint or None,
                     "latency_s": result.latency_s,
                 })
-                bar.update()
                 return result
 
     def _retry_delay(self, failure: _Attempt, key: str, attempts: int) -> float | None:
@@ -298,12 +332,13 @@ class CriticClient:
         return min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempts - 1)) * (0.5 + 0.5 * jitter)
 
     async def _attempt(self, api, key: str, messages: list[dict], attempts: int) -> CriticResult:
-        """Make one HTTP attempt; return an ok result or raise :class:`_Attempt`."""
+        """Make one HTTP attempt; return an ok or truncated result, or raise :class:`_Attempt`."""
         started = time.monotonic()
-        try:
-            completion = await asyncio.wait_for(
-                api.chat.completions.create(model=self.model, messages=messages, **self.sampling),
-                timeout=self.timeout_s)
+        body = {"model": self.model, "messages": messages, **self.sampling}
+        try:  # post, not chat.completions.create: the body is plain JSON already, and create's
+            # recursive parameter transform cost ~1 ms of CPU per request, serialised on the event loop
+            completion = await asyncio.wait_for(api.post("/chat/completions", body=body, cast_to=ChatCompletion),
+                                                timeout=self.timeout_s)
         except (openai.APITimeoutError, asyncio.TimeoutError):
             raise _Attempt(f"timeout after {self.timeout_s:g}s", retry=True) from None
         except openai.APIConnectionError as error:
@@ -328,14 +363,15 @@ class CriticClient:
         model = getattr(completion, "model", None) or self.model
         cost = self.cost_of(model, prompt_tokens, completion_tokens)
         text, finish_reason = choices[0].message.content or "", choices[0].finish_reason or ""
-        if not text.strip():
+        if finish_reason == "content_filter":
+            raise _Attempt("content_filter", retry=False, cost_usd=cost)
+        truncated = finish_reason == "length"
+        if not truncated and not text.strip():
             raise _Attempt("empty_content", retry=True, cost_usd=cost)
-        if finish_reason in ("length", "content_filter"):
-            reason = "truncated (finish_reason=length); raise critic max_tokens" if finish_reason == "length" \
-                else "content_filter"
-            raise _Attempt(reason, retry=False, cost_usd=cost)
         return CriticResult(
-            status="ok", cache_key=key, raw_text=text, finish_reason=finish_reason, model=model,
+            status="truncated" if truncated else "ok", cache_key=key, raw_text=text,
+            error="truncated (finish_reason=length); raise critic.max_tokens" if truncated else "",
+            finish_reason=finish_reason, model=model,
             system_fingerprint=getattr(completion, "system_fingerprint", None) or "",
             prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost_usd=cost,
             latency_s=latency, attempts=attempts,

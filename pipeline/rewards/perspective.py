@@ -54,7 +54,7 @@ class PerspectiveToxicity:
             return [self._cached(text, cache) for text in texts]
 
     def _cached(self, text: str, cache: CriticCache) -> float:
-        key = cache_key(endpoint=self.endpoint, model=MODEL, messages=[{"role": "user", "content": text}])
+        key = cache_key(model=MODEL, messages=[{"role": "user", "content": text}], template_sha="")
         value = cache.get(key)
         if value is MISSING:
             started = time.monotonic()

@@ -3,10 +3,16 @@
 With `critic.endpoint: local` the stage starts drlc's own OpenAI-compatible server on
 127.0.0.1 (a free port) for the duration of the stage, so the production client path runs
 offline. Every request goes through the content-hashed cache first.
+
+A round fails (CriticError, so the stage exits non-zero and writes no annotations) when the
+budget stops a request, or when more than ``critic.max_error_rate`` of the critiqued
+responses end in api_error, parse_error or truncated. The client has already cached every
+good answer by then, so a re-run sends only the requests that failed.
 """
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 
 from transformers import AutoTokenizer
 
@@ -14,9 +20,12 @@ from pipeline.config import CriticParams
 from pipeline.errors import CriticError
 from pipeline.critic.annotate import STATUSES, annotate_round, skipped_row
 from pipeline.critic.cache import CriticCache
-from pipeline.critic.client import CriticClient
+from pipeline.critic.client import CriticClient, RunStats
 from pipeline.critic.server import serve_in_background
 from pipeline.critic.templates import load_template
+from pipeline.round_metrics import intrinsic_reward_sum
+
+FAILED_STATUSES = ("api_error", "truncated", "parse_error")  # counted against critic.max_error_rate
 
 
 def scored_rows(rollout_rows: list[dict], score_rows: list[dict]) -> list[dict]:
@@ -52,10 +61,15 @@ def critic_endpoint(critic: CriticParams, base_dir: str | None = None):
         yield critic.endpoint, (lambda: {})
 
 
-def cache_endpoint(critic: CriticParams) -> str:
-    """The endpoint as named in cache keys: stable for the local server, whose port changes per run."""
+def critic_model_id(critic: CriticParams) -> str:
+    """The critic's identity in cache keys: critic.model, or for drlc's local server its backend.
+
+    The local server answers with its backend (and checkpoint) whatever model name is sent, so
+    its answers are keyed by ``drlc-local:<backend>`` (``drlc-local:hf:<model_dir>``): answers of
+    two backends never mix, and a server restarted on another port still hits.
+    """
     if critic.endpoint != "local":
-        return critic.endpoint
+        return critic.model
     if critic.backend == "hf" and critic.model_dir:
         return f"drlc-local:hf:{critic.model_dir}"
     return f"drlc-local:{critic.backend}"
@@ -65,15 +79,16 @@ def cache_endpoint(critic: CriticParams) -> str:
 _CACHE_ONLY_URL = "http://127.0.0.1:9/v1"
 
 
-def critic_client(critic: CriticParams, base_url: str | None) -> CriticClient:
-    """The CriticClient for `critic` sending to base_url, with cache keys named by cache_endpoint().
+def critic_client(critic: CriticParams, base_url: str | None, *, template_sha: str) -> CriticClient:
+    """The CriticClient for `critic` sending to base_url; its cache keys hold template_sha.
 
     base_url None gives a cache-only client: it answers from the cache and never sends
     (max_requests=0, so a cache miss comes back with status "budget"), and needs no API key.
     Raises CriticError for a malformed URL or a remote URL without OPENAI_API_KEY.
     """
     return CriticClient(
-        base_url=base_url or _CACHE_ONLY_URL, model=critic.model, cache_endpoint=cache_endpoint(critic),
+        base_url=base_url or _CACHE_ONLY_URL, model=critic.model, model_id=critic_model_id(critic),
+        template_sha=template_sha, cache_namespace=critic.cache_namespace,
         prices={model: tuple(price) for model, price in critic.prices.items()},
         max_concurrency=critic.max_concurrency, timeout_s=critic.timeout_s, max_retries=critic.max_retries,
         max_requests=critic.max_requests if base_url else 0, max_cost_usd=critic.max_cost_usd,
@@ -83,45 +98,102 @@ def critic_client(critic: CriticParams, base_url: str | None) -> CriticClient:
 
 def critique(rollout_rows: list[dict], score_rows: list[dict], *, critic: CriticParams, tokenizer_dir: str,
              run_id: str, round_: int, task: str | None = None) -> tuple[list[dict], dict]:
-    """Annotate one round. Returns (annotation rows, stats with the requests the server received).
+    """Annotate one round. Returns (annotation rows, metrics of :func:`summarize`).
 
-    task: run.task, needed to load a plain-text critic.template (pipeline.critic.templates)."""
+    task: run.task, needed to load a plain-text critic.template (pipeline.critic.templates).
+
+    Raises CriticError, after every good answer is cached and before anything is returned,
+    when the budget stopped a request or the round's failures exceed critic.max_error_rate.
+    """
     rows = scored_rows(rollout_rows, score_rows)
     if not critic.enabled:
-        annotations = [skipped_row(row) for row in rows]
-        server_requests = 0
+        annotations, stats = [skipped_row(row) for row in rows], RunStats()
     else:
         template = load_template(critic.template, task=task, labels=critic.labels)
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        with CriticCache(critic.cache_dir) as cache, critic_endpoint(critic, tokenizer_dir) as (base_url, server_stats):
-            client = critic_client(critic, base_url)
+        with CriticCache(critic.cache_dir) as cache, critic_endpoint(critic, tokenizer_dir) as (base_url, _):
+            client = critic_client(critic, base_url, template_sha=template.sha256)
             annotations = annotate_round(
                 rows, template=template, tokenizer=tokenizer, client=client, cache=cache,
                 threshold=critic.threshold, rewards=dict(critic.rewards), alignment=critic.alignment,
                 zero_mean=critic.zero_mean,
             )
-            server_requests = server_stats().get("requests", 0)
-        stopped = sum(a["status"] == "budget" for a in annotations)
-        if stopped:
-            raise CriticError(
-                f"critic budget reached (critic.max_requests={critic.max_requests}, critic.max_cost_usd="
-                f"{critic.max_cost_usd}): {stopped} responses were not critiqued. Every answer received is "
-                f"cached; raise the budget and re-run (cached answers cost nothing)."
-            )
+            stats = client.last_stats
+        check_budget(annotations, critic)
+        check_health(annotations, max_error_rate=critic.max_error_rate)
     annotations = [dict(a, run_id=run_id, round=round_) for a in annotations]
-    return annotations, summarize(annotations, server_requests)
+    return annotations, summarize(annotations, stats)
 
 
-def summarize(annotations: list[dict], server_requests: int) -> dict:
-    """Per-round critic metrics (names `critic/<quantity>`)."""
+def check_budget(annotations: list[dict], critic: CriticParams) -> None:
+    """Raise CriticError if the budget left critiqued responses without an answer."""
+    stopped = sum(a["status"] == "budget" for a in annotations)
+    if stopped:
+        raise CriticError(
+            f"critic budget reached (critic.max_requests={critic.max_requests}, critic.max_cost_usd="
+            f"{critic.max_cost_usd}): {stopped} responses were not critiqued. Every answer received is "
+            f"cached; raise the budget and re-run (cached answers cost nothing)."
+        )
+
+
+def _error_kind(annotation: dict) -> str:
+    """What a failed row is grouped under: the api_error's reason (http_500, timeout, ...) or its status."""
+    if annotation["status"] == "api_error" and annotation["error"]:
+        return annotation["error"].split(":", 1)[0]
+    return annotation["status"]
+
+
+_HINTS = {
+    "api_error": "every good answer is cached, re-run to retry only the failures",
+    "truncated": "raise critic.max_tokens (truncated answers are not cached)",
+    "parse_error": "parse errors come from cached answers: check critic.template and critic.model",
+}
+
+
+def check_health(annotations: list[dict], *, max_error_rate: float) -> None:
+    """Raise CriticError (one line) if more than max_error_rate of the critiqued rows failed.
+
+    Failed = status api_error, parse_error or truncated. The line names the count, the share,
+    the limit, the most common error with its count, and what to do.
+    """
     critiqued = [a for a in annotations if a["critiqued"]]
-    by_status = {s: sum(a["status"] == s for a in annotations) for s in
-                 STATUSES}
+    failed = [a for a in critiqued if a["status"] in FAILED_STATUSES]
+    if not critiqued or len(failed) / len(critiqued) <= max_error_rate:
+        return
+    kinds = Counter(_error_kind(a) for a in failed)
+    kind, count = kinds.most_common(1)[0]
+    example = next(a for a in failed if _error_kind(a) == kind)
+    shown = " ".join((example["error"] or example["status"]).split())
+    shown = shown if len(shown) <= 100 else f"{shown[:97]}..."
+    hints = "; ".join(_HINTS[s] for s in FAILED_STATUSES if any(a["status"] == s for a in failed))
+    raise CriticError(
+        f"critique: {len(failed)} of {len(critiqued)} critiqued responses failed "
+        f"({len(failed) / len(critiqued):.0%} > critic.max_error_rate {max_error_rate:.0%}); "
+        f"most common: {shown} ({count}); {hints}"
+    )
+
+
+def summarize(annotations: list[dict], stats: RunStats) -> dict:
+    """Per-round critic metrics: row counts from the annotations, HTTP counts from the client.
+
+    critiqued, status_<status> for every status (STATUSES, plus any other that occurs),
+    critic_error_rate (failed / critiqued rows), intrinsic_reward_sum (mean over responses of
+    the summed token rewards); critic_requests (HTTP attempts, retries included),
+    critic_retries, critic_failures (requests ended in api_error), cache_hits (requests
+    answered from the cache) and critic_cost_usd (dollars paid, failed attempts included)
+    from ``stats``, the client's :class:`~pipeline.critic.client.RunStats`.
+    """
+    critiqued = sum(a["critiqued"] for a in annotations)
+    by_status = dict.fromkeys(STATUSES, 0) | Counter(a["status"] for a in annotations)
+    failed = sum(by_status[s] for s in FAILED_STATUSES)
     return {
-        "critic/critiqued": len(critiqued),
-        "critic/cache_hits": sum(a["cache_hit"] for a in critiqued),
-        "critic/server_requests": server_requests,
-        "critic/cost_usd": sum(a["cost_usd"] for a in annotations),
-        "critic/intrinsic_reward_sum": sum(sum(a["token_rewards"]) for a in annotations) / max(len(annotations), 1),
-        **{f"critic/status_{s}": n for s, n in by_status.items()},
+        "critiqued": critiqued,
+        "critic_requests": stats.requests_sent,
+        "critic_retries": stats.retries,
+        "critic_failures": stats.failures,
+        "cache_hits": stats.cache_hits,
+        "critic_cost_usd": stats.cost_usd,
+        "critic_error_rate": failed / critiqued if critiqued else 0.0,
+        "intrinsic_reward_sum": intrinsic_reward_sum([a["token_rewards"] for a in annotations]),
+        **{f"status_{s}": n for s, n in by_status.items()},
     }
