@@ -19,6 +19,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
 TEXTS = ["a good day at the movies", "the plot was bad and the acting was worse", "a great film, truly great",
          "positive: good great", "negative: bad worse"] * 20
 HEADS, KV_HEADS = 4, 2
+LEAK = 1e-3  # craft_chain's scale on the attention and MLP output projections (see there)
 LAYER_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
                "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
@@ -49,16 +50,19 @@ def craft_chain(model: LlamaForCausalLM, tokens: list[str], *, answer: str = "Ġ
     the chat template's generation prompt) comes `answer`, after `answer` the end token, after
     anything else `filler`. So the critic answers `answer` and stops; the policy writes fillers.
 
-    The attention and MLP output projections are zero, so the final hidden state is
-    RMSNorm(embedding of the last token): e1 for a newline, e2 for `answer`, e0 for the rest;
-    lm_head maps e0 -> filler, e1 -> answer, e2 -> eos.
+    The attention and MLP output projections are their random init times LEAK (1e-3), so the
+    final hidden state is RMSNorm(embedding of the last token + a ~1e-5 residue): about e1 for a
+    newline, e2 for `answer`, e0 for the rest; lm_head maps e0 -> filler, e1 -> answer, e2 -> eos
+    (logit margin ~5.7, far above the residue). Not zero: exactly zero projections would also
+    block every gradient to the q/k/v and MLP-input weights, and so to peft's default q/v LoRA
+    adapters, which could then never train.
     """
     index = {token: i for i, token in enumerate(tokens)}
     eye = torch.eye(model.config.hidden_size)
     with torch.no_grad():
         for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
+            layer.self_attn.o_proj.weight.mul_(LEAK)
+            layer.mlp.down_proj.weight.mul_(LEAK)
         model.model.embed_tokens.weight.copy_(eye[0].expand(len(tokens), -1))
         model.model.embed_tokens.weight[index["Ċ"]] = eye[1]
         model.model.embed_tokens.weight[index[answer]] = eye[2]
