@@ -8,9 +8,12 @@ directory under a regular file (unwritable even for root) stops the stage in pre
 import sys
 
 import pyarrow.parquet as pq
+import pytest
 
 from pipeline.critic.cache import CriticCache
 from reliability import critic_server, critique_cmd, run_logged, shrunken_run, workdir_for
+
+pytestmark = pytest.mark.slow  # each builds a finished run with dvc repro (shrunken_run)
 
 BUDGET = 10
 

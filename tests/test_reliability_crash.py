@@ -20,6 +20,8 @@ from pipeline.critic.cache import CriticCache
 from reliability import (assert_whole_or_absent, critic_server, critique_cmd, kill_group, ppo_cmd, run_logged,
                          shrunken_run, start, table_rows, wait_until, workdir_for)
 
+pytestmark = pytest.mark.slow  # each builds a finished run with dvc repro (shrunken_run)
+
 SEED = 20240531
 LATENCY_S = 0.08
 

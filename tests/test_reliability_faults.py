@@ -13,10 +13,13 @@ import threading
 import time
 
 import pyarrow.parquet as pq
+import pytest
 
 from pipeline.critic import lexicon
 from pipeline.critic.cache import CriticCache
 from reliability import critic_server, critique_cmd, free_port, run_logged, shrunken_run, workdir_for
+
+pytestmark = pytest.mark.slow  # each builds a finished run with dvc repro (shrunken_run)
 
 RATE = 0.06  # per fault kind; five kinds = 30% of attempts
 HANG_S = 2.5
