@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -301,13 +302,25 @@ def save_trainer_state(directory: str | Path, optimizer, kl_controller, score_mo
     No LR scheduler exists (constant lr, as TRL's default) and no RNG state is saved: every random
     draw of a round comes from generators seeded by (run seed, round), see
     pipeline.seeding.round_seed, so nothing random carries over from one round to the next.
+    Each file is written to a temporary name and renamed; a whole checkpoint folder is atomic
+    when written inside pipeline.checkpoint.atomic_folder (as the ppo stage does).
+    optimizer: a torch optimizer, or an optimizer state dict already gathered to full tensors.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    torch.save(optimizer.state_dict(), directory / "optimizer.pt")
+    state_dict = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
+    _replace_with(directory / "optimizer.pt", lambda path: torch.save(state_dict, path))
     state = {"kl_controller": kl_controller.state_dict(), "score_moments": score_moments.state_dict(),
              "round": round_}
-    (directory / "trainer_state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
+    _replace_with(directory / "trainer_state.json",
+                  lambda path: path.write_text(json.dumps(state, indent=2, sort_keys=True)))
+
+
+def _replace_with(path: Path, write) -> None:
+    """write(temp path) next to `path`, then rename it over `path` (atomic on one filesystem)."""
+    temp = path.with_name(f".{path.name}.tmp")
+    write(temp)
+    os.replace(temp, path)
 
 
 def load_trainer_state(directory: str | Path, optimizer, kl_controller, score_moments) -> int | None:

@@ -5,11 +5,12 @@ from pathlib import Path
 
 import torch
 
+from pipeline.checkpoint import atomic_folder
 from pipeline.config import BaseParams, PPOParams
 from pipeline.distributed import DataParallel
 from pipeline.errors import ConfigError, DataError
 from pipeline.lora import add_adapters, has_adapters
-from pipeline.policy import load_policy, save_policy
+from pipeline.policy import load_policy, write_policy_files
 from pipeline.reference import make_reference
 from pipeline.ppo import AdaptiveKLController, FixedKLController, RunningMoments
 from pipeline.seeding import round_seed
@@ -78,9 +79,10 @@ def ppo_round(rollouts: list[dict], scores: list[dict], annotations: list[dict],
         progress=data_parallel is None or data_parallel.is_main, data_parallel=data_parallel,
     )
     if data_parallel is None or data_parallel.is_main:
-        save_policy(policy, tokenizer, out_dir)
-        save_trainer_state(out_dir, optimizer=optimizer, kl_controller=kl_controller, score_moments=moments,
-                           round_=round_)
+        with atomic_folder(out_dir) as folder:  # weights and trainer state appear together or not at all
+            write_policy_files(policy, tokenizer, folder)
+            save_trainer_state(folder, optimizer=optimizer, kl_controller=kl_controller, score_moments=moments,
+                               round_=round_)
     if data_parallel is not None:
         data_parallel.close()  # after the checkpoint is written: no rank exits before it exists
     return [step_row(stat, run_id=run_id, round_=round_, step=i) for i, stat in enumerate(stats)]
