@@ -63,8 +63,6 @@ def ppo_round(rollouts: list[dict], scores: list[dict], annotations: list[dict],
         policy.lm = add_adapters(policy.lm, r=base.lora_r, alpha=base.lora_alpha, base_dir=reference_dir,
                                  target_modules=base.lora_target_modules, seed=round_seed(seed, round_, 5))
     reference = make_reference(policy, reference_dir, params.num_shared_layers)
-    if data_parallel is not None:
-        policy, reference = policy.to(data_parallel.device), reference.to(data_parallel.device)
     optimizer = make_optimizer(policy, params.learning_rate)
     kl_controller, moments = new_kl_controller(params), RunningMoments()
     if (Path(policy_dir) / "trainer_state.json").is_file():
@@ -73,11 +71,17 @@ def ppo_round(rollouts: list[dict], scores: list[dict], annotations: list[dict],
         if previous is not None and previous >= round_:
             raise ConfigError(f"--policy {policy_dir} holds the checkpoint of round {previous}, but this is "
                               f"round {round_}: a round starts from an earlier round (check `prev` in 'rounds').")
+    model = policy  # what trains: the policy, or under accelerate the prepared (DDP-wrapped) policy
+    if data_parallel is not None:  # after the trainer state is loaded into the plain optimizer
+        reference = reference.to(data_parallel.device)
+        model, optimizer = data_parallel.prepare(policy, optimizer)
     stats = train_round(
-        policy=policy, ref_model=reference, optimizer=optimizer, batch=batch, params=params,
+        policy=model, ref_model=reference, optimizer=optimizer, batch=batch, params=params,
         kl_controller=kl_controller, score_moments=moments, seed=round_seed(seed, round_, 4),
         progress=data_parallel is None or data_parallel.is_main, data_parallel=data_parallel,
     )
+    if data_parallel is not None:
+        policy = data_parallel.unwrap(model)  # the full weights, the same module for any process count
     if data_parallel is None or data_parallel.is_main:
         with atomic_folder(out_dir) as folder:  # weights and trainer state appear together or not at all
             write_policy_files(policy, tokenizer, folder)
