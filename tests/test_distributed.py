@@ -77,17 +77,29 @@ def launch_stage(tmp: Path, params: Path, out: str, processes: int = 2) -> subpr
 
 
 def test_two_processes_make_the_one_process_update(tmp_path):
-    params, tables = write_round(tmp_path)
+    assert_two_processes_match_one(tmp_path, PARAMS)
+
+
+def test_two_processes_match_one_when_the_ratio_guard_skips_minibatches(tmp_path):
+    """Skipped minibatches (the step's last one too) must still leave DDP's all-reduce finished and equal."""
+    guarded = PARAMS.__class__(**{**PARAMS.__dict__, "ratio_threshold": 1.0005})
+    one = assert_two_processes_match_one(tmp_path, guarded)
+    assert [row["skipped"] for row in one] == [False, True, True, True]
+
+
+def assert_two_processes_match_one(tmp_path, params_one):
+    """Launch the stage on 2 processes, run it in this one; compare rows, weights, Adam; return the rows."""
+    params, tables = write_round(tmp_path, **params_one.__dict__)
     started = time.perf_counter()
     result = launch_stage(tmp_path, params, "two")
     launched_s = time.perf_counter() - started
     assert result.returncode == 0, result.stderr[-3000:]
 
     one = ppo_round(tables["rollouts"], tables["scores"], tables["annotations"], policy_dir=str(tmp_path / "base"),
-                    reference_dir=str(tmp_path / "base"), out_dir=str(tmp_path / "one"), params=PARAMS,
+                    reference_dir=str(tmp_path / "base"), out_dir=str(tmp_path / "one"), params=params_one,
                     run_id="dp", round_=1, seed=SEED)
     two = store.read_table(tmp_path / "two-steps", "ppo_steps")
-    assert len(two) == len(one) == PARAMS.ppo_epochs * 16 // PARAMS.backward_batch_size
+    assert len(two) == len(one) == params_one.ppo_epochs * 16 // params_one.backward_batch_size
     for row_one, row_two in zip(one, two):
         for column, value in row_one.items():
             if isinstance(value, float) and column != "tokens_per_s":
@@ -110,6 +122,7 @@ def test_two_processes_make_the_one_process_update(tmp_path):
     assert all(int(adam_one[k]["step"]) == int(adam_two[k]["step"]) for k in adam_one)
     assert (tmp_path / "one" / "trainer_state.json").read_text().count("round") == 1
     assert sorted(p.name for p in (tmp_path / "two-steps").iterdir()) == ["part-0.parquet"]
+    return one
 
 
 def test_minibatch_not_divisible_by_processes_raises_before_training(tmp_path):
@@ -122,7 +135,7 @@ def test_minibatch_not_divisible_by_processes_raises_before_training(tmp_path):
 
 
 def test_a_deepspeed_launch_is_refused_with_the_reason(monkeypatch):
-    """drlc's loop replicates the model and all-reduces itself, so ZeRO would shard nothing: refuse."""
+    """DeepSpeed is neither installed nor tested with drlc's loop: refuse, naming the config that works."""
     from pipeline.distributed import DataParallel
     from pipeline.errors import ConfigError
 
