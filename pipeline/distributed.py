@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.errors import ConfigError
+
 
 def is_main_process() -> bool:
     """True for the process that writes outputs: rank 0, or the only process of a plain run.
@@ -27,6 +29,14 @@ def is_main_process() -> bool:
     gives, without joining a process group.
     """
     return int(os.environ.get("WORLD_SIZE", "1")) <= 1 or int(os.environ.get("RANK", "0")) == 0
+
+
+FSDP_REFUSAL = (
+    "FSDP (ACCELERATE_USE_FSDP) is not supported by drlc's PPO loop yet. On CPU, accelerate 1.15 cannot "
+    "shard: its AcceleratorState switches to FSDP only for a GPU-family process group, so a CPU launch "
+    "(MULTI_CPU, gloo) would silently run plain DDP. On GPUs, drlc's checkpoint (unwrap, not a gathered "
+    "state dict) and its sync after a skipped minibatch are not written for sharded parameters. "
+    "Launch with configs/accelerate/multi_gpu.yaml.")
 
 
 @dataclass(frozen=True)
@@ -44,18 +54,24 @@ class DataParallel:
 
         drlc's precision is ppo.mixed_precision (its own autocast in pipeline.scoring), so the
         Accelerator runs with mixed_precision "no" whatever the launch config says.
-        Raises ConfigError under an accelerate DeepSpeed config (docs/scale-out.md).
+        Raises ConfigError under an accelerate DeepSpeed or FSDP config (docs/scale-out.md), and
+        when accelerate sees another process count than the launcher started.
         """
         if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true"):
-            from pipeline.errors import ConfigError
-
             raise ConfigError("DeepSpeed (ACCELERATE_USE_DEEPSPEED) is not supported by drlc's PPO loop yet: it "
                               "is not installed or tested here. Launch with configs/accelerate/multi_gpu.yaml.")
-        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
+            raise ConfigError(FSDP_REFUSAL)
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if world_size <= 1:
             return None
         from accelerate import Accelerator  # imported only by multi-process runs
 
         accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="no")
+        if accelerator.num_processes != world_size:
+            raise ConfigError(f"The launcher started {world_size} processes but accelerate sees "
+                              f"{accelerator.num_processes} ({accelerator.distributed_type}): each would train "
+                              "alone. Launch with configs/accelerate/multi_gpu.yaml or --multi_gpu.")
         return cls(rank=accelerator.process_index, world_size=accelerator.num_processes,
                    device=accelerator.device, accelerator=accelerator)
 

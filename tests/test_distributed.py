@@ -63,11 +63,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_stage(tmp: Path, params: Path, out: str, processes: int = 2) -> subprocess.CompletedProcess:
-    """`accelerate launch --multi_gpu --num_processes N stages/ppo.py ...` (torchrun + gloo on CPU)."""
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
-                str(processes), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                "--main_process_port", str(free_port())]
+def launch_stage(tmp: Path, params: Path, out: str, processes: int = 2,
+                 config: Path | None = None) -> subprocess.CompletedProcess:
+    """`accelerate launch --multi_gpu --num_processes N stages/ppo.py ...` (torchrun + gloo on CPU),
+    or `accelerate launch --config_file CONFIG stages/ppo.py ...`."""
+    how = (["--config_file", str(config)] if config else
+           ["--multi_gpu", "--num_processes", str(processes), "--num_machines", "1", "--mixed_precision", "no",
+            "--dynamo_backend", "no"])
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", *how, "--main_process_port", str(free_port())]
     stage = ["stages/ppo.py", "--params", str(params), "--round", "0001", "--policy", str(tmp / "base"),
              "--reference", str(tmp / "base"), "--rollouts", str(tmp / "rollouts"), "--scores", str(tmp / "scores"),
              "--annotations", str(tmp / "annotations"), "--out", str(tmp / out), "--steps", str(tmp / f"{out}-steps"),
@@ -144,3 +147,22 @@ def test_a_deepspeed_launch_is_refused_with_the_reason(monkeypatch):
         DataParallel.from_environment()
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "false")
     assert DataParallel.from_environment() is None  # a plain single-process run
+
+
+FSDP2_CONFIG = {  # what an FSDP2 launch on one machine needs (accelerate 1.15 config keys)
+    "compute_environment": "LOCAL_MACHINE", "distributed_type": "FSDP", "num_machines": 1, "machine_rank": 0,
+    "num_processes": 2, "mixed_precision": "no", "use_cpu": False, "rdzv_backend": "static",
+    "fsdp_config": {"fsdp_version": 2, "fsdp_auto_wrap_policy": "NO_WRAP", "fsdp_reshard_after_forward": True,
+                    "fsdp_state_dict_type": "FULL_STATE_DICT", "fsdp_offload_params": False},
+}
+
+
+def test_an_fsdp2_launch_on_cpu_is_refused_not_run_as_ddp(tmp_path):
+    """accelerate 1.15 turns FSDP on a CPU process group into plain DDP; the stage must say so and stop."""
+    params, _ = write_round(tmp_path)
+    config = tmp_path / "fsdp2.yaml"
+    config.write_text(yaml.safe_dump(FSDP2_CONFIG))
+    result = launch_stage(tmp_path, params, "two", config=config)
+    assert result.returncode != 0
+    assert "FSDP (ACCELERATE_USE_FSDP) is not supported" in result.stderr and "multi_gpu.yaml" in result.stderr
+    assert not (tmp_path / "two").exists() and not (tmp_path / "two-steps").exists()
