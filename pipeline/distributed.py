@@ -1,20 +1,25 @@
-"""Data-parallel PPO: which process this is, and the three collectives the trainer needs.
+"""Data-parallel PPO through `accelerate.Accelerator`: which process this is, and what it shares.
 
 A run started by `accelerate launch --multi_gpu --num_processes N` (or `torchrun --nproc_per_node N`)
 has WORLD_SIZE=N, RANK and LOCAL_RANK in its environment. `DataParallel.from_environment()` then
-joins the process group through accelerate's PartialState: gloo when the machine has no CUDA
-device, nccl otherwise. A plain `python stages/ppo.py` has no WORLD_SIZE: it gets None, and
-neither accelerate nor torch.distributed is touched, so a single-process run is unchanged.
+builds an `Accelerator` (gloo when the machine has no CUDA device, nccl otherwise), and the
+trainer `prepare`s the policy and optimizer with it: DDP wraps the policy and all-reduces
+gradients during backward (`no_sync` while a backward batch accumulates). A plain
+`python stages/ppo.py` has no WORLD_SIZE: it gets None, and neither accelerate nor
+torch.distributed is touched, so a single-process run is unchanged.
 
 Why not `accelerate launch --cpu --num_processes N`: accelerate 1.15 then starts ONE process
 (its CPU multi-process path needs mpirun), so it would silently train single-process.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
 import torch
+
+from pipeline.errors import ConfigError
 
 
 def is_main_process() -> bool:
@@ -26,36 +31,73 @@ def is_main_process() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) <= 1 or int(os.environ.get("RANK", "0")) == 0
 
 
+FSDP_REFUSAL = (
+    "FSDP (ACCELERATE_USE_FSDP) is not supported by drlc's PPO loop yet. On CPU, accelerate 1.15 cannot "
+    "shard: its AcceleratorState switches to FSDP only for a GPU-family process group, so a CPU launch "
+    "(MULTI_CPU, gloo) would silently run plain DDP. On GPUs, drlc's checkpoint (unwrap, not a gathered "
+    "state dict) and its sync after a skipped minibatch are not written for sharded parameters. "
+    "Launch with configs/accelerate/multi_gpu.yaml.")
+
+
 @dataclass(frozen=True)
 class DataParallel:
-    """This process's place among `world_size` data-parallel processes (rank 0 is the main one)."""
+    """This process's place among `world_size` data-parallel processes, and its Accelerator."""
 
     rank: int
     world_size: int
     device: torch.device
+    accelerator: object  # accelerate.Accelerator (imported only by multi-process runs)
 
     @classmethod
     def from_environment(cls) -> DataParallel | None:
-        """Join the launcher's process group, or return None when the run has a single process.
+        """Build the launcher's Accelerator, or return None when the run has a single process.
 
-        Raises ConfigError under an accelerate DeepSpeed config: drlc's loop replicates the model
-        and all-reduces gradients itself, so ZeRO would shard nothing (docs/scale-out.md).
+        drlc's precision is ppo.mixed_precision (its own autocast in pipeline.scoring), so the
+        Accelerator runs with mixed_precision "no" whatever the launch config says.
+        Raises ConfigError under an accelerate DeepSpeed or FSDP config (docs/scale-out.md), and
+        when accelerate sees another process count than the launcher started.
         """
         if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true"):
-            from pipeline.errors import ConfigError
-
             raise ConfigError("DeepSpeed (ACCELERATE_USE_DEEPSPEED) is not supported by drlc's PPO loop yet: it "
-                              "would replicate, not shard, the model. Launch with configs/accelerate/multi_gpu.yaml.")
-        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+                              "is not installed or tested here. Launch with configs/accelerate/multi_gpu.yaml.")
+        if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
+            raise ConfigError(FSDP_REFUSAL)
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if world_size <= 1:
             return None
-        from accelerate import PartialState  # imported only by multi-process runs
+        from accelerate import Accelerator  # imported only by multi-process runs
 
-        state = PartialState(cpu=not torch.cuda.is_available())
-        return cls(rank=state.process_index, world_size=state.num_processes, device=state.device)
+        accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="no")
+        if accelerator.num_processes != world_size:
+            raise ConfigError(f"The launcher started {world_size} processes but accelerate sees "
+                              f"{accelerator.num_processes} ({accelerator.distributed_type}): each would train "
+                              "alone. Launch with configs/accelerate/multi_gpu.yaml or --multi_gpu.")
+        return cls(rank=accelerator.process_index, world_size=accelerator.num_processes,
+                   device=accelerator.device, accelerator=accelerator)
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def prepare(self, policy: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        """(model, optimizer) wrapped for this launch (DDP for a plain multi-process one)."""
+        return self.accelerator.prepare(policy, optimizer)
+
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The policy module inside a prepared model (its parameters are the full ones under DDP)."""
+        return self.accelerator.unwrap_model(model)
+
+    def gradient_sync(self, model: torch.nn.Module, sync: bool):
+        """Context for one forward+backward: all-reduce its gradients (sync) or only accumulate them."""
+        return contextlib.nullcontext() if sync else self.accelerator.no_sync(model)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of this process's loss. DDP averages the processes' gradients, so the trainer
+        scales each loss by world_size · its token share (docs/ppo.md, Multi-process)."""
+        self.accelerator.backward(loss)
+
+    def clip_grad_norm_(self, parameters: list, max_norm: float) -> torch.Tensor:
+        return self.accelerator.clip_grad_norm_(parameters, max_norm)
 
     def shard(self, rows: list) -> list:
         """This process's contiguous equal share of `rows` (len(rows) must divide by world_size)."""
@@ -68,11 +110,11 @@ class DataParallel:
 
         The inverse of `shard`: gathering per-shard results gives the whole batch's tensor.
         """
-        import torch.distributed as dist
+        return self.accelerator.gather(tensor.contiguous())
 
-        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(parts, tensor.contiguous())
-        return torch.cat(parts)
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` summed over the processes (a new tensor)."""
+        return self.accelerator.reduce(tensor, reduction="sum")
 
     def close(self) -> None:
         """Wait for every process, then leave the process group.
@@ -82,25 +124,5 @@ class DataParallel:
         """
         import torch.distributed as dist
 
-        dist.barrier()
+        self.accelerator.wait_for_everyone()
         dist.destroy_process_group()
-
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum `tensor` over the processes, in place; returns it."""
-        import torch.distributed as dist
-
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return tensor
-
-    def all_reduce_gradients(self, parameters: list[torch.nn.Parameter]) -> None:
-        """Replace each parameter's .grad by its sum over the processes (one flat all-reduce).
-
-        The trainer scales each process's loss by its share of the minibatch's tokens, so the
-        sum is the gradient of the whole minibatch's token mean (see docs/ppo.md, Multi-process).
-        """
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
-        flat = self.all_reduce_sum(torch.cat([g.reshape(-1) for g in grads]))
-        offset = 0
-        for param, grad in zip(parameters, grads):
-            param.grad = flat[offset : offset + grad.numel()].view_as(grad).clone()
-            offset += grad.numel()

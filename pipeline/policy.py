@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from pipeline.checkpoint import atomic_folder
 from pipeline.errors import ConfigError
 from pipeline.lora import is_adapter_folder, load_adapter_lm
 
@@ -113,16 +114,27 @@ def load_policy(model_dir: str | Path, *, seed: int = 0):
 
 
 def save_policy(policy: PolicyWithValueHead, tokenizer, out_dir: str | Path) -> None:
-    """Write the LM and tokenizer (save_pretrained) and the value head to `out_dir`.
+    """Write the policy checkpoint to `out_dir` atomically (pipeline/checkpoint.py).
+
+    `out_dir` is then either absent, its old content, or the complete checkpoint; an existing
+    folder is replaced, not merged into.
+    """
+    with atomic_folder(out_dir) as folder:
+        write_policy_files(policy, tokenizer, folder)
+
+
+def write_policy_files(policy: PolicyWithValueHead, tokenizer, folder: str | Path) -> None:
+    """Write the LM and tokenizer (save_pretrained) and the value head into `folder` (not atomic).
 
     For a LoRA policy the LM part is the adapters only (peft's save_pretrained).
+    `policy` must be the plain module (unwrapped from DDP/FSDP, state gathered).
     """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    policy.lm.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    policy.lm.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
     head = {k: v.detach().contiguous() for k, v in policy.v_head.state_dict().items()}
-    save_file(head, str(out_dir / VALUE_HEAD_FILE))
+    save_file(head, str(folder / VALUE_HEAD_FILE))
 
 
 def load_reference(model_dir: str | Path) -> PolicyWithValueHead:

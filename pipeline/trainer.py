@@ -9,14 +9,17 @@ TRL disables dropout outright. The first minibatch's ratio is then 1 up to float
 Mixed precision: with params.mixed_precision == "bf16" every model forward runs under bf16
 autocast (the backward follows the dtypes autocast chose); log-probs, values, KL, rewards,
 advantages and losses are fp32 (see pipeline.scoring.score_responses).
-Data parallel: with a `DataParallel` (pipeline.distributed) each process scores its share of the
-rows and of every minibatch; per-token tensors are gathered and minibatch statistics and gradients
-summed with token weights, so N processes make the update one process makes on the whole batch.
+Data parallel: with a `DataParallel` (pipeline.distributed, an accelerate.Accelerator) each process
+scores its share of the rows and of every minibatch; per-token tensors are gathered, minibatch
+statistics summed with token weights, and gradients all-reduced by the prepared (DDP) model with
+token-weighted losses, so N processes make the update one process makes on the whole batch.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,9 +163,10 @@ def train_round(
     """Run `ppo_epochs` of PPO over one batch of rollouts; return one stats dict per optimizer step.
 
     Updates `policy`, `optimizer`, `kl_controller` and `score_moments` in place.
-    data_parallel: None for one process. Otherwise every process passes the same whole `batch`,
-    scores its share of it, and ends with the same weights, optimizer state and stats as a single
-    process would (up to float summation order).
+    data_parallel: None for one process. Otherwise `policy` and `optimizer` are the ones
+    `data_parallel.prepare` returned, every process passes the same whole `batch`, scores its
+    share of it, and ends with the same weights, optimizer state and stats as a single process
+    would (up to float summation order).
     Raises PPOInputError for a malformed batch (or a minibatch that does not split evenly over the
     processes) before any model is touched.
     """
@@ -239,49 +243,35 @@ def _optimizer_step(policy, optimizer, batch, tensors, indices, params: PPOParam
     Data parallel: each process scores its share of every minibatch. Its loss and stats (token
     means over its share) are weighted by its share of the minibatch's tokens and summed over the
     processes, which gives the token means over the whole minibatch, as one process computes
-    them; so the ratio guard and the early stop decide the same in every process.
+    them; so the ratio guard and the early stop decide the same in every process. Gradients are
+    all-reduced by the prepared model (DDP) in the step's last backward only.
     """
     started = time.perf_counter()
     sums, skipped, applied, tokens = dict.fromkeys(STEP_STATS, 0.0), 0, 0, 0
     mini_batches = [indices[s : s + params.mini_batch_size] for s in range(0, len(indices), params.mini_batch_size)]
-    for mb in mini_batches:
-        rows = mb if dp is None else dp.shard(mb)
-        scored = score_responses(
-            policy, query_ids=[batch.query_ids[i] for i in rows], response_ids=[batch.response_ids[i] for i in rows],
-            pad_id=PAD_ID, width=width, mixed_precision=params.mixed_precision, with_entropy=True,
-        )
-        logprobs, vpreds = scored.logprobs, scored.values  # (b, T) each, fp32
-        mask = tensors["mask"][rows]  # (b, T)
-        pg_loss, pg_stats = policy_loss(logprobs=logprobs, old_logprobs=tensors["old_logprobs"][rows],
-                                        advantages=tensors["advantages"][rows], mask=mask, cliprange=params.cliprange)
-        vf_loss, vf_clipfrac = value_loss(vpreds=vpreds, old_values=tensors["old_values"][rows],
-                                          returns=tensors["returns"][rows], mask=mask,
-                                          cliprange_value=params.cliprange_value)
-        entropy = masked_mean(scored.entropy, mask).item()
-        stats = {**pg_stats, "policy_loss": pg_loss.item(), "value_loss": vf_loss.item(),
-                 "vf_clipfrac": vf_clipfrac, "entropy": entropy}
-        loss = pg_loss + params.vf_coef * vf_loss
-        if dp is not None:
-            share = mask.sum().item() / tensors["mask"][mb].sum().item()  # this process's share of the tokens
-            summed = dp.all_reduce_sum(torch.tensor([stats[k] * share for k in STEP_STATS], dtype=torch.float64,
-                                                    device=mask.device))
-            stats, loss = dict(zip(STEP_STATS, summed.tolist())), loss * share
-        for key in STEP_STATS:
-            sums[key] += stats[key]
-        tokens += int(tensors["mask"][mb].sum().item())
-        if ratio_exceeds(stats["ratio_mean"], params.ratio_threshold):
-            skipped += 1  # TRL zeroed this loss with a warning; drlc skips it and counts it
-            continue
-        (loss / params.gradient_accumulation_steps).backward()
-        applied += 1
+    for k, mb in enumerate(mini_batches):
+        last = k == len(mini_batches) - 1
+        with contextlib.nullcontext() if dp is None else dp.gradient_sync(policy, sync=last):
+            loss, stats = _minibatch_loss(policy, batch, tensors, mb, params, width, dp)
+            for key in STEP_STATS:
+                sums[key] += stats[key]
+            tokens += int(tensors["mask"][mb].sum().item())
+            if ratio_exceeds(stats["ratio_mean"], params.ratio_threshold):
+                skipped += 1  # TRL zeroed this loss with a warning; drlc skips it and counts it
+                if dp is not None and last:
+                    _finish_gradient_sync(policy, dp)
+                continue
+            if dp is None:
+                (loss / params.gradient_accumulation_steps).backward()
+            else:
+                dp.backward(loss / params.gradient_accumulation_steps)
+            applied += 1
     grad_norm = 0.0
     if applied:
-        trainable = [p for p in policy.parameters() if p.requires_grad]
-        if dp is not None:
-            dp.all_reduce_gradients(trainable)
-        trainable = [p for p in trainable if p.grad is not None]
+        trainable = [p for p in policy.parameters() if p.requires_grad and p.grad is not None]
         max_norm = params.max_grad_norm if params.max_grad_norm is not None else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, max_norm).item()
+        clip = torch.nn.utils.clip_grad_norm_ if dp is None else dp.clip_grad_norm_
+        grad_norm = clip(trainable, max_norm).item()
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     elapsed = time.perf_counter() - started
@@ -289,6 +279,44 @@ def _optimizer_step(policy, optimizer, batch, tensors, indices, params: PPOParam
     step.update({"skipped": skipped, "grad_norm": grad_norm, "lr": optimizer.param_groups[0]["lr"],
                  "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0})
     return step
+
+
+def _minibatch_loss(policy, batch, tensors, mb, params: PPOParams, width, dp=None) -> tuple[torch.Tensor, dict]:
+    """(loss to backward, STEP_STATS token means) of minibatch `mb`: this process's share of it.
+
+    Data parallel: the stats are summed over the processes with token-share weights (the whole
+    minibatch's means), and the loss is scaled by world_size · token share, so DDP's gradient
+    average is the gradient of the whole minibatch's token mean.
+    """
+    rows = mb if dp is None else dp.shard(mb)
+    scored = score_responses(
+        policy, query_ids=[batch.query_ids[i] for i in rows], response_ids=[batch.response_ids[i] for i in rows],
+        pad_id=PAD_ID, width=width, mixed_precision=params.mixed_precision, with_entropy=True,
+    )
+    logprobs, vpreds = scored.logprobs, scored.values  # (b, T) each, fp32
+    mask = tensors["mask"][rows]  # (b, T)
+    pg_loss, pg_stats = policy_loss(logprobs=logprobs, old_logprobs=tensors["old_logprobs"][rows],
+                                    advantages=tensors["advantages"][rows], mask=mask, cliprange=params.cliprange)
+    vf_loss, vf_clipfrac = value_loss(vpreds=vpreds, old_values=tensors["old_values"][rows],
+                                      returns=tensors["returns"][rows], mask=mask,
+                                      cliprange_value=params.cliprange_value)
+    entropy = masked_mean(scored.entropy, mask).item()
+    stats = {**pg_stats, "policy_loss": pg_loss.item(), "value_loss": vf_loss.item(),
+             "vf_clipfrac": vf_clipfrac, "entropy": entropy}
+    loss = pg_loss + params.vf_coef * vf_loss
+    if dp is not None:
+        share = mask.sum().item() / tensors["mask"][mb].sum().item()  # this process's share of the tokens
+        summed = dp.all_reduce_sum(torch.tensor([stats[k] * share for k in STEP_STATS], dtype=torch.float64,
+                                                device=mask.device))
+        stats, loss = dict(zip(STEP_STATS, summed.tolist())), loss * (share * dp.world_size)
+    return loss, stats
+
+
+def _finish_gradient_sync(policy, dp: DataParallel) -> None:
+    """The step's last minibatch was skipped after a syncing forward: all-reduce the gradients
+    accumulated so far with a backward that adds exactly 0 to every trainable parameter's grad
+    (a 0·loss backward could add NaN, 0·inf, in the very case the ratio guard exists for)."""
+    dp.backward(sum(p.sum() for p in policy.parameters() if p.requires_grad) * 0.0)
 
 
 def save_trainer_state(directory: str | Path, optimizer, kl_controller, score_moments, *,
@@ -301,13 +329,25 @@ def save_trainer_state(directory: str | Path, optimizer, kl_controller, score_mo
     No LR scheduler exists (constant lr, as TRL's default) and no RNG state is saved: every random
     draw of a round comes from generators seeded by (run seed, round), see
     pipeline.seeding.round_seed, so nothing random carries over from one round to the next.
+    Each file is written to a temporary name and renamed; a whole checkpoint folder is atomic
+    when written inside pipeline.checkpoint.atomic_folder (as the ppo stage does).
+    optimizer: a torch optimizer, or an optimizer state dict already gathered to full tensors.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    torch.save(optimizer.state_dict(), directory / "optimizer.pt")
+    state_dict = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
+    _replace_with(directory / "optimizer.pt", lambda path: torch.save(state_dict, path))
     state = {"kl_controller": kl_controller.state_dict(), "score_moments": score_moments.state_dict(),
              "round": round_}
-    (directory / "trainer_state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
+    _replace_with(directory / "trainer_state.json",
+                  lambda path: path.write_text(json.dumps(state, indent=2, sort_keys=True)))
+
+
+def _replace_with(path: Path, write) -> None:
+    """write(temp path) next to `path`, then rename it over `path` (atomic on one filesystem)."""
+    temp = path.with_name(f".{path.name}.tmp")
+    write(temp)
+    os.replace(temp, path)
 
 
 def load_trainer_state(directory: str | Path, optimizer, kl_controller, score_moments) -> int | None:

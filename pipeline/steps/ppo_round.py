@@ -5,11 +5,12 @@ from pathlib import Path
 
 import torch
 
+from pipeline.checkpoint import atomic_folder
 from pipeline.config import BaseParams, PPOParams
 from pipeline.distributed import DataParallel
 from pipeline.errors import ConfigError, DataError
 from pipeline.lora import add_adapters, has_adapters
-from pipeline.policy import load_policy, save_policy
+from pipeline.policy import load_policy, write_policy_files
 from pipeline.reference import make_reference
 from pipeline.ppo import AdaptiveKLController, FixedKLController, RunningMoments
 from pipeline.seeding import round_seed
@@ -62,8 +63,6 @@ def ppo_round(rollouts: list[dict], scores: list[dict], annotations: list[dict],
         policy.lm = add_adapters(policy.lm, r=base.lora_r, alpha=base.lora_alpha, base_dir=reference_dir,
                                  target_modules=base.lora_target_modules, seed=round_seed(seed, round_, 5))
     reference = make_reference(policy, reference_dir, params.num_shared_layers)
-    if data_parallel is not None:
-        policy, reference = policy.to(data_parallel.device), reference.to(data_parallel.device)
     optimizer = make_optimizer(policy, params.learning_rate)
     kl_controller, moments = new_kl_controller(params), RunningMoments()
     if (Path(policy_dir) / "trainer_state.json").is_file():
@@ -72,15 +71,22 @@ def ppo_round(rollouts: list[dict], scores: list[dict], annotations: list[dict],
         if previous is not None and previous >= round_:
             raise ConfigError(f"--policy {policy_dir} holds the checkpoint of round {previous}, but this is "
                               f"round {round_}: a round starts from an earlier round (check `prev` in 'rounds').")
+    model = policy  # what trains: the policy, or under accelerate the prepared (DDP-wrapped) policy
+    if data_parallel is not None:  # after the trainer state is loaded into the plain optimizer
+        reference = reference.to(data_parallel.device)
+        model, optimizer = data_parallel.prepare(policy, optimizer)
     stats = train_round(
-        policy=policy, ref_model=reference, optimizer=optimizer, batch=batch, params=params,
+        policy=model, ref_model=reference, optimizer=optimizer, batch=batch, params=params,
         kl_controller=kl_controller, score_moments=moments, seed=round_seed(seed, round_, 4),
         progress=data_parallel is None or data_parallel.is_main, data_parallel=data_parallel,
     )
+    if data_parallel is not None:
+        policy = data_parallel.unwrap(model)  # the full weights, the same module for any process count
     if data_parallel is None or data_parallel.is_main:
-        save_policy(policy, tokenizer, out_dir)
-        save_trainer_state(out_dir, optimizer=optimizer, kl_controller=kl_controller, score_moments=moments,
-                           round_=round_)
+        with atomic_folder(out_dir) as folder:  # weights and trainer state appear together or not at all
+            write_policy_files(policy, tokenizer, folder)
+            save_trainer_state(folder, optimizer=optimizer, kl_controller=kl_controller, score_moments=moments,
+                               round_=round_)
     if data_parallel is not None:
         data_parallel.close()  # after the checkpoint is written: no rank exits before it exists
     return [step_row(stat, run_id=run_id, round_=round_, step=i) for i, stat in enumerate(stats)]

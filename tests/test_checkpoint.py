@@ -1,0 +1,99 @@
+"""Atomic checkpoints: a writer killed with SIGKILL mid-write leaves the target absent or old, never half-written.
+
+The writer is a real subprocess running save_policy; a hook blocks it after the LM weights and
+tokenizer are written and before the value head is, the parent then kills it with SIGKILL.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.checkpoint import atomic_folder, stale_folders
+from pipeline.policy import VALUE_HEAD_FILE, load_policy, save_policy
+from tests.test_resume import save_tiny_base
+
+ROOT = Path(__file__).resolve().parents[1]
+WRITER = """
+import sys, time
+from pathlib import Path
+import torch
+import pipeline.policy as policy_module
+from pipeline.policy import load_policy, save_policy
+base, target, marker = sys.argv[1:]
+policy, tokenizer = load_policy(base, seed=0)
+with torch.no_grad():
+    policy.v_head.bias.fill_(7.0)  # the new checkpoint differs from the old one
+real_save_file = policy_module.save_file
+def blocking_save_file(tensors, path):  # the value head is the last file written
+    Path(marker).write_text(str(path))
+    time.sleep(600)
+policy_module.save_file = blocking_save_file
+save_policy(policy, tokenizer, target)
+"""
+
+
+def kill_mid_write(base: Path, target: Path, tmp: Path) -> Path:
+    """Run the blocking writer, SIGKILL it once it is inside the write; return where it was writing."""
+    marker = tmp / "writing"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(base), str(target), str(marker)], env=env)
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert writer.poll() is None, "the writer exited before reaching the blocking hook"
+        assert time.monotonic() < deadline, "the writer never reached the blocking hook"
+        time.sleep(0.05)
+    os.kill(writer.pid, signal.SIGKILL)
+    assert writer.wait(timeout=30) == -signal.SIGKILL
+    return Path(marker.read_text())
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("ckpt") / "base"
+    save_tiny_base(path)
+    return path
+
+
+def test_a_first_write_killed_midway_leaves_no_checkpoint(base, tmp_path):
+    target = tmp_path / "policy"
+    writing = kill_mid_write(base, target, tmp_path)
+    assert writing.parent != target and writing.parent.parent == tmp_path  # it wrote next to the target
+    assert (writing.parent / "config.json").is_file()  # the kill came mid-write: weights there, head not
+    assert not target.exists()
+    assert stale_folders(target) == [writing.parent] and writing.parent.name.startswith(".")
+    policy, tokenizer = load_policy(base, seed=0)
+    save_policy(policy, tokenizer, target)  # the next write succeeds and clears what the killed one left
+    assert stale_folders(target) == [] and (target / VALUE_HEAD_FILE).is_file()
+
+
+def test_a_replacing_write_killed_midway_keeps_the_old_checkpoint(base, tmp_path):
+    target = tmp_path / "policy"
+    policy, tokenizer = load_policy(base, seed=0)
+    save_policy(policy, tokenizer, target)
+    old_bias = load_policy(target)[0].v_head.bias.clone()
+    kill_mid_write(base, target, tmp_path)
+    reloaded = load_policy(target)[0]
+    assert torch.equal(reloaded.v_head.bias, old_bias) and not torch.equal(old_bias, torch.full_like(old_bias, 7.0))
+    assert (target / VALUE_HEAD_FILE).is_file()  # the old checkpoint is whole
+
+
+def test_a_finished_write_replaces_the_old_folder_and_an_error_leaves_it(base, tmp_path):
+    target = tmp_path / "ckpt"
+    target.mkdir()
+    (target / "leftover.txt").write_text("old")
+    with pytest.raises(RuntimeError, match="disk full"):
+        with atomic_folder(target) as folder:
+            (folder / "new.txt").write_text("new")
+            raise RuntimeError("disk full")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"] and (target / "leftover.txt").is_file()
+    with atomic_folder(target) as folder:
+        (folder / "new.txt").write_text("new")
+    assert sorted(p.name for p in target.iterdir()) == ["new.txt"]  # replaced, not merged into
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
