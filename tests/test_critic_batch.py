@@ -145,7 +145,7 @@ GOOD = {"custom_id": "d" * 64, "response": {"status_code": 200, "body": {
 
 
 @pytest.mark.parametrize("bad, message", [
-    ("{not json", "not JSON"),
+    ("{not json", "not valid JSON"),
     ("[1, 2]", "JSON object"),
     (json.dumps({"custom_id": "request-1", "response": None}), "not a drlc cache key"),
     (json.dumps({"custom_id": "e" * 64, "response": {"status_code": 200, "body": {"id": "x"}}}),

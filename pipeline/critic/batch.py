@@ -27,6 +27,7 @@ from pathlib import Path
 from pipeline.critic.annotate import round_requests
 from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient
+from pipeline.jsonl import json_object
 from pipeline.errors import DataError
 
 __all__ = ["BATCH_URL", "batch_prepare", "batch_ingest", "round_requests"]
@@ -102,12 +103,7 @@ def batch_ingest(results_path: str | Path, *, cache: CriticCache) -> dict:
 def _answer_of_line(path: Path, number: int, line: str) -> tuple[str, dict | None]:
     """Return (custom_id, cache value) of one output line; the value is None for a failed request."""
     where = f"{path}:{number}"
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise DataError(f"{where}: not JSON ({error}); a Batch-API output has one JSON object per line") from None
-    if not isinstance(record, dict):
-        raise DataError(f"{where}: a line must be a JSON object, got {type(record).__name__}")
+    record = json_object(where, line, expected="a JSON object (a Batch-API output has one per line)")
     key = record.get("custom_id")
     if not isinstance(key, str) or not _CACHE_KEY.match(key):
         raise DataError(f"{where}: custom_id {key!r} is not a drlc cache key (64 hex digits); "

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.critic.span_metrics import offset_runs
+from pipeline.jsonl import json_object
 from pipeline.errors import DataError
 
 __all__ = ["LabelledPost", "read_labelled"]
@@ -118,12 +119,7 @@ def _read_jsonl(path: Path, labels: tuple[str, ...]) -> list[LabelledPost]:
 
 
 def _jsonl_post(where: str, line: int, content: str, labels: tuple[str, ...]) -> LabelledPost:
-    try:
-        row = json.loads(content)
-    except json.JSONDecodeError as error:
-        raise DataError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
-    if not isinstance(row, dict):
-        raise DataError(f"{where}: a line must be a JSON object with 'text' and 'spans'")
+    row = json_object(where, content, expected="a JSON object with 'text' and 'spans'")
     missing = [key for key in ("text", "spans") if key not in row]
     if missing:
         raise DataError(f"{where}: missing key(s) {missing}; a line needs 'text' and 'spans'")

@@ -10,10 +10,10 @@ Nested fields are addressed with dots: ``prompt.text``.
 """
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
+from pipeline.jsonl import json_object
 from pipeline.errors import DataError
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
@@ -54,13 +54,7 @@ def _file_records(path: Path) -> list[dict]:
             for number, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise DataError(f"{path}:{number}: not valid JSON ({err.msg}); one object per line.") from None
-                if not isinstance(record, dict):
-                    raise DataError(f"{path}:{number}: expected a JSON object per line.")
-                records.append(record)
+                records.append(json_object(f"{path}:{number}", line, expected="a JSON object"))
         return records
     if path.suffix == ".csv":
         import pandas as pd
