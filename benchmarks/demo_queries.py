@@ -22,6 +22,7 @@ import os
 import platform
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,25 +174,29 @@ def _table(columns: list[str], rows: list[list]) -> list[str]:
     return lines + ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
 
 
+def _prose(text: str) -> list[str]:
+    return textwrap.wrap(text, width=100, break_long_words=False, break_on_hyphens=False)
+
+
 def render(result: dict) -> str:
     """The README section (without its markers) from a demo_queries.json result."""
     p = result["provenance"]
     machine = p["machine"]
-    lines = [
+    lines = _prose(
         f"The outputs below were made by `python benchmarks/demo_queries.py` on a fresh demo run "
         f"(`dvc repro` with the default params.yaml) of commit `{p['git_commit'][:12]}`, on "
         f"{machine['cpus']} CPUs ({machine['cpu']}) with **{p['torch_threads']} torch thread(s)**, "
-        f"torch {machine['torch']}; the rows are in `benchmarks/results/demo_queries.json`. A fresh "
-        f"`dvc repro` on the same kind of machine with the same thread count gives the same tables. "
+        f"torch {machine['torch']}; the rows are in `benchmarks/results/demo_queries.json`. The demo "
+        f"is seeded and single-process, so a fresh `dvc repro` of that commit on the same kind of machine "
+        f"with the same thread count is expected to give these same rows (timings aside; not yet confirmed "
+        f"by a second run). "
         f"With another thread count (or CPU), torch sums in another order, so floating-point results "
         f"differ in their last bits; sampling and the reward threshold turn that into other rollouts, "
-        f"and every number below may change.",
-        "",
-    ]
+        f"and every number below may change.") + [""]
     for q in result["queries"]:
-        lines += [q["intro"], "", "```sql", q["sql"], "```", ""] + _table(q["columns"], q["rows"]) + [""]
+        lines += _prose(q["intro"]) + ["", "```sql", q["sql"], "```", ""] + _table(q["columns"], q["rows"]) + [""]
         if q["note"]:
-            lines += [q["note"], ""]
+            lines += _prose(q["note"]) + [""]
     return "\n".join(lines)
 
 
