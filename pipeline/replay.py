@@ -207,7 +207,7 @@ def rebuild_annotations(run_dir: Path, params: Params, inputs: dict, *, allow_ne
                 rows_out, stats = critique_round(
                     rows, client=client, cache=open_critic["cache"], template=open_critic["template"],
                     tokenizer=open_critic["tokenizer"], critic=critic, progress=progress,
-                    check_complete=lambda a, key=key: _check_complete(a, key, params, allow_new_calls))
+                    budget_error=None if allow_new_calls else _missing_answers(key, params))
             total += stats.requests_sent
             annotations[key] = [dict(a, run_id=run_id, round=int(key)) for a in rows_out]
             metrics[key] = critique_summary(annotations[key], stats)
@@ -231,20 +231,13 @@ def _open_critic(stack: contextlib.ExitStack, run_dir: Path, params: Params, *, 
             "client": lambda: critic_client(critic, base_url, template_sha=template.sha256)}
 
 
-def _check_complete(annotations: list[dict], key: str, params: Params, allow_new_calls: bool) -> None:
-    """Raise if some critiqued response got no answer: the budget (new calls) or a cache miss (cache only)."""
-    from pipeline.steps.critique import check_budget
-
-    if allow_new_calls:
-        check_budget(annotations, params.critic)
-        return
-    stopped = sum(a["status"] == "budget" for a in annotations)
-    if stopped:
-        raise ConfigError(
-            f"Round {key}: {stopped} responses to critique have no cached critic answer under 'critic.threshold' = "
-            f"{params.critic.threshold} (and critic.model/template/endpoint/temperature/max_tokens as set): a "
-            f"replay without new calls can only lower the threshold. Pass --allow-new-calls to request just the "
-            f"missing answers.")
+def _missing_answers(key: str, params: Params):
+    """The error for a cache-only replay's budget-stopped rows: their answers are not in the cache."""
+    return lambda stopped: ConfigError(
+        f"Round {key}: {stopped} responses to critique have no cached critic answer under 'critic.threshold' = "
+        f"{params.critic.threshold} (and critic.model/template/endpoint/temperature/max_tokens as set): a "
+        f"replay without new calls can only lower the threshold. Pass --allow-new-calls to request just the "
+        f"missing answers.")
 
 
 def _check_batches(inputs: dict, annotations: dict, params: Params) -> None:

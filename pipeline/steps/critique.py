@@ -122,13 +122,13 @@ def critique(rollout_rows: list[dict], score_rows: list[dict], *, critic: Critic
 
 
 def critique_round(rows: list[dict], *, client, cache: CriticCache, template, tokenizer, critic: CriticParams,
-                   progress: bool = True, check_complete=None) -> tuple[list[dict], RunStats]:
+                   progress: bool = True, budget_error=None) -> tuple[list[dict], RunStats]:
     """Annotate scored rows with an open client and cache; then the budget and health checks.
 
     The one critique of a round that the stage, replay and the study all run. rows: rollouts with
     env_reward (:func:`scored_rows`); client: a CriticClient (or an object with its ``run``,
-    ``model`` and ``last_stats``). check_complete(annotations) replaces :func:`check_budget` for a
-    caller that explains budget-stopped rows its own way (replay: a cache-only client).
+    ``model`` and ``last_stats``). budget_error: as in :func:`check_budget`, for a caller that explains
+    budget-stopped rows its own way (replay with a cache-only client: the answers are not cached).
     Returns (annotations, the client's RunStats for this round).
     Raises CriticError as :func:`check_budget` and :func:`check_health`.
     """
@@ -136,14 +136,19 @@ def critique_round(rows: list[dict], *, client, cache: CriticCache, template, to
         rows, template=template, tokenizer=tokenizer, client=client, cache=cache, threshold=critic.threshold,
         rewards=dict(critic.rewards), alignment=critic.alignment, zero_mean=critic.zero_mean, progress=progress,
     )
-    (check_complete or (lambda a: check_budget(a, critic)))(annotations)
+    check_budget(annotations, critic, error=budget_error)
     check_health(annotations, max_error_rate=critic.max_error_rate)
     return annotations, client.last_stats
 
 
-def check_budget(annotations: list[dict], critic: CriticParams) -> None:
-    """Raise CriticError if the budget left critiqued responses without an answer."""
+def check_budget(annotations: list[dict], critic: CriticParams, *, error=None) -> None:
+    """Raise CriticError if the budget left critiqued responses without an answer.
+
+    error(stopped count) -> the exception to raise instead (None: the CriticError below).
+    """
     stopped = sum(a["status"] == "budget" for a in annotations)
+    if stopped and error is not None:
+        raise error(stopped)
     if stopped:
         raise CriticError(
             f"critic budget reached (critic.max_requests={critic.max_requests}, critic.max_cost_usd="
