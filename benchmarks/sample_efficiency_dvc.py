@@ -36,31 +36,30 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.sample_efficiency_lib.analysis import (  # noqa: E402
     mean, mean_std, scale_factor, seed_mean_curve, sparse_target, steps_to_reach)
+from benchmarks.sample_efficiency_lib.arms import ALL, study_arms  # noqa: E402
 from pipeline.errors import ConfigError, DataError  # noqa: E402
 from pipeline.rounds import exp_run_overrides  # noqa: E402
 
 PHASE_1 = ("sparse", "dense_all", "dense_selective", "dense_zero_mean")
 ARMS = PHASE_1 + ("sparse_scaled",)
-ALL_THRESHOLD = 1.0e9  # above any environment reward: every response is critiqued
+ALL_THRESHOLD = ALL  # above any environment reward: every response is critiqued
 
 
 def arm_settings(arm: str, *, selective_threshold: float, k: float | str | None = None) -> dict:
-    """The params every experiment of `arm` sets (all of them, so no arm inherits another's).
+    """The params every experiment of `arm` sets: its row of the study's arm table (arms.study_arms).
 
+    k: sparse_scaled's env-reward scale (a string is written as it is: the dry run's "<k>").
     Raises ConfigError for an unknown arm, or sparse_scaled without k.
     """
-    dense = {"critic.enabled": True, "critic.threshold": ALL_THRESHOLD, "critic.zero_mean": False, "score.scale": 1.0}
-    sparse = dict(dense, **{"critic.enabled": False})
-    settings = {"sparse": sparse, "dense_all": dense,
-                "dense_selective": dict(dense, **{"critic.threshold": selective_threshold}),
-                "dense_zero_mean": dict(dense, **{"critic.zero_mean": True})}
-    if arm == "sparse_scaled":
-        if k is None:
-            raise ConfigError("sparse_scaled needs k: run the dense_all and sparse arms first")
-        return dict(sparse, **{"score.scale": k if isinstance(k, str) else float(k)})
-    if arm not in settings:
+    arms = study_arms(selective_threshold)
+    if arm not in arms:
         raise ConfigError(f"unknown arm {arm!r}; valid arms: {list(ARMS)}")
-    return settings[arm]
+    if arm == "sparse_scaled" and k is None:
+        raise ConfigError("sparse_scaled needs k: run the dense_all and sparse arms first")
+    settings = arms[arm].dvc_settings()
+    if arm == "sparse_scaled":
+        settings["score.scale"] = k if isinstance(k, str) else float(k)
+    return settings
 
 
 def rounds_overrides(n_rounds: int | None) -> list[str]:

@@ -231,9 +231,9 @@ def remote_scorer_calls(params: Params, root: str | Path = ".") -> tuple[int, in
 def check_offline(params: Params, *, root: str | Path = ".", processes: int = 1) -> list[str]:
     """Raise for what would fail at run time and can be known now; return warnings (strings)."""
     from pipeline.preflight import check_inputs
+    from pipeline.replay import without_remote
 
-    offline = dataclasses.replace(params, critic=dataclasses.replace(params.critic, endpoint="local"))
-    check_inputs(offline, root)  # template task and labels, cache dir; the API key is a warning below
+    check_inputs(without_remote(params), root)  # template task and labels, cache dir; the API key is a warning below
     ppo = params.ppo  # rollout.batch_size vs the minibatch is checked at load (pipeline/config.py)
     if ppo.mini_batch_size % processes:
         raise ConfigError(f"'ppo.mini_batch_size' = {ppo.mini_batch_size} is not divisible by --processes "

@@ -151,7 +151,7 @@ def flat_params(params: Params) -> dict:
 
 
 def without_remote(params: Params) -> Params:
-    """Params for check_inputs minus its API-key check: a cache-only replay needs no key."""
+    """Params for check_inputs minus its API-key check (a cache-only replay, an estimate need no key)."""
     return dataclasses.replace(params, critic=dataclasses.replace(params.critic, endpoint="local"))
 
 
@@ -183,59 +183,61 @@ def rebuild_annotations(run_dir: Path, params: Params, inputs: dict, *, allow_ne
                         progress: bool) -> tuple[dict[str, list[dict]], dict[str, dict], int]:
     """Annotations and critique metrics per round from the cached critic answers.
 
-    Returns (annotations by round, critique metrics by round, critic requests sent in total).
-    Raises ConfigError when answers are missing and allow_new_calls is off.
+    Each round runs the critique stage's :func:`~pipeline.steps.critique.critique_round` (with its
+    health check) on a fresh client over RUN's cache. Returns (annotations by round, critique
+    metrics by round, critic requests sent in total).
+    Raises ConfigError when answers are missing and allow_new_calls is off; CriticError as the stage.
     """
-    from transformers import AutoTokenizer
-
-    from pipeline.critic.annotate import annotate_round
-    from pipeline.critic.cache import CriticCache
-    from pipeline.critic.client import RunStats
-    from pipeline.critic.templates import load_template
     from pipeline.critic.annotate import skipped_row
-    from pipeline.steps.critique import critic_client, critic_endpoint, scored_rows
+    from pipeline.critic.client import RunStats
+    from pipeline.steps.critique import critique_round, scored_rows
     from pipeline.steps.critique import summarize as critique_summary
 
     critic, run_id = params.critic, params.run.run_id
     annotations, metrics, total = {}, {}, 0
     with contextlib.ExitStack() as stack:
         if critic.enabled:
-            template = load_template(run_dir / critic.template, task=params.run.task, labels=critic.labels)
-            tokenizer = AutoTokenizer.from_pretrained(str(run_dir / "models" / "base"))
-            cache = stack.enter_context(CriticCache(_cache_dir(run_dir, params)))
-            base_url = stack.enter_context(critic_endpoint(critic))[0] if allow_new_calls else None
+            open_critic = _open_critic(stack, run_dir, params, allow_new_calls=allow_new_calls)
         for key, tables in inputs.items():
             rows = scored_rows(tables["rollouts"], tables["scores"])
             if not critic.enabled:
                 rows_out, stats = [skipped_row(row) for row in rows], RunStats()
             else:
-                client = critic_client(critic, base_url, template_sha=template.sha256)  # fresh counters per round
-                rows_out = annotate_round(rows, template=template, tokenizer=tokenizer, client=client, cache=cache,
-                                          threshold=critic.threshold, rewards=dict(critic.rewards),
-                                          alignment=critic.alignment, zero_mean=critic.zero_mean,
-                                          progress=progress)
-                stats = client.last_stats
-                _check_complete(rows_out, key, params, allow_new_calls)
+                client = open_critic["client"]()  # fresh counters per round
+                rows_out, stats = critique_round(
+                    rows, client=client, cache=open_critic["cache"], template=open_critic["template"],
+                    tokenizer=open_critic["tokenizer"], critic=critic, progress=progress,
+                    budget_error=None if allow_new_calls else _missing_answers(key, params))
             total += stats.requests_sent
             annotations[key] = [dict(a, run_id=run_id, round=int(key)) for a in rows_out]
             metrics[key] = critique_summary(annotations[key], stats)
     return annotations, metrics, total
 
 
-def _check_complete(annotations: list[dict], key: str, params: Params, allow_new_calls: bool) -> None:
-    """Raise if some critiqued response got no answer because the client could not send."""
-    stopped = sum(a["status"] == "budget" for a in annotations)
-    if not stopped:
-        return
+def _open_critic(stack: contextlib.ExitStack, run_dir: Path, params: Params, *, allow_new_calls: bool) -> dict:
+    """RUN's template, tokenizer and cache, and a client factory (cache-only unless allow_new_calls)."""
+    from transformers import AutoTokenizer
+
+    from pipeline.critic.cache import CriticCache
+    from pipeline.critic.templates import load_template
+    from pipeline.steps.critique import critic_client, critic_endpoint
+
     critic = params.critic
-    if allow_new_calls:
-        raise CriticError(f"critic budget reached in round {key} (critic.max_requests={critic.max_requests}, "
-                          f"critic.max_cost_usd={critic.max_cost_usd}): {stopped} responses not critiqued. "
-                          f"Answers received are cached; raise the budget and replay again.")
-    raise ConfigError(
+    template = load_template(run_dir / critic.template, task=params.run.task, labels=critic.labels)
+    cache = stack.enter_context(CriticCache(_cache_dir(run_dir, params)))
+    base_url = stack.enter_context(critic_endpoint(critic))[0] if allow_new_calls else None
+    return {"template": template, "cache": cache,
+            "tokenizer": AutoTokenizer.from_pretrained(str(run_dir / "models" / "base")),
+            "client": lambda: critic_client(critic, base_url, template_sha=template.sha256)}
+
+
+def _missing_answers(key: str, params: Params):
+    """The error for a cache-only replay's budget-stopped rows: their answers are not in the cache."""
+    return lambda stopped: ConfigError(
         f"Round {key}: {stopped} responses to critique have no cached critic answer under 'critic.threshold' = "
-        f"{critic.threshold} (and critic.model/template/endpoint/temperature/max_tokens as set): a replay without "
-        f"new calls can only lower the threshold. Pass --allow-new-calls to request just the missing answers.")
+        f"{params.critic.threshold} (and critic.model/template/endpoint/temperature/max_tokens as set): a "
+        f"replay without new calls can only lower the threshold. Pass --allow-new-calls to request just the "
+        f"missing answers.")
 
 
 def _check_batches(inputs: dict, annotations: dict, params: Params) -> None:

@@ -20,10 +20,10 @@ from pipeline.policy import frozen_copy, load_policy
 from pipeline.ppo import RunningMoments
 from pipeline.steps.ppo_round import new_kl_controller
 from pipeline.seeding import round_seed
-from pipeline.trainer import RolloutBatch, make_optimizer, train_round
+from pipeline.trainer import make_optimizer, train_round
 
 from benchmarks.sample_efficiency_lib.arms import ALL, Arm
-from benchmarks.sample_efficiency_lib.runner import evaluate_policy, intrinsic_rewards
+from benchmarks.sample_efficiency_lib.runner import annotate_arm, evaluate_policy, ppo_batch
 
 
 def ablation_settings(cfg) -> list[dict]:
@@ -52,13 +52,11 @@ def replay_setting(setting: dict, recorded: list[list[dict]], ctx, *, seed: int)
     ctx.critic.arm = f"ablation/{setting['name']}"
     intrinsic_totals, critiqued = [], 0
     for round_, rows in enumerate(recorded, start=1):
-        intrinsic, n = intrinsic_rewards(rows, arm, ctx, tokenizer, rewards=rewards, alignment=setting["alignment"])
-        critiqued += n
-        intrinsic_totals += [sum(t) for t in intrinsic]
-        batch = RolloutBatch(query_ids=[r["query_ids"] for r in rows], response_ids=[r["response_ids"] for r in rows],
-                             behaviour_logprobs=[r["behaviour_logprobs"] for r in rows],
-                             scores=[r["env_reward"] for r in rows], intrinsic=intrinsic)
-        train_round(policy=policy, ref_model=reference, optimizer=optimizer, batch=batch, params=cfg.ppo,
+        annotated = annotate_arm(rows, arm, ctx, tokenizer, rewards=rewards, alignment=setting["alignment"])
+        critiqued += sum(a["critiqued"] for a in annotated)
+        intrinsic_totals += [sum(a["token_rewards"]) for a in annotated]
+        train_round(policy=policy, ref_model=reference, optimizer=optimizer, batch=ppo_batch(rows, annotated),
+                    params=cfg.ppo,
                     kl_controller=kl_controller, score_moments=moments, seed=round_seed(seed, round_, 4), progress=False)
     return {"setting": {k: ("all" if v == ALL else v) for k, v in setting.items()},
             "critiqued": critiqued, "intrinsic_per_response": sum(intrinsic_totals) / len(intrinsic_totals),

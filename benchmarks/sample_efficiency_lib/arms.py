@@ -9,13 +9,17 @@
 - dense_zero_mean: dense_all with each critiqued response's token rewards shifted by their mean
   over that response's tokens, so every response's intrinsic rewards sum to zero: only *where*
   the credit goes changes, not how much reward the response gets in total.
+
+The one arm table: the in-process study (runner) and the DVC form
+(benchmarks/sample_efficiency_dvc.py, via :meth:`Arm.dvc_settings`) both read :func:`study_arms`.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
-ALL = math.inf  # threshold that critiques every response (env rewards are P(positive) <= 1)
+from pipeline.config import CriticParams
+
+ALL = 1.0e9  # threshold that critiques every response: above any env reward, and finite so params.yaml holds it
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,17 @@ class Arm:
 
     def with_scale(self, k: float) -> "Arm":
         return replace(self, env_scale=float(k))
+
+    def critic_params(self, *, rewards: dict[str, float], alignment: str = "exact",
+                      threshold: float | None = None) -> CriticParams:
+        """The critique stage's settings of this arm (threshold overrides the arm's); no failure is tolerated."""
+        return CriticParams(threshold=self.threshold if threshold is None else threshold, rewards=dict(rewards),
+                            alignment=alignment, zero_mean=self.zero_mean, max_error_rate=0.0)
+
+    def dvc_settings(self) -> dict:
+        """The params.yaml keys this arm sets in a DVC experiment (all of them, so no arm inherits another's)."""
+        return {"critic.enabled": self.critic, "critic.threshold": self.threshold,
+                "critic.zero_mean": self.zero_mean, "score.scale": self.env_scale}
 
     def describe(self) -> dict:
         return {"critic": self.critic, "threshold": "all" if self.threshold == ALL else self.threshold,

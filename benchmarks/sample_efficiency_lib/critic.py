@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from pipeline.critic import lexicon
 from pipeline.critic.cache import MISSING, CriticCache, cache_key
-from pipeline.critic.client import CriticResult
+from pipeline.critic.client import CriticResult, RunStats
 from pipeline.errors import CriticError
 
 MODEL_ID = "drlc-local:lexicon"  # the model identity the pipeline's local lexicon server is keyed under
@@ -62,6 +62,7 @@ class InProcessLexiconCritic:
                  template_sha: str = ""):
         self.prices, self.allow_calls, self.template_sha = prices, allow_calls, template_sha
         self.tally = CriticTally()
+        self.last_stats = RunStats()  # as CriticClient; critique_round returns it (the study reads the tally)
         self.arm = ""  # the arm the next requests are counted under
 
     def _cost(self, prompt_tokens: int, completion_tokens: int) -> float:

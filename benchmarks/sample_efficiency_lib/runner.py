@@ -11,14 +11,16 @@ import time
 
 import torch
 
-from pipeline.critic.annotate import annotate_round, zero_mean_rewards
+from pipeline.critic.annotate import skipped_row
 from pipeline.evaluate.decode import sample_continuations
 from pipeline.policy import frozen_copy, load_policy
 from pipeline.sampling import sample_responses
 from pipeline.ppo import RunningMoments
-from pipeline.steps.ppo_round import new_kl_controller
+from pipeline.steps.critique import critique_round
+from pipeline.steps.ppo_round import join_round, new_kl_controller
+from pipeline.steps.rollout import encode_query
 from pipeline.seeding import round_seed
-from pipeline.trainer import RolloutBatch, make_optimizer, train_round
+from pipeline.trainer import make_optimizer, train_round
 
 from benchmarks.sample_efficiency_lib.arms import Arm
 
@@ -35,7 +37,7 @@ class StudyContext:
 
 def _rollouts(policy, tokenizer, ctx: StudyContext, *, picker: random.Random, seed: int, round_: int) -> list[dict]:
     queries = picker.sample(ctx.world.train_prompts, ctx.config.batch_size)
-    query_ids = [[tokenizer.bos_token_id] + tokenizer.encode(q) for q in queries]
+    query_ids = [encode_query(tokenizer, q) for q in queries]
     samples = sample_responses(policy, queries=query_ids, eos_id=tokenizer.eos_token_id,
                                pad_id=tokenizer.pad_token_id, max_new_tokens=ctx.config.max_new_tokens,
                                seed=round_seed(seed, round_, 2), batch_size=ctx.config.batch_size, progress=False)
@@ -46,20 +48,24 @@ def _rollouts(policy, tokenizer, ctx: StudyContext, *, picker: random.Random, se
             for i, (q, qi, s, text, e) in enumerate(zip(queries, query_ids, samples, responses, env))]
 
 
-def intrinsic_rewards(rows: list[dict], arm: Arm, ctx: StudyContext, tokenizer, *, rewards: dict[str, float],
-                      alignment: str = "exact", threshold: float | None = None) -> tuple[list[list[float]], int]:
-    """Per-token critic rewards of each row under `arm` (zeros when it has no critic), and the count critiqued."""
+def annotate_arm(rows: list[dict], arm: Arm, ctx: StudyContext, tokenizer, *, rewards: dict[str, float],
+                alignment: str = "exact", threshold: float | None = None) -> list[dict]:
+    """The round's annotation rows under `arm`: the critique stage's critique_round, or all skipped.
+
+    Raises CriticError if any critiqued response failed (the study tolerates no failure).
+    """
     if not arm.critic:
-        return [[0.0] * len(r["response_ids"]) for r in rows], 0
-    annotations = annotate_round(rows, template=ctx.template, tokenizer=tokenizer, client=ctx.critic, cache=ctx.cache,
-                                 threshold=arm.threshold if threshold is None else threshold, rewards=rewards,
-                                 alignment=alignment, progress=False)
-    failed = [a["status"] for a in annotations if a["critiqued"] and a["status"] != "ok"]
-    assert not failed, f"critic annotations failed: {failed[:3]}"
-    token_rewards = [a["token_rewards"] for a in annotations]
-    if arm.zero_mean:
-        token_rewards = [zero_mean_rewards(t) if a["critiqued"] else t for t, a in zip(token_rewards, annotations)]
-    return token_rewards, sum(a["critiqued"] for a in annotations)
+        return [skipped_row(row) for row in rows]
+    critic = arm.critic_params(rewards=rewards, alignment=alignment, threshold=threshold)
+    annotated, _ = critique_round(rows, client=ctx.critic, cache=ctx.cache, template=ctx.template,
+                                  tokenizer=tokenizer, critic=critic, progress=False)
+    return annotated
+
+
+def ppo_batch(rows: list[dict], annotated: list[dict], *, env_scale: float = 1.0):
+    """The PPO batch of the round (pipeline.steps.ppo_round.join_round), env rewards times env_scale."""
+    scores = [{"rollout_id": r["rollout_id"], "env_reward": env_scale * r["env_reward"]} for r in rows]
+    return join_round(rows, scores, annotated)
 
 
 def population_std(values: list[float]) -> float:
@@ -68,9 +74,10 @@ def population_std(values: list[float]) -> float:
     return (sum((v - m) ** 2 for v in values) / len(values)) ** 0.5
 
 
-def _round_record(round_: int, rows: list[dict], intrinsic, arm: Arm, stats: list[dict], critiqued: int,
+def _round_record(round_: int, rows: list[dict], annotated: list[dict], arm: Arm, stats: list[dict],
                   ctx: StudyContext, seconds: float) -> dict:
-    env = [r["env_reward"] for r in rows]
+    env, intrinsic = [r["env_reward"] for r in rows], [a["token_rewards"] for a in annotated]
+    critiqued = sum(a["critiqued"] for a in annotated)
     totals = [arm.env_scale * e + sum(t) for e, t in zip(env, intrinsic)]
     return {"round": round_, "rollouts": round_ * len(rows), "env_reward": sum(env) / len(env),
             "total_reward": sum(totals) / len(totals), "env_reward_std": population_std(env),
@@ -96,14 +103,12 @@ def run_arm(arm: Arm, seed: int, ctx: StudyContext, *, keep_rollouts: bool = Fal
     for round_ in range(1, cfg.rounds + 1):
         round_started = time.perf_counter()
         rows = _rollouts(policy, tokenizer, ctx, picker=picker, seed=seed, round_=round_)
-        intrinsic, critiqued = intrinsic_rewards(rows, arm, ctx, tokenizer, rewards=rewards)
-        batch = RolloutBatch(query_ids=[r["query_ids"] for r in rows], response_ids=[r["response_ids"] for r in rows],
-                             behaviour_logprobs=[r["behaviour_logprobs"] for r in rows],
-                             scores=[arm.env_scale * r["env_reward"] for r in rows], intrinsic=intrinsic)
-        stats = train_round(policy=policy, ref_model=reference, optimizer=optimizer, batch=batch, params=cfg.ppo,
+        annotated = annotate_arm(rows, arm, ctx, tokenizer, rewards=rewards)
+        stats = train_round(policy=policy, ref_model=reference, optimizer=optimizer,
+                            batch=ppo_batch(rows, annotated, env_scale=arm.env_scale), params=cfg.ppo,
                             kl_controller=kl_controller, score_moments=moments, seed=round_seed(seed, round_, 4),
                             progress=False)
-        records.append(_round_record(round_, rows, intrinsic, arm, stats, critiqued, ctx,
+        records.append(_round_record(round_, rows, annotated, arm, stats, ctx,
                                      time.perf_counter() - round_started))
         if keep_rollouts:
             recorded.append(rows)
@@ -117,7 +122,7 @@ def run_arm(arm: Arm, seed: int, ctx: StudyContext, *, keep_rollouts: bool = Fal
 def evaluate_policy(lm, tokenizer, ctx: StudyContext, *, seed: int) -> dict:
     """The world's evaluation metrics of `lm` on the held-out prompts (nucleus samples, seeded)."""
     cfg, k = ctx.config, ctx.config.eval_samples_per_prompt
-    queries = [[tokenizer.bos_token_id] + tokenizer.encode(p) for p in ctx.world.eval_prompts for _ in range(k)]
+    queries = [encode_query(tokenizer, p) for p in ctx.world.eval_prompts for _ in range(k)]
     continuations = sample_continuations(lm, tokenizer, queries, max_new_tokens=cfg.max_new_tokens,
                                          top_p=cfg.eval_top_p, seed=round_seed(seed, 0, EVAL_SEED_STREAM),
                                          batch_size=64)

@@ -100,7 +100,9 @@ def critique(rollout_rows: list[dict], score_rows: list[dict], *, critic: Critic
              run_id: str, round_: int, task: str | None = None) -> tuple[list[dict], dict]:
     """Annotate one round. Returns (annotation rows, metrics of :func:`summarize`).
 
-    task: run.task, needed to load a plain-text critic.template (pipeline.critic.templates).
+    Opens the cache, the endpoint (a local server for endpoint 'local') and the client, then
+    runs :func:`critique_round`. task: run.task, needed to load a plain-text critic.template
+    (pipeline.critic.templates).
 
     Raises CriticError, after every good answer is cached and before anything is returned,
     when the budget stopped a request or the round's failures exceed critic.max_error_rate.
@@ -113,21 +115,40 @@ def critique(rollout_rows: list[dict], score_rows: list[dict], *, critic: Critic
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         with CriticCache(critic.cache_dir) as cache, critic_endpoint(critic, tokenizer_dir) as (base_url, _):
             client = critic_client(critic, base_url, template_sha=template.sha256)
-            annotations = annotate_round(
-                rows, template=template, tokenizer=tokenizer, client=client, cache=cache,
-                threshold=critic.threshold, rewards=dict(critic.rewards), alignment=critic.alignment,
-                zero_mean=critic.zero_mean,
-            )
-            stats = client.last_stats
-        check_budget(annotations, critic)
-        check_health(annotations, max_error_rate=critic.max_error_rate)
+            annotations, stats = critique_round(rows, client=client, cache=cache, template=template,
+                                                tokenizer=tokenizer, critic=critic)
     annotations = [dict(a, run_id=run_id, round=round_) for a in annotations]
     return annotations, summarize(annotations, stats)
 
 
-def check_budget(annotations: list[dict], critic: CriticParams) -> None:
-    """Raise CriticError if the budget left critiqued responses without an answer."""
+def critique_round(rows: list[dict], *, client, cache: CriticCache, template, tokenizer, critic: CriticParams,
+                   progress: bool = True, budget_error=None) -> tuple[list[dict], RunStats]:
+    """Annotate scored rows with an open client and cache; then the budget and health checks.
+
+    The one critique of a round that the stage, replay and the study all run. rows: rollouts with
+    env_reward (:func:`scored_rows`); client: a CriticClient (or an object with its ``run``,
+    ``model`` and ``last_stats``). budget_error: as in :func:`check_budget`, for a caller that explains
+    budget-stopped rows its own way (replay with a cache-only client: the answers are not cached).
+    Returns (annotations, the client's RunStats for this round).
+    Raises CriticError as :func:`check_budget` and :func:`check_health`.
+    """
+    annotations = annotate_round(
+        rows, template=template, tokenizer=tokenizer, client=client, cache=cache, threshold=critic.threshold,
+        rewards=dict(critic.rewards), alignment=critic.alignment, zero_mean=critic.zero_mean, progress=progress,
+    )
+    check_budget(annotations, critic, error=budget_error)
+    check_health(annotations, max_error_rate=critic.max_error_rate)
+    return annotations, client.last_stats
+
+
+def check_budget(annotations: list[dict], critic: CriticParams, *, error=None) -> None:
+    """Raise CriticError if the budget left critiqued responses without an answer.
+
+    error(stopped count) -> the exception to raise instead (None: the CriticError below).
+    """
     stopped = sum(a["status"] == "budget" for a in annotations)
+    if stopped and error is not None:
+        raise error(stopped)
     if stopped:
         raise CriticError(
             f"critic budget reached (critic.max_requests={critic.max_requests}, critic.max_cost_usd="
