@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from pipeline import store
 from pipeline.config import load_params
 from pipeline.critic.server import serve_in_background
-from pipeline.errors import ConfigError, DataError, PPOInputError
+from pipeline.errors import ConfigError, DataError
 from pipeline.replay import check_evaluation, replay
 from pipeline.replay_dvc import write_dvc_replay
 from pipeline.report import load_run
@@ -171,7 +171,7 @@ def test_raised_threshold_needs_allow_new_calls_and_sends_only_the_missing(finis
     ("rollout.batch_size=16", ConfigError, r"'rollout\.batch_size' cannot change in a replay.*sampled"),
     ("world.n_reviews=10", ConfigError, r"'world\.n_reviews' cannot change"),
     ("run.task=toxicity", ConfigError, r"run\.task"),
-    ("ppo.mini_batch_size=7", PPOInputError, r"not divisible"),
+    ("ppo.mini_batch_size=7", ConfigError, r"not a multiple of .ppo\.mini_batch_size"),
     ("evaluate.prompts=[missing.jsonl]", DataError, r"missing\.jsonl"),
 ])
 def test_bad_override_fails_before_writing(finished_run, tmp_path, override, error, message):
