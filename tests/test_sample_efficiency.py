@@ -178,7 +178,7 @@ def test_critic_accounting_and_zero_cost_ablation(study):
             {label: math.copysign(1.0, v) for label, v in config.rewards.items()}
         assert by_name["rewards_1"]["intrinsic_per_response"] == pytest.approx(
             2 * by_name["rewards_0.5"]["intrinsic_per_response"], abs=1e-9)
-    summarization = dict(_each_task(study)[2][1]["ablation"]["settings"][0]["setting"]["rewards"])
+    summarization = dict(study[0]["tasks"]["summarization"]["ablation"]["settings"][0]["setting"]["rewards"])
     assert set(summarization) == {"irrelevant", "incoherent", "factually incorrect"}
 
 

@@ -1,22 +1,21 @@
-"""The lexicon critic called in-process, behind drlc's content-hashed cache, with cost accounting.
+"""The study's critic: the pipeline's own client and local lexicon server, plus a would-be cost tally.
 
-It duck-types :meth:`pipeline.critic.client.CriticClient.run`, so
-:func:`pipeline.critic.annotate.annotate_round` (threshold, rendering, parsing, alignment) runs
-unchanged; only the HTTP hop to the local server is skipped for speed. Cache keys use the same
-recipe and model identity as the pipeline's local lexicon server ("drlc-local:lexicon"), so entries
-are interchangeable when ``template_sha`` is the template's SHA-256. Token counts are estimates (characters / 4 of the messages and of the
-answer): the lexicon backend has no tokenizer, and the estimate is what a gpt-3.5-turbo critic
-reading the same prompt would roughly be billed.
+Requests go through :class:`pipeline.critic.client.CriticClient` to drlc's lexicon server on
+127.0.0.1, cache first, exactly as in a DVC round (same cache keys, so entries are
+interchangeable with the pipeline's). What is study-specific is only the accounting:
+:class:`TalliedCritic` counts requests, calls (cache misses) and hits per arm, and prices
+every answer as a gpt-3.5-turbo critic reading the same prompt would roughly be billed:
+characters / 4 of the messages and of the answer (the lexicon backend has no tokenizer).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 
-from pipeline.critic import lexicon
-from pipeline.critic.cache import MISSING, CriticCache, cache_key
-from pipeline.critic.client import CriticResult, RunStats
-from pipeline.errors import CriticError
+from pipeline.critic.cache import CriticCache
+from pipeline.critic.client import CriticClient, CriticResult
+from pipeline.critic.server import serve_in_background
 
 MODEL_ID = "drlc-local:lexicon"  # the model identity the pipeline's local lexicon server is keyed under
 MODEL = "drlc-lexicon"
@@ -48,63 +47,61 @@ class CriticTally:
                 "by_arm": {arm: dict(counts) for arm, counts in self.by_arm.items()}}
 
 
-class InProcessLexiconCritic:
-    """A cache-first critic that answers misses with the lexicon backend (or refuses them).
+@contextlib.contextmanager
+def lexicon_client(*, template_sha: str, allow_calls: bool = True):
+    """Yield a CriticClient to drlc's lexicon server, started on loopback for the ``with`` block.
 
-    Params: prices: (prompt, completion) USD per 1M tokens used for the cost accounting;
-    allow_calls: False makes every cache miss an error (the zero-cost replay mode);
-    template_sha: SHA-256 of the template that renders the requests (part of every cache key).
+    allow_calls False gives a cache-only client (max_requests 0): a miss comes back as status
+    "budget", which the round's budget check turns into an error (the zero-cost replay mode).
+    """
+    with serve_in_background(backend="lexicon") as (base_url, _):
+        yield CriticClient(base_url=base_url, model=MODEL, model_id=MODEL_ID, template_sha=template_sha,
+                           sampling=SAMPLING, max_requests=None if allow_calls else 0)
+
+
+class TalliedCritic:
+    """A :class:`CriticClient` (duck-typed for ``critique_round``) whose answers are also tallied per arm.
+
+    Params: client: the client that answers; prices: (prompt, completion) USD per 1M tokens of
+    the would-be cost; allow_calls: whether the client may send (recorded for the ablation's check).
     """
 
     model = MODEL
 
-    def __init__(self, *, prices: tuple[float, float] = GPT35_PRICES, allow_calls: bool = True,
-                 template_sha: str = ""):
-        self.prices, self.allow_calls, self.template_sha = prices, allow_calls, template_sha
+    def __init__(self, client: CriticClient, *, prices: tuple[float, float] = GPT35_PRICES, allow_calls: bool = True):
+        self.client, self.prices, self.allow_calls = client, prices, allow_calls
         self.tally = CriticTally()
-        self.last_stats = RunStats()  # as CriticClient; critique_round returns it (the study reads the tally)
         self.arm = ""  # the arm the next requests are counted under
 
-    def _cost(self, prompt_tokens: int, completion_tokens: int) -> float:
-        return (prompt_tokens * self.prices[0] + completion_tokens * self.prices[1]) / 1e6
+    @property
+    def last_stats(self):
+        return self.client.last_stats
 
     def run(self, requests: list[list[dict]], cache: CriticCache, *, sample_index: int = 0,
             progress: bool = False) -> list[CriticResult]:
-        """Answer each request from the cache, else (when allowed) from the lexicon; one result per request.
+        """Answer the requests with the client, then tally each one; one result per request."""
+        results = self.client.run(requests, cache, sample_index=sample_index, progress=progress)
+        answered: set[str] = set()  # a repeat within the call is answered by the first: a hit
+        for messages, result in zip(requests, results):
+            if result.status == "ok":
+                self._count(messages, result, hit=result.cache_hit or result.cache_key in answered)
+                answered.add(result.cache_key)
+        return results
 
-        Raises: CriticError on a cache miss when allow_calls is False.
-        """
-        return [self._answer(messages, cache, sample_index) for messages in requests]
-
-    def _answer(self, messages: list[dict], cache: CriticCache, sample_index: int) -> CriticResult:
-        key = cache_key(model=MODEL_ID, messages=messages, template_sha=self.template_sha, sample_index=sample_index,
-                        **SAMPLING)
+    def _count(self, messages: list[dict], result: CriticResult, *, hit: bool) -> None:
         counts = self.tally.by_arm.setdefault(self.arm, {"requests": 0, "calls": 0, "cache_hits": 0})
+        prompt_tokens = sum(estimated_tokens(str(m["content"])) for m in messages)
+        completion_tokens = estimated_tokens(result.raw_text)
+        cost = (prompt_tokens * self.prices[0] + completion_tokens * self.prices[1]) / 1e6
         self.tally.requests += 1
         counts["requests"] += 1
-        value = cache.get(key)
-        hit = value is not MISSING
-        if not hit:
-            if not self.allow_calls:
-                raise CriticError(f"replay critic: cache miss for key {key[:12]}...; a replay must not call the "
-                                  "critic, so replay only settings whose answers the recorded run cached")
-            text = lexicon.answer(messages)
-            prompt = sum(estimated_tokens(str(m["content"])) for m in messages)
-            value = {"raw_text": text, "finish_reason": "stop", "model": MODEL, "system_fingerprint": None,
-                     "latency_s": 0.0, "usage": {"prompt_tokens": prompt, "completion_tokens": estimated_tokens(text)}}
-            cache.put(key, value)
-        prompt_tokens, completion_tokens = value["usage"]["prompt_tokens"], value["usage"]["completion_tokens"]
-        cost = self._cost(prompt_tokens, completion_tokens)
         self.tally.cost_without_cache_usd += cost
         if hit:
             self.tally.cache_hits += 1
             counts["cache_hits"] += 1
-        else:
-            self.tally.calls += 1
-            counts["calls"] += 1
-            self.tally.prompt_tokens += prompt_tokens
-            self.tally.completion_tokens += completion_tokens
-            self.tally.cost_usd += cost
-        return CriticResult(status="ok", cache_key=key, cache_hit=hit, raw_text=value["raw_text"],
-                            finish_reason="stop", model=MODEL, prompt_tokens=prompt_tokens,
-                            completion_tokens=completion_tokens, cost_usd=0.0 if hit else cost)
+            return
+        self.tally.calls += 1
+        counts["calls"] += 1
+        self.tally.prompt_tokens += prompt_tokens
+        self.tally.completion_tokens += completion_tokens
+        self.tally.cost_usd += cost

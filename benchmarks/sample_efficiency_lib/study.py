@@ -17,7 +17,7 @@ from benchmarks.sample_efficiency_lib.ablation import run_ablation
 from benchmarks.sample_efficiency_lib.analysis import headline, mean, scale_factor
 from benchmarks.sample_efficiency_lib.arms import study_arms
 from benchmarks.sample_efficiency_lib.base_cache import cached_base
-from benchmarks.sample_efficiency_lib.critic import GPT35_PRICES, InProcessLexiconCritic
+from benchmarks.sample_efficiency_lib.critic import GPT35_PRICES, TalliedCritic, lexicon_client
 from benchmarks.sample_efficiency_lib.runner import StudyContext, evaluate_base, run_arm
 from benchmarks.sample_efficiency_lib.tasks import NOTES, template_name, world_for
 
@@ -72,9 +72,11 @@ def run_study(config, *, scratch: str | Path, progress: bool = True) -> dict:
     _log(progress, f"[{config.task}] base model: {base_dir} (cached: {base_info['cached']}, pretraining "
                    f"{base_info['seconds']}s)")
     world, arms = world_for(config), study_arms(config.selective_threshold)
-    with tempfile.TemporaryDirectory(dir=scratch, prefix="critic-cache-") as cache_dir, CriticCache(cache_dir) as cache:
-        template = load_template(ROOT / "prompts" / template_name(config.task))
-        critic = InProcessLexiconCritic(prices=GPT35_PRICES, template_sha=template.sha256)
+    template = load_template(ROOT / "prompts" / template_name(config.task))
+    with tempfile.TemporaryDirectory(dir=scratch, prefix="critic-cache-") as cache_dir, CriticCache(cache_dir) as cache, \
+            lexicon_client(template_sha=template.sha256) as live, \
+            lexicon_client(template_sha=template.sha256, allow_calls=False) as cache_only:
+        critic = TalliedCritic(live, prices=GPT35_PRICES)
         ctx = StudyContext(config=config, world=world, base_dir=base_dir, critic=critic, cache=cache,
                            template=template)
         by_arm: dict[str, list[dict]] = {}
@@ -89,8 +91,8 @@ def run_study(config, *, scratch: str | Path, progress: bool = True) -> dict:
         recorded = by_arm["dense_all"][0].pop("rollouts")
         _log(progress, "ablation (replay, cache only)")
         replay_ctx = StudyContext(config=config, world=world, base_dir=base_dir, template=ctx.template,
-                                  critic=InProcessLexiconCritic(prices=GPT35_PRICES, allow_calls=False,
-                                                                template_sha=template.sha256), cache=cache)
+                                  critic=TalliedCritic(cache_only, prices=GPT35_PRICES, allow_calls=False),
+                                  cache=cache)
         ablation = run_ablation(recorded, replay_ctx, seed=config.seeds[0])
         base_eval = [dict(evaluate_base(ctx, seed), seed=seed) for seed in config.seeds]
     return {
