@@ -188,8 +188,8 @@ def render(result: dict) -> str:
         f"{machine['cpus']} CPUs ({machine['cpu']}) with **{p['torch_threads']} torch thread(s)**, "
         f"torch {machine['torch']}; the rows are in `benchmarks/results/demo_queries.json`. The demo "
         f"is seeded and single-process, so a fresh `dvc repro` of that commit on the same kind of machine "
-        f"with the same thread count is expected to give these same rows (timings aside; not yet confirmed "
-        f"by a second run). "
+        f"with the same thread count gives these same rows (checked: a second fresh run, of a later "
+        f"commit with the same pipeline numbers, gave every row identically). "
         f"With another thread count (or CPU), torch sums in another order, so floating-point results "
         f"differ in their last bits; sampling and the reward threshold turn that into other rollouts, "
         f"and every number below may change.") + [""]
