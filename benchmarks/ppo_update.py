@@ -265,10 +265,12 @@ def trl_status(trl_python: str | None) -> tuple[str | None, str | None]:
 
 
 def machine_info(args, trl_python) -> dict:
+    from pipeline.scoring import cpu_has_native_bf16  # recorded: bf16 is emulated, and slow, without it
     import torch
 
     info = {"cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": args.threads,
-            "python": platform.python_version(), "platform": platform.platform(), "processor": platform.processor()}
+            "python": platform.python_version(), "platform": platform.platform(), "processor": platform.processor(),
+            "cpu_native_bf16": cpu_has_native_bf16()}
     if trl_python:
         probe = subprocess.run([trl_python, "-c", "import trl, transformers, torch; "
                                 "print(trl.__version__, transformers.__version__, torch.__version__)"],
