@@ -32,7 +32,8 @@ with torch.no_grad():
     policy.v_head.bias.fill_(7.0)  # the new checkpoint differs from the old one
 real_save_file = policy_module.save_file
 def blocking_save_file(tensors, path):  # the value head is the last file written
-    Path(marker).write_text(str(path))
+    Path(marker + ".tmp").write_text(str(path))
+    Path(marker + ".tmp").rename(marker)  # the parent must never read a half-written marker
     time.sleep(600)
 policy_module.save_file = blocking_save_file
 save_policy(policy, tokenizer, target)
