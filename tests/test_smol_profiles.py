@@ -40,6 +40,9 @@ def smol_params(name: str, gguf_file: str) -> dict:
     raw["base"]["model"] = gguf_file
     raw["rollout"].update(batch_size=8, generation_batch_size=8, max_new_tokens=6)
     raw["critic"].update(max_tokens=8, threshold=1.0)  # every response is critiqued (rewards are <= 1)
+    # the tiny GGUF answers one word, which no parser reads as spans (parse_error): this test checks the
+    # profile's plumbing, so it lifts the error gate (tests/test_reliability_health.py tests the gate)
+    raw["critic"]["max_error_rate"] = 1.0
     raw["ppo"].update(mini_batch_size=8, learning_rate=1e-3)
     raw["evaluate"].update(policy="round=0001", n_prompts=2, samples_per_prompt=2, max_new_tokens=6, batch_size=8)
     if raw["evaluate"]["classifier_data"] != "world":
@@ -65,15 +68,15 @@ def check_conversion_and_critic_cache(project, n_rollouts: int = 8) -> None:
     assert [o["path"] for o in lock["outs"]] == ["models/base"]  # the conversion is a DVC output
 
     first = json.loads((project / "metrics/critique/round=0001.json").read_text())
-    assert first["critic/critiqued"] == n_rollouts and first["critic/server_requests"] == n_rollouts
-    assert first["critic/cache_hits"] == 0
+    assert first["critiqued"] == n_rollouts and first["critic_requests"] == n_rollouts
+    assert first["cache_hits"] == 0
     rows = store.read_table(project / "data/annotations/round=0001", "annotations")
     assert all(r["cache_key"] and r["critic_model"] == "smollm2-135m-instruct" for r in rows)
     assert [r["raw_text"] for r in rows] == [" good"] * n_rollouts  # the crafted answer, complete and cached
 
     dvc(["repro", "-f", "-s", "critique@0001"], project)  # answers come from the cache: 0 requests
     again = json.loads((project / "metrics/critique/round=0001.json").read_text())
-    assert again["critic/server_requests"] == 0 and again["critic/cache_hits"] == n_rollouts
+    assert again["critic_requests"] == 0 and again["cache_hits"] == n_rollouts
     rerun = store.read_table(project / "data/annotations/round=0001", "annotations")
     assert [r["raw_text"] for r in rerun] == [r["raw_text"] for r in rows]
 
