@@ -37,9 +37,9 @@ from pipeline.critic.labelled import LabelledPost, read_labelled
 from pipeline.critic.span_baselines import everything, learn_wordlist, nothing, wordlist_spans
 from pipeline.critic.span_metrics import SPAN_IOU, PostScore, score_post, span_precision_recall
 from pipeline.critic.templates import Template, load_template
-from pipeline.errors import ConfigError, CriticError
+from pipeline.errors import ConfigError
 from pipeline.stage import write_json
-from pipeline.steps.critique import critic_client, critic_endpoint
+from pipeline.steps.critique import check_budget, critic_client, critic_endpoint
 
 __all__ = ["STATUSES", "Reading", "read_answer", "sample_posts", "audit_critic", "write_audit"]
 
@@ -103,12 +103,7 @@ def _critic_rows(posts, *, critic: CriticParams, template: Template, cache: Crit
         client = critic_client(critic, base_url, template_sha=template.sha256)
         results = client.run(requests, cache, progress=progress)
         stats, server_requests = client.last_stats, server_stats().get("requests", 0)
-    if stats.budget_stopped:
-        raise CriticError(
-            f"critic budget reached (critic.max_requests={critic.max_requests}, critic.max_cost_usd="
-            f"{critic.max_cost_usd}): {stats.budget_stopped} posts were not critiqued. Every answer received "
-            "is cached; raise the budget and re-run (cached answers cost nothing)."
-        )
+    check_budget([{"status": result.status} for result in results], critic)  # the critique stage's own check
     rows = []
     for post, result in zip(posts, results):
         reading = (read_answer(result.raw_text, post.text, template=template) if result.status == "ok"

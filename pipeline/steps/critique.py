@@ -186,11 +186,12 @@ def check_health(annotations: list[dict], *, max_error_rate: float) -> None:
     example = next(a for a in failed if _error_kind(a) == kind)
     shown = " ".join((example["error"] or example["status"]).split())
     shown = shown if len(shown) <= 100 else f"{shown[:97]}..."
-    hints = "; ".join(_HINTS[s] for s in FAILED_STATUSES if any(a["status"] == s for a in failed))
+    hints = [_HINTS[s] for s in FAILED_STATUSES if any(a["status"] == s for a in failed)]
+    hints = "; ".join(h for h in hints if h.split(" (")[0] not in shown)  # a fix the error names already is not repeated
     raise CriticError(
         f"critique: {len(failed)} of {len(critiqued)} critiqued responses failed "
         f"({len(failed) / len(critiqued):.0%} > critic.max_error_rate {max_error_rate:.0%}); "
-        f"most common: {shown} ({count}); {hints}"
+        f"most common: {shown} ({count})" + (f"; {hints}" if hints else "")
     )
 
 
