@@ -56,8 +56,15 @@ class RunParams:
     run_id: str = "demo"
     task: str = "sentiment"  # one of TASKS
     seed: int = 0
+    device: str = "auto"  # auto = CUDA when available, else cpu; or cpu, cuda, cuda:N
+    rounds_per_stage: int = 1  # K > 1: K consecutive rounds per `chunk` stage, models kept in memory
 
-    checks = {"task": (lambda x: x in TASKS, f"one of {TASKS}")}
+    checks = {
+        "task": (lambda x: x in TASKS, f"one of {TASKS}"),
+        "device": (lambda x: x in ("auto", "cpu", "cuda") or bool(re.fullmatch(r"cuda:\d+", x)),
+                   "auto, cpu, cuda or cuda:N (N = a GPU index)"),
+        "rounds_per_stage": (_positive, "a whole number >= 1 (1 = one DVC stage per round and step)"),
+    }
 
 
 @dataclass(frozen=True)
