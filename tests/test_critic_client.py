@@ -235,7 +235,7 @@ class _CutOffHandler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-def test_finish_reason_length_is_truncated_paid_not_retried_and_not_cached(cache):
+def test_finish_reason_length_is_truncated_paid_not_retried_and_cached_as_truncated(cache):
     server = ThreadingHTTPServer(("127.0.0.1", 0), _CutOffHandler)
     server.received = []
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -252,11 +252,13 @@ def test_finish_reason_length_is_truncated_paid_not_retried_and_not_cached(cache
     assert ok.status == "ok" and ok.raw_text == "short one"
     assert (cut.status, cut.raw_text, cut.finish_reason, cut.attempts) == ("truncated", "Positive: the", "length", 1)
     assert "raise critic.max_tokens" in cut.error and cut.cost_usd == 5.0  # paid: 3 + 2 tokens at $1 each
-    assert set(cache.keys()) == {ok.cache_key}  # only the complete answer
-    assert [r.status for r in second] == ["ok", "truncated"] and second[0].cache_hit and not second[1].cache_hit
-    # both sent concurrently in the first run (in either order); only the cut-off one is asked again next run
-    assert sorted(server.received[:2]) == ["a long one", "short one"] and server.received[2:] == ["a long one"]
-    assert (client.last_stats.truncated, client.last_stats.failures, client.last_stats.retries) == (1, 0, 0)
+    assert set(cache.keys()) == {ok.cache_key, cut.cache_key}
+    assert [r.status for r in second] == ["ok", "truncated"] and all(r.cache_hit for r in second)
+    assert second[1].raw_text == "Positive: the" and "raise critic.max_tokens" in second[1].error
+    assert sorted(server.received) == ["a long one", "short one"]  # the re-run sends nothing
+    assert (client.last_stats.truncated, client.last_stats.cache_hits, client.last_stats.requests_sent) == (0, 2, 0)
+    bigger = CriticClient(base_url="http://127.0.0.1:9/v1", sampling={"max_tokens": 512}, **FAST)
+    assert bigger.key_for(requests[1]) != cut.cache_key  # raising max_tokens asks again
 
 
 def test_cache_hits_count_every_request_answered_from_the_cache(cache):

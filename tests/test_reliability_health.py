@@ -174,7 +174,7 @@ def test_check_health_groups_errors_and_names_what_to_do():
     assert str(failure.value) == (
         "critique: 6 of 11 critiqued responses failed (55% > critic.max_error_rate 50%); most common: truncated "
         "(finish_reason=length) (3); every good answer is cached, re-run to retry only the failures; raise "
-        "critic.max_tokens (truncated answers are not cached); parse errors come from cached answers: check "
+        "critic.max_tokens (a truncated answer is cached under its max_tokens); parse errors come from cached answers: check "
         "critic.template and critic.model")
     check_health(rows, max_error_rate=6 / 11)  # at the limit passes
     check_health([annotation("skipped")] * 3, max_error_rate=0.0)  # nothing critiqued: nothing failed

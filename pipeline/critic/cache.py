@@ -5,8 +5,8 @@ answer: the model, the full messages, the sampling parameters, the sample index,
 SHA-256 of the template that rendered the messages and an optional namespace. The
 endpoint's host and port are not part of it (a local critic server restarted on another
 port still hits), nor the API key or headers. A re-run, a resumed run or a PPO-only
-experiment therefore makes no API call. Only complete, successful answers are stored
-(never a failure, never a truncated answer), the first stored answer for a key is
+experiment therefore makes no API call. Only successful answers are stored (never a
+failure; an answer cut off at ``max_tokens`` is stored with its ``finish_reason``), the first stored answer for a key is
 canonical (a temperature-0 critic is not deterministic), and nothing is ever evicted. The
 store is a :class:`diskcache.Cache`, safe to share between processes; hit, miss and
 request counters live in the same directory, so ``drlc cache stats`` reports totals over

@@ -20,8 +20,10 @@ Retry policy (drlc's own; the ``openai`` package runs with ``max_retries=0``):
 
 Failures are returned as ``status="api_error"`` results and never cached. An answer cut
 off by ``max_tokens`` (``finish_reason == "length"``) is returned with
-``status="truncated"`` and its partial text; it is not retried (the same request would be
-cut off again: raise ``max_tokens``) and not cached, since only complete answers are. The
+``status="truncated"`` and its partial text. It is not retried (the same request would be
+cut off again) but it is cached like a complete answer, so a re-run sends nothing and gets the
+same ``truncated`` status from the cache; ``max_tokens`` is part of the cache key, so raising
+``critic.max_tokens`` asks again. The
 backoff slot is held while waiting, so a rate-limited endpoint also sees fewer parallel
 requests.
 
@@ -53,6 +55,7 @@ from pipeline.errors import ConfigError, CriticError
 
 __all__ = ["CriticClient", "CriticResult", "RunStats"]
 
+TRUNCATED_ERROR = "truncated (finish_reason=length); raise critic.max_tokens"
 SAMPLING_PARAMS = ("temperature", "top_p", "max_tokens", "seed", "stop", "n")
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 _LOCAL_PLACEHOLDER_KEY = "drlc-local-no-key"
@@ -86,7 +89,7 @@ class RunStats:
     cache_hits: int = 0  # requests answered from the cache (each repeat of a cached request counts)
     retries: int = 0
     failures: int = 0  # requests that ended as api_error
-    truncated: int = 0  # requests answered with finish_reason "length" (not cached)
+    truncated: int = 0  # requests sent this run answered with finish_reason "length" (cached too)
     budget_stopped: int = 0
     cost_usd: float = 0.0
     in_flight: int = field(default=0, repr=False)
@@ -258,8 +261,10 @@ class CriticClient:
 
     def _result_from_cache(self, key: str, value: dict) -> CriticResult:
         prompt_tokens, completion_tokens = _usage_of(value)
+        truncated = value["finish_reason"] == "length"
         return CriticResult(
-            status="ok", cache_key=key, cache_hit=True, raw_text=value["raw_text"],
+            status="truncated" if truncated else "ok", error=TRUNCATED_ERROR if truncated else "",
+            cache_key=key, cache_hit=True, raw_text=value["raw_text"],
             finish_reason=value["finish_reason"] or "", model=value["model"] or "",
             system_fingerprint=value["system_fingerprint"] or "", prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens, latency_s=float(value["latency_s"]),
@@ -308,9 +313,8 @@ class CriticClient:
                 stats.cost_usd += result.cost_usd
                 stats.dearest_attempt_usd = max(stats.dearest_attempt_usd, result.cost_usd)
                 bar.update()
-                if result.status == "truncated":  # paid for, but incomplete: never cached
+                if result.status == "truncated":
                     stats.truncated += 1
-                    return result
                 cache.put(key, {
                     "raw_text": result.raw_text, "finish_reason": result.finish_reason,
                     "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens},
@@ -370,7 +374,7 @@ class CriticClient:
             raise _Attempt("empty_content", retry=True, cost_usd=cost)
         return CriticResult(
             status="truncated" if truncated else "ok", cache_key=key, raw_text=text,
-            error="truncated (finish_reason=length); raise critic.max_tokens" if truncated else "",
+            error=TRUNCATED_ERROR if truncated else "",
             finish_reason=finish_reason, model=model,
             system_fingerprint=getattr(completion, "system_fingerprint", None) or "",
             prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost_usd=cost,
