@@ -46,8 +46,8 @@ STEP_TIMEOUT_S = {"install": 240, "environment": 60, "demo": 300, "ppo_timing": 
                   "ddp": 120, "fsdp2": 120, "zero3": 120}
 SHARDED = {"ddp": "multi_gpu.yaml", "fsdp2": "fsdp2.yaml", "zero3": "zero3.yaml"}  # configs/accelerate/
 MODEL_STAGES = ("base", "rollout", "ppo", "evaluate")  # demo stages that run a torch model
-NO_MODEL = (None, "", "none")
-STAGE_ALIASES = {"eval": "evaluate", "rounds": "evaluate"}  # metrics/eval.json, metrics/rounds.json  # a stage's recorded device when it ran no model (demo score, critique)
+NO_MODEL = (None, "", "none")  # a stage's recorded device when it ran no model (the demo's score, critique)
+STAGE_ALIASES = {"eval": "evaluate", "rounds": "evaluate"}  # metrics/eval.json, metrics/rounds.json
 LARGE_SHAPE, TINY_SHAPE = "gpt2-large-36x1280", "gpt2-2x128"
 
 
@@ -173,7 +173,7 @@ def check_devices(devices: dict, expected: str) -> dict:
     if not devices:
         raise StepFailed("No stage recorded a device in metrics/**/*.json (pipeline/device.py stage_devices): "
                          "this tree predates run.device, so where the models ran is unknown.")
-    stages = {STAGE_ALIASES.get(key.split("@")[0], key.split("@")[0]) for key in devices}
+    stages = {STAGE_ALIASES.get(key.split("@")[0], key.split("@")[0]) for key, d in devices.items() if d not in NO_MODEL}
     missing = [s for s in MODEL_STAGES if s not in stages]
     wrong = {k: d for k, d in devices.items() if d not in NO_MODEL and str(d).split(":")[0] != expected}
     if wrong:

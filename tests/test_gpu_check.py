@@ -97,6 +97,8 @@ def test_device_check_names_the_stages_that_ran_elsewhere(tmp_path):
     assert gpu_check.check_devices(on_gpu, "cuda")["model_stages"] == ["base", "eval", "ppo@0001", "rollout@0001"]
     with pytest.raises(gpu_check.StepFailed, match="Stages rollout recorded no device"):
         gpu_check.check_devices({k: v for k, v in on_gpu.items() if k != "rollout@0001"}, "cuda")
+    with pytest.raises(gpu_check.StepFailed, match="Stages base, ppo recorded no device"):  # None = ran no model
+        gpu_check.check_devices({**on_gpu, "base": None, "ppo@0001": "none"}, "cuda")
     with pytest.raises(gpu_check.StepFailed, match="No stage recorded a device"):
         gpu_check.check_devices({}, "cuda")
 
