@@ -88,8 +88,9 @@ def _drlc_worker(shape: str, precision: str, device):
     from pipeline.trainer import RolloutBatch, make_optimizer, train_round
 
     torch.manual_seed(0)
-    policy = PolicyWithValueHead(GPT2LMHeadModel(_config(shape)), _fresh_value_head(SHAPES[shape][1], 0))
-    policy = policy.to(device).eval()
+    with device:  # built where it runs: a gpt2-large random init on the CPU alone takes many seconds
+        lm = GPT2LMHeadModel(_config(shape))
+    policy = PolicyWithValueHead(lm, _fresh_value_head(SHAPES[shape][1], 0)).to(device).eval()
     ref = frozen_copy(policy)
     queries, responses, scores = _random_batch()
     with torch.no_grad():  # behaviour log-probs as the fp32 rollout stage records them
@@ -126,7 +127,8 @@ def _floor_worker(shape: str, precision: str, device):
     from transformers import GPT2LMHeadModel
 
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(_config(shape)).to(device).eval()
+    with device:
+        model = GPT2LMHeadModel(_config(shape)).eval()
     optimizer = torch.optim.Adam(model.parameters(), lr=1.41e-5)
     queries, responses, _ = _random_batch()
     input_ids = torch.cat([queries, responses], dim=1).to(device)  # (B, L)
