@@ -104,14 +104,21 @@ def step_install(config: dict) -> dict:
 
 # ----------------------------------------------------------------------------- environment
 def step_environment(config: dict) -> dict:
-    import accelerate
+    """torch and the GPUs, and the versions of the packages the other steps use (None = not installed)."""
+    from importlib import metadata
+
     import torch
-    import transformers
+
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
 
     info = {"torch": torch.__version__, "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
-            "gpu_count": torch.cuda.device_count(), "transformers": transformers.__version__,
-            "accelerate": accelerate.__version__, "python": platform.python_version(), "cpu_count": os.cpu_count(),
-            "commit": _git_commit()}
+            "gpu_count": torch.cuda.device_count(), "python": platform.python_version(), "cpu_count": os.cpu_count(),
+            "commit": _git_commit(),
+            "packages": {name: version(name) for name in ("transformers", "accelerate", "dvc", "peft", "trl", "deepspeed")}}
     info["gpus"] = [{"name": torch.cuda.get_device_name(i),
                      "memory_gb": torch.cuda.get_device_properties(i).total_memory / 1e9}
                     for i in range(info["gpu_count"])]
