@@ -150,6 +150,9 @@ def test_paper_headers_and_docs_quote_the_computed_memory():
         assert "computed" in block and "not measured" in block
         row = next(line for line in docs.splitlines() if line.startswith(f"| {path.stem} |"))
         assert f"| {estimate['total_gb']} |" in row and f"| {estimate['sharded_2_gb']} |" in row, row
+    timed = [gpu_memory.memory_estimate("gpt2-large", mixed_precision=precision, mini_batch=16, query_tokens=8,
+                                        response_tokens=20)["total_gb"] for precision in ("fp32", "bf16")]
+    assert f"{timed[0]} GB fp32, {timed[1]} GB bf16 computed" in " ".join(docs.split())
 
 
 @pytest.mark.slow
