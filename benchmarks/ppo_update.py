@@ -17,6 +17,11 @@ machine load hits all alike. Medians over --repeats after --warmup discarded rep
 
 Usage:  python benchmarks/ppo_update.py [--repeats 5] [--trl-python /tmp/trl-venv/bin/python]
 Writes benchmarks/results/ppo_update.json (sorted keys).
+
+On a GPU, `--device cuda --shapes gpt2-large-36x1280` times the paper's policy shape (gpt2-large:
+36 blocks, 1280 wide, 20 heads, GPT-2's 1024 positions); workers then also report the peak
+`torch.cuda.max_memory_allocated` of their timed repeats (`peak_gpu_mb`). benchmarks/gpu_check.py
+drives these workers on a CUDA machine.
 """
 from __future__ import annotations
 
@@ -36,7 +41,10 @@ SHAPES = {  # name: (n_layer, n_embd, n_head)
     "gpt2-2x128": (2, 128, 4),
     "gpt2-4x256": (4, 256, 4),
     "gpt2-small-12x768": (12, 768, 12),
+    "gpt2-large-36x1280": (36, 1280, 20),  # the paper's policy; a GPU shape (not in the default --shapes)
 }
+CPU_SHAPES = ("gpt2-2x128", "gpt2-4x256", "gpt2-small-12x768")  # the default --shapes
+N_POSITIONS = {"gpt2-large-36x1280": 1024}  # gpt2-large's own table; the CPU shapes keep 64 (8 + 20 tokens fit)
 VOCAB, BATCH, QUERY_LEN, RESPONSE_LEN, PPO_EPOCHS, MINI_BATCH = 50257, 16, 8, 20, 4, 16
 TRL_MEASURED_BY_ISSUE_AUTHOR = {"gpt2-2x128": 0.28, "gpt2-4x256": 0.60}  # s, idle machine, fp32
 
@@ -46,7 +54,8 @@ def _config(shape: str):
     from transformers import GPT2Config
 
     n_layer, n_embd, n_head = SHAPES[shape]
-    return GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=VOCAB, n_positions=64)
+    return GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=VOCAB,
+                      n_positions=N_POSITIONS.get(shape, 64))
 
 
 def _random_batch():
@@ -59,7 +68,15 @@ def _random_batch():
     return queries, responses, scores
 
 
-def _drlc_worker(shape: str, precision: str):
+def _synchronize(device) -> None:
+    """Wait for the device's queued kernels, so a timer stopped after it measures them (no-op on CPU)."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _drlc_worker(shape: str, precision: str, device):
     import torch
     from transformers import GPT2LMHeadModel
 
@@ -71,7 +88,9 @@ def _drlc_worker(shape: str, precision: str):
     from pipeline.trainer import RolloutBatch, make_optimizer, train_round
 
     torch.manual_seed(0)
-    policy = PolicyWithValueHead(GPT2LMHeadModel(_config(shape)), _fresh_value_head(SHAPES[shape][1], 0)).eval()
+    with device:  # built where it runs: a gpt2-large random init on the CPU alone takes many seconds
+        lm = GPT2LMHeadModel(_config(shape))
+    policy = PolicyWithValueHead(lm, _fresh_value_head(SHAPES[shape][1], 0)).to(device).eval()
     ref = frozen_copy(policy)
     queries, responses, scores = _random_batch()
     with torch.no_grad():  # behaviour log-probs as the fp32 rollout stage records them
@@ -82,14 +101,17 @@ def _drlc_worker(shape: str, precision: str):
     params = PPOParams(learning_rate=1.41e-5, ppo_epochs=PPO_EPOCHS, mini_batch_size=MINI_BATCH,  # TRL's lr
                        mixed_precision="bf16" if precision == "bf16" else "fp32")
     optimizer = make_optimizer(policy, params.learning_rate)
-    start_weights = {k: v.clone() for k, v in policy.state_dict().items()}
+    # kept in host memory, so a GPU's peak memory holds only what a real round holds
+    start_weights = {k: v.detach().to("cpu", copy=True) for k, v in policy.state_dict().items()}
 
     def run():
         policy.load_state_dict(start_weights)
         controller = AdaptiveKLController(params.init_kl_coef, params.target, params.horizon)
+        _synchronize(device)
         started = time.perf_counter()
         steps = train_round(policy=policy, ref_model=ref, optimizer=optimizer, batch=batch, params=params,
                             kl_controller=controller, score_moments=RunningMoments(), seed=0, progress=False)
+        _synchronize(device)
         seconds = time.perf_counter() - started
         first = steps[0]
         return {"seconds": seconds, "skipped": sum(s["skipped"] for s in steps),
@@ -98,22 +120,23 @@ def _drlc_worker(shape: str, precision: str):
     return run
 
 
-def _floor_worker(shape: str, precision: str):
+def _floor_worker(shape: str, precision: str, device):
     import contextlib
 
     import torch
     from transformers import GPT2LMHeadModel
 
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(_config(shape)).eval()
+    with device:
+        model = GPT2LMHeadModel(_config(shape)).eval()
     optimizer = torch.optim.Adam(model.parameters(), lr=1.41e-5)
     queries, responses, _ = _random_batch()
-    input_ids = torch.cat([queries, responses], dim=1)  # (B, L)
+    input_ids = torch.cat([queries, responses], dim=1).to(device)  # (B, L)
     attention = torch.ones_like(input_ids)  # (B, L)
 
     def autocast():
         if precision == "bf16":
-            return torch.autocast(device_type="cpu", dtype=torch.bfloat16)
+            return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     def forward(ids, mask):
@@ -121,6 +144,7 @@ def _floor_worker(shape: str, precision: str):
             return model(input_ids=ids, attention_mask=mask, use_cache=False).logits
 
     def run():
+        _synchronize(device)
         started = time.perf_counter()
         with torch.no_grad():
             for _ in range(2):  # policy and reference passes
@@ -129,10 +153,12 @@ def _floor_worker(shape: str, precision: str):
         for _ in range(PPO_EPOCHS):
             for s in range(0, BATCH, MINI_BATCH):
                 forward(input_ids[s : s + MINI_BATCH], attention[s : s + MINI_BATCH]).float().mean().backward()
+        _synchronize(device)
         seconds = time.perf_counter() - started
         adam_started = time.perf_counter()
         for _ in range(PPO_EPOCHS * (BATCH // MINI_BATCH)):
             optimizer.step()
+        _synchronize(device)
         adam = time.perf_counter() - adam_started
         optimizer.zero_grad(set_to_none=True)
         return {"seconds": seconds, "adam_s": adam}
@@ -140,7 +166,7 @@ def _floor_worker(shape: str, precision: str):
     return run
 
 
-def _trl_worker(shape: str, precision: str):
+def _trl_worker(shape: str, precision: str, device):
     import numpy as np
     import torch
     from tokenizers import Tokenizer, models
@@ -148,6 +174,8 @@ def _trl_worker(shape: str, precision: str):
     from trl import AutoModelForCausalLMWithValueHead, PPOConfig, PPOTrainer
 
     assert precision == "fp32", "the TRL baseline runs in fp32 only"
+    # TRL's own Accelerator picks the device: CUDA whenever the venv's torch sees one
+    assert (device.type == "cuda") == torch.cuda.is_available(), f"TRL cannot be told to run on {device}"
     torch.manual_seed(0)
     np.random.seed(0)
     model = AutoModelForCausalLMWithValueHead.from_pretrained(GPT2LMHeadModel(_config(shape)))
@@ -160,36 +188,51 @@ def _trl_worker(shape: str, precision: str):
     q, r, s = list(queries), list(responses), list(scores)
 
     def run():
+        _synchronize(device)
         started = time.perf_counter()
         trainer.step(q, r, s)
+        _synchronize(device)
         return {"seconds": time.perf_counter() - started}
 
     return run
 
 
-def worker_main(kind: str, shape: str, precision: str, threads: int) -> None:
-    """Serve `run` / `stats` commands on stdin, one JSON line per answer on stdout."""
+def worker_main(kind: str, shape: str, precision: str, threads: int, device: str = "cpu") -> None:
+    """Serve `run` / `stats` commands on stdin, one JSON line per answer on stdout.
+
+    On a CUDA device each `run` answer carries `peak_gpu_mb`, the peak allocated memory of that
+    repeat (the models, Adam state and the round's activations), and `stats` the peak of all.
+    """
     import torch
 
     torch.set_num_threads(threads)
-    run = {"drlc": _drlc_worker, "floor": _floor_worker, "trl": _trl_worker}[kind](shape, precision)
+    device = torch.device(device)
+    run = {"drlc": _drlc_worker, "floor": _floor_worker, "trl": _trl_worker}[kind](shape, precision, device)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         if line.strip() == "run":
-            print(json.dumps(run()), flush=True)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            result = run()
+            if device.type == "cuda":
+                result["peak_gpu_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+            print(json.dumps(result), flush=True)
         elif line.strip() == "stats":
             peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-            print(json.dumps({"peak_rss_mb": peak_mb}), flush=True)
+            stats = {"peak_rss_mb": peak_mb}
+            if device.type == "cuda":
+                stats["allocated_gpu_mb"] = torch.cuda.memory_allocated(device) / 2**20
+            print(json.dumps(stats), flush=True)
 
 
 # ----------------------------------------------------------------------------- orchestrator
 class Worker:
     """A persistent worker subprocess answering one JSON line per command."""
 
-    def __init__(self, python: str, kind: str, shape: str, precision: str, threads: int):
+    def __init__(self, python: str, kind: str, shape: str, precision: str, threads: int, device: str = "cpu"):
         self.name = f"{kind}-{precision}"
         cmd = [python, str(Path(__file__).resolve()), "--worker", kind, "--shape", shape,
-               "--precision", precision, "--threads", str(threads)]
+               "--precision", precision, "--threads", str(threads), "--device", device]
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error",
                "PYTHONWARNINGS": "ignore"}
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
@@ -223,6 +266,8 @@ def summarise(results: list[dict], peak: dict) -> dict:
     for key in ("adam_s", "skipped", "first_policy_kl", "behaviour_logprob_gap"):
         if key in results[0]:
             out[key] = statistics.median(r[key] for r in results)
+    if "peak_gpu_mb" in results[0]:
+        out["peak_gpu_mb"] = max(r["peak_gpu_mb"] for r in results)
     return out
 
 
@@ -231,9 +276,9 @@ def bench_shape(shape: str, args) -> dict:
              (sys.executable, "floor", "fp32"), (sys.executable, "floor", "bf16")]
     if args.trl_python:
         specs.append((args.trl_python, "trl", "fp32"))
-    workers = [Worker(python, kind, shape, precision, args.threads) for python, kind, precision in specs]
+    workers = [Worker(python, kind, shape, precision, args.threads, args.device) for python, kind, precision in specs]
     load_before = os.getloadavg()
-    repeats = args.large_repeats if shape == "gpt2-small-12x768" else args.repeats
+    repeats = args.large_repeats if shape in ("gpt2-small-12x768", "gpt2-large-36x1280") else args.repeats
     for repeat in range(args.warmup + repeats):
         shift = repeat % len(workers)
         for worker in workers[shift:] + workers[:shift]:  # rotating order
@@ -285,23 +330,24 @@ def machine_info(args, trl_python) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--large-repeats", type=int, default=3, help="repeats for gpt2-small-12x768")
+    parser.add_argument("--large-repeats", type=int, default=3, help="repeats for gpt2-small-12x768 and gpt2-large")
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--shapes", default=",".join(CPU_SHAPES))
     parser.add_argument("--trl-python", default="/tmp/trl-venv/bin/python")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ppo_update.json"))
     parser.add_argument("--worker", choices=("drlc", "floor", "trl"))
     parser.add_argument("--shape", choices=tuple(SHAPES))
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N (the workers' device)")
     args = parser.parse_args()
     if args.worker:
-        worker_main(args.worker, args.shape, args.precision, args.threads)
+        worker_main(args.worker, args.shape, args.precision, args.threads, args.device)
         return
     trl_python, trl_missing = trl_status(args.trl_python)
     args.trl_python = trl_python
     result = {
-        "settings": {"batch": BATCH, "query_len": QUERY_LEN, "response_len": RESPONSE_LEN, "ppo_epochs": PPO_EPOCHS,
+        "settings": {"device": args.device, "batch": BATCH, "query_len": QUERY_LEN, "response_len": RESPONSE_LEN, "ppo_epochs": PPO_EPOCHS,
                      "mini_batch": MINI_BATCH, "vocab": VOCAB, "repeats": args.repeats, "warmup": args.warmup,
                      "large_repeats": args.large_repeats,
                      "shapes": {name: dict(zip(("n_layer", "n_embd", "n_head"), SHAPES[name]))

@@ -1,0 +1,513 @@
+"""One check of drlc on a CUDA machine, written to one JSON: benchmarks/results/gpu_check.json.
+
+Steps, in order (each in its own process, with its own timeout inside one overall budget):
+
+  install       the README's test install, keeping the CUDA torch already there (install_commands)
+  environment   torch, its CUDA build, the GPUs; fails when the requested CUDA device is missing
+  demo          the demo profile end to end (`dvc repro` in a scratch copy, run.device: cuda);
+                fails if any stage that ran a model ran it elsewhere, or if no stage recorded a device
+  ppo_timing    one PPO round of a gpt2-large-shaped policy (random init, batch 16, query 8,
+                response 20 tokens, 4 PPO epochs, minibatch 16) with drlc's train_round, fp32 and
+                bf16, next to the bare forward+backward floor: round seconds, tokens/s, peak memory
+                (the workers of benchmarks/ppo_update.py)
+  trl_timing    legacy TRL 0.11 PPOTrainer.step on the same shapes, when TRL_VENV names its venv
+  ddp, fsdp2, zero3   with 2+ GPUs: the ppo stage of a tiny round under `accelerate launch` with 2
+                processes (configs/accelerate/<file>) against the same stage in one process:
+                ppo_steps rows, weights and Adam step counts, the bounds of tests/test_distributed.py
+
+Each step ends "ok", "failed" (with a one-line reason and the log's tail) or "skipped" (with
+why: "1 GPU", no TRL_VENV). The JSON's `status` is "failed" if any step failed; the exit code is
+then 1. Nothing is invented: a step that did not run has no numbers.
+
+Usage:  bash benchmarks/gpu_check.sh                     (install, then every step; ~8 min on one H100)
+        python benchmarks/gpu_check.py --device cpu --tiny --skip-install
+                                                          (the check itself, on CPU with tiny shapes)
+This module imports only the standard library at the top: it runs before the install.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULT_MARK = "GPU_CHECK_RESULT "  # a step process prints its result as the last line with this prefix
+STEPS = ("install", "environment", "demo", "ppo_timing", "trl_timing", "ddp", "fsdp2", "zero3")
+STEP_TIMEOUT_S = {"install": 240, "environment": 60, "demo": 300, "ppo_timing": 180, "trl_timing": 120,
+                  "ddp": 120, "fsdp2": 120, "zero3": 120}
+SHARDED = {"ddp": "multi_gpu.yaml", "fsdp2": "fsdp2.yaml", "zero3": "zero3.yaml"}  # configs/accelerate/
+MODEL_STAGES = ("base", "rollout", "ppo", "evaluate")  # demo stages that run a torch model
+NO_MODEL = (None, "", "none")  # a stage's recorded device when it ran no model (the demo's score, critique)
+STAGE_ALIASES = {"eval": "evaluate", "rounds": "evaluate"}  # metrics/eval.json, metrics/rounds.json
+LARGE_SHAPE, TINY_SHAPE = "gpt2-large-36x1280", "gpt2-2x128"
+
+
+class StepFailed(Exception):
+    """A check that ran and found something wrong; the message is the step's one-line reason."""
+
+
+# ----------------------------------------------------------------------------- install
+def install_commands(python: str, torch_cuda: str | None, constraints: str, workdir: Path) -> tuple[list, str]:
+    """(pip commands, why) for the README's test install: `pip install -c constraints.txt -e ".[test,smol]"`.
+
+    torch_cuda: the CUDA version of the torch already installed (torch.version.cuda), or None.
+    constraints.txt and pyproject.toml pin torch==2.13.0. PEP 440 lets a local build 2.13.0+cu128
+    satisfy that pin, but pip replaces any other version (a GPU image's 2.11.0+cu130, say) with the
+    PyPI wheel: several GB, for another CUDA, or a failure offline. So with a CUDA torch present
+    the install is split: constraints.txt minus its torch line installed as requirements (it pins
+    every transitive package of ".[test,smol]"), then the project with --no-deps. The CUDA torch
+    stays, whatever its version; the JSON records which one ran.
+    """
+    if torch_cuda is None:
+        return [[python, "-m", "pip", "install", "-c", "constraints.txt", "-e", ".[test,smol]"]], \
+            "no CUDA torch installed: the README's command as written"
+    unpinned = workdir / "constraints-without-torch.txt"
+    unpinned.write_text("".join(line + "\n" for line in constraints.splitlines() if not _is_torch(line)))
+    return [[python, "-m", "pip", "install", "-r", str(unpinned)],
+            [python, "-m", "pip", "install", "--no-deps", "-e", "."]], \
+        f"kept the installed CUDA {torch_cuda} torch: constraints.txt without torch, then the project with --no-deps"
+
+
+def _is_torch(requirement: str) -> bool:
+    """True for a requirement line naming torch itself (not torchvision, not a comment)."""
+    name = requirement.split("#")[0].split("==")[0].split(">")[0].split("<")[0].split("[")[0].strip().lower()
+    return name == "torch"
+
+
+def step_install(config: dict) -> dict:
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__, torch.version.cuda)"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        raise StepFailed("torch is not installed: install its CUDA build first, e.g. pip install torch==2.13.0 "
+                         "--index-url https://download.pytorch.org/whl/cu128 (README, GPU machines)")
+    version, cuda = probe.stdout.split()
+    cuda = None if cuda == "None" else cuda
+    commands, why = install_commands(sys.executable, cuda, (ROOT / "constraints.txt").read_text(),
+                                     Path(config["workdir"]))
+    for command in commands:
+        print("+", " ".join(command), flush=True)
+        done = subprocess.run(command, cwd=ROOT)
+        if done.returncode != 0:
+            raise StepFailed(f"`{' '.join(command[2:5])} ...` exited {done.returncode} (no package index reachable? "
+                             "install by hand and pass --skip-install)")
+    return {"torch_before": version, "torch_cuda": cuda, "why": why, "commands": [" ".join(c) for c in commands]}
+
+
+# ----------------------------------------------------------------------------- environment
+def step_environment(config: dict) -> dict:
+    """torch and the GPUs, and the versions of the packages the other steps use (None = not installed)."""
+    from importlib import metadata
+
+    import torch
+
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    info = {"torch": torch.__version__, "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
+            "gpu_count": torch.cuda.device_count(), "python": platform.python_version(), "cpu_count": os.cpu_count(),
+            "commit": _git_commit(),
+            "packages": {name: version(name) for name in ("transformers", "accelerate", "dvc", "peft", "trl", "deepspeed")}}
+    info["gpus"] = [{"name": torch.cuda.get_device_name(i),
+                     "memory_gb": torch.cuda.get_device_properties(i).total_memory / 1e9}
+                    for i in range(info["gpu_count"])]
+    if info["gpu_count"]:
+        info["bf16_supported"] = torch.cuda.is_bf16_supported()
+    if config["device"].startswith("cuda") and not info["cuda_available"]:
+        build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU-only build"
+        raise StepFailed(f"No CUDA device: torch {torch.__version__} ({build}) sees none. On a GPU machine install "
+                         "torch's CUDA build (README, GPU machines); on CPU run with --device cpu --tiny.",
+                         info)
+    return info
+
+
+def _git_commit() -> str | None:
+    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return done.stdout.strip() or None
+
+
+# ----------------------------------------------------------------------------- demo
+def demo_params(device: str, tiny: bool, rounds: int) -> dict:
+    """The demo profile (params.yaml) with run.device set and `rounds` rounds; tiny: tests.e2e's shrunk one."""
+    import yaml
+
+    from tests.e2e import tiny_params
+
+    raw = tiny_params(n_rounds=rounds) if tiny else yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["rounds"] = {f"{r:04d}": {"prev": "base" if r == 1 else f"round={r - 1:04d}"} for r in range(1, rounds + 1)}
+    raw["evaluate"]["policy"] = f"round={rounds:04d}"
+    raw["run"]["device"] = device
+    return raw
+
+
+def read_stage_devices(metrics_dir: Path) -> dict:
+    """{stage@round: device} from pipeline.device.stage_devices, or read from metrics/**/*.json's `device`."""
+    try:
+        from pipeline.device import stage_devices
+    except ImportError:
+        stage_devices = None
+    return dict(stage_devices(metrics_dir)) if stage_devices else devices_from_metrics(metrics_dir)
+
+
+def devices_from_metrics(metrics_dir: Path) -> dict:
+    """{stage@round: device} of every metrics JSON with a `device` field (metrics/ppo/round=0001.json -> ppo@0001)."""
+    devices = {}
+    for path in sorted(metrics_dir.rglob("*.json")):
+        record = json.loads(path.read_text())
+        if isinstance(record, dict) and "device" in record:
+            parts = path.relative_to(metrics_dir).with_suffix("").parts
+            key = parts[0] if len(parts) == 1 else f"{parts[0]}@{parts[-1].removeprefix('round=')}"
+            devices[key] = record["device"]
+    return devices
+
+
+def check_devices(devices: dict, expected: str) -> dict:
+    """Raise StepFailed unless every model stage recorded a device and every recorded model device is `expected`.
+
+    expected: "cuda" or "cpu"; "cuda" accepts any cuda:N.
+    """
+    if not devices:
+        raise StepFailed("No stage recorded a device in metrics/**/*.json (pipeline/device.py stage_devices): "
+                         "this tree predates run.device, so where the models ran is unknown.")
+    stages = {STAGE_ALIASES.get(key.split("@")[0], key.split("@")[0]) for key, d in devices.items() if d not in NO_MODEL}
+    missing = [s for s in MODEL_STAGES if s not in stages]
+    wrong = {k: d for k, d in devices.items() if d not in NO_MODEL and str(d).split(":")[0] != expected}
+    if wrong:
+        raise StepFailed(f"{len(wrong)} stage(s) ran a model on another device than {expected}: "
+                         + ", ".join(f"{k}={d}" for k, d in sorted(wrong.items())))
+    if missing:
+        raise StepFailed(f"Stages {', '.join(missing)} recorded no device in their metrics JSON.")
+    return {"devices": devices, "model_stages": sorted(k for k, d in devices.items() if d not in NO_MODEL)}
+
+
+def step_demo(config: dict) -> dict:
+    from tests.e2e import dvc, make_project
+
+    expected = "cuda" if config["device"].startswith("cuda") else "cpu"
+    workdir = Path(config["workdir"]) / "demo"
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    project = make_project(workdir, demo_params(config["device"], config["tiny"], config["demo_rounds"]))
+    started = time.perf_counter()
+    done = dvc(["repro"], project, check=False)
+    repro_s = time.perf_counter() - started
+    print(done.stdout[-20000:], done.stderr[-20000:], sep="\n")
+    if done.returncode != 0:
+        lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+        raise StepFailed(f"dvc repro exited {done.returncode}: {lines[-1] if lines else 'no stderr'}",
+                         {"repro_s": repro_s, "project": str(project)})
+    result = {"repro_s": repro_s, "rounds": config["demo_rounds"], "tiny": config["tiny"], "project": str(project)}
+    try:
+        result.update(check_devices(read_stage_devices(project / "metrics"), expected))
+    except StepFailed as failed:
+        raise StepFailed(failed.args[0], result) from None
+    return result
+
+
+# ----------------------------------------------------------------------------- PPO timing
+def _bench_workers(specs: list, shape: str, config: dict) -> dict:
+    """Time one PPO round per worker of benchmarks/ppo_update.py; {worker name: summary}.
+
+    One worker at a time, unlike ppo_update's interleaved CPU runs: four gpt2-large workers, each
+    with its policy, reference and Adam state (about 16 GB in fp32 before activations, see
+    memory_estimate), would not fit one 80 GB GPU together.
+    """
+    from benchmarks import ppo_update
+
+    threads, device, rounds = os.cpu_count(), config["device"], {}
+    for python, kind, precision in specs:
+        worker = ppo_update.Worker(python, kind, shape, precision, threads, device)
+        for repeat in range(config["warmup"] + config["repeats"]):
+            result = worker.ask("run")
+            if repeat >= config["warmup"]:
+                worker.results.append(result)
+        summary = ppo_update.summarise(worker.results, worker.close())
+        summary["step_s"] = summary["median_s"] / (ppo_update.PPO_EPOCHS * ppo_update.BATCH // ppo_update.MINI_BATCH)
+        rounds[worker.name.replace("-", "_")] = summary
+    return rounds
+
+
+def _settings(shape: str) -> dict:
+    from benchmarks import ppo_update
+
+    n_layer, n_embd, n_head = ppo_update.SHAPES[shape]
+    return {"shape": shape, "n_layer": n_layer, "n_embd": n_embd, "n_head": n_head, "vocab": ppo_update.VOCAB,
+            "batch": ppo_update.BATCH, "query_len": ppo_update.QUERY_LEN, "response_len": ppo_update.RESPONSE_LEN,
+            "ppo_epochs": ppo_update.PPO_EPOCHS, "mini_batch": ppo_update.MINI_BATCH,
+            "optimizer_steps": ppo_update.PPO_EPOCHS * ppo_update.BATCH // ppo_update.MINI_BATCH}
+
+
+def step_ppo_timing(config: dict) -> dict:
+    shape = TINY_SHAPE if config["tiny"] else LARGE_SHAPE
+    specs = [(sys.executable, kind, precision) for precision in config["precisions"] for kind in ("drlc", "floor")]
+    rounds = _bench_workers(specs, shape, config)
+    for precision in config["precisions"]:
+        rounds[f"drlc_over_floor_{precision}"] = (rounds[f"drlc_{precision}"]["median_s"]
+                                                  / rounds[f"floor_{precision}"]["median_s"])
+        if shape == LARGE_SHAPE:  # the computed estimate the docs quote, next to the measured peak
+            from benchmarks import ppo_update
+
+            from benchmarks.gpu_memory import memory_estimate
+
+            rounds[f"computed_drlc_{precision}"] = memory_estimate(
+                "gpt2-large", mixed_precision=precision, mini_batch=ppo_update.MINI_BATCH,
+                query_tokens=ppo_update.QUERY_LEN, response_tokens=ppo_update.RESPONSE_LEN)
+    return {"settings": _settings(shape), "repeats": config["repeats"], "warmup": config["warmup"], **rounds}
+
+
+def step_trl_timing(config: dict) -> dict:
+    from benchmarks.ppo_update import trl_status
+
+    venv = config["trl_venv"]
+    python, missing = trl_status(str(Path(venv) / "bin" / "python"))
+    if missing:
+        raise StepFailed(f"TRL_VENV={venv}: {missing}")
+    probe = subprocess.run([python, "-c", "import trl, transformers, torch; print(trl.__version__, "
+                            "transformers.__version__, torch.__version__, torch.cuda.is_available())"],
+                           capture_output=True, text=True)
+    versions = dict(zip(("trl", "transformers", "torch", "cuda_available"), probe.stdout.split()))
+    if config["device"].startswith("cuda") and versions.get("cuda_available") != "True":
+        raise StepFailed(f"The TRL venv's torch {versions.get('torch')} sees no CUDA device: install its CUDA build "
+                         f"in {venv}.", {"versions": versions})
+    shape = TINY_SHAPE if config["tiny"] else LARGE_SHAPE
+    rounds = _bench_workers([(python, "trl", "fp32"), (sys.executable, "drlc", "fp32")], shape, config)
+    rounds["drlc_fp32_over_trl_fp32"] = rounds["drlc_fp32"]["median_s"] / rounds["trl_fp32"]["median_s"]
+    return {"settings": _settings(shape), "versions": versions, **rounds}
+
+
+# ----------------------------------------------------------------------------- 1 vs N processes
+def _stage_command(tmp: Path, params: Path, out: str) -> list[str]:
+    """stages/ppo.py on the round tests/test_distributed.write_round wrote into tmp."""
+    return ["stages/ppo.py", "--params", str(params), "--round", "0001", "--policy", str(tmp / "base"),
+            "--reference", str(tmp / "base"), "--rollouts", str(tmp / "rollouts"), "--scores", str(tmp / "scores"),
+            "--annotations", str(tmp / "annotations"), "--out", str(tmp / out),
+            "--steps", str(tmp / f"{out}-steps"), "--metrics", str(tmp / f"{out}.json")]
+
+
+def _run_stage(command: list[str], label: str) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TQDM_DISABLE="1")
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    print(f"--- {label}\n{done.stdout[-5000:]}\n{done.stderr[-10000:]}")
+    if done.returncode != 0:
+        lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+        raise StepFailed(f"{label} exited {done.returncode}: {lines[-1] if lines else 'no stderr'}")
+
+
+def compare_runs(tmp: Path) -> dict:
+    """How far the 2-process round ("two") is from the 1-process one ("one"), with test_distributed's bounds."""
+    import torch
+
+    from pipeline import store
+    from pipeline.policy import load_policy
+    from tests import test_distributed as td
+
+    one, two = (store.read_table(tmp / f"{name}-steps", "ppo_steps") for name in ("one", "two"))
+    stat_diff, mismatched = 0.0, []
+    for row_one, row_two in zip(one, two):
+        for column, value in row_one.items():
+            if column == "tokens_per_s":
+                continue
+            if isinstance(value, float):
+                stat_diff = max(stat_diff, abs(row_two[column] - value) / max(abs(value), td.STAT_ATOL / td.STAT_RTOL))
+            elif row_two[column] != value:
+                mismatched.append(column)
+    weights_one, weights_two = (load_policy(tmp / name, seed=0)[0].state_dict() for name in ("one", "two"))
+    diff = {k: (weights_one[k].float() - weights_two[k].float()).abs() for k in weights_one}
+    key_bias = "lm.transformer.h.0.attn.c_attn.bias"
+    key_bias_diff = diff[key_bias][td.KEY_BIAS].max().item() if key_bias in diff else 0.0
+    if key_bias in diff:
+        diff[key_bias][td.KEY_BIAS] = 0.0
+    adam_one, adam_two = (torch.load(tmp / name / "optimizer.pt", weights_only=True)["state"] for name in ("one", "two"))
+    result = {"rows": [len(one), len(two)], "max_stat_rel_diff": stat_diff, "mismatched_columns": sorted(set(mismatched)),
+              "max_weight_diff": max(d.max().item() for d in diff.values()), "key_bias_diff": key_bias_diff,
+              "adam_steps_equal": all(int(adam_one[k]["step"]) == int(adam_two[k]["step"]) for k in adam_one),
+              "bounds": {"weight_atol": td.WEIGHT_ATOL, "key_bias_atol": td.KEY_BIAS_ATOL, "stat_rtol": td.STAT_RTOL}}
+    result["equal"] = (len(one) == len(two) > 0 and not mismatched and stat_diff <= td.STAT_RTOL
+                       and result["max_weight_diff"] < td.WEIGHT_ATOL and key_bias_diff < td.KEY_BIAS_ATOL
+                       and result["adam_steps_equal"])
+    return result
+
+
+def step_sharded(name: str, config: dict) -> dict:
+    """One tiny PPO round with 1 process and with 2 under configs/accelerate/<SHARDED[name]>; compare."""
+    import yaml
+
+    from tests.test_distributed import free_port, write_round
+    from tests.test_resume import PARAMS
+
+    accelerate_file = ROOT / "configs" / "accelerate" / SHARDED[name]
+    if not accelerate_file.is_file():
+        raise StepFailed(f"{accelerate_file.relative_to(ROOT)} does not exist in this tree.")
+    if name == "zero3" and subprocess.run([sys.executable, "-c", "import deepspeed"], capture_output=True).returncode:
+        raise StepFailed("deepspeed is not importable: ZeRO-3 cannot run (pip install deepspeed).")
+    tmp = Path(config["workdir"]) / name
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    params, _ = write_round(tmp, **PARAMS.__dict__)
+    raw = yaml.safe_load(params.read_text())
+    raw["run"]["device"] = config["device"]
+    params.write_text(yaml.safe_dump(raw, sort_keys=False))
+    _run_stage([sys.executable, *_stage_command(tmp, params, "one")], "1 process")
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_file),
+              "--num_processes", "2", "--main_process_port", str(free_port())]
+    _run_stage(launch + _stage_command(tmp, params, "two"), f"2 processes ({SHARDED[name]})")
+    result = {"accelerate_file": str(accelerate_file.relative_to(ROOT)), **compare_runs(tmp)}
+    if not result["equal"]:
+        raise StepFailed(f"2 processes differ from 1 beyond tests/test_distributed.py's bounds: weights "
+                         f"{result['max_weight_diff']:.2e}, stats (relative) {result['max_stat_rel_diff']:.2e}", result)
+    return result
+
+
+# ----------------------------------------------------------------------------- steps as processes
+STEP_FUNCTIONS = {"install": step_install, "environment": step_environment, "demo": step_demo,
+                  "ppo_timing": step_ppo_timing, "trl_timing": step_trl_timing,
+                  **{name: (lambda config, name=name: step_sharded(name, config)) for name in SHARDED}}
+
+
+def step_main(name: str, config: dict) -> None:
+    """Run one step in this process; print its outcome as the last stdout line."""
+    sys.path.insert(0, str(ROOT))
+    outcome = {"status": "ok"}
+    try:
+        outcome["result"] = STEP_FUNCTIONS[name](config)
+    except StepFailed as failed:
+        outcome = {"status": "failed", "reason": failed.args[0], "result": failed.args[1] if len(failed.args) > 1 else None}
+    except Exception as error:  # recorded, not raised: the check reports every step
+        traceback.print_exc()
+        outcome = {"status": "failed", "reason": f"{type(error).__name__}: {error}".splitlines()[0][:500]}
+    print("\n" + RESULT_MARK + json.dumps(outcome), flush=True)
+
+
+def run_step(name: str, config: dict, timeout_s: float) -> dict:
+    """Run step `name` in a child process group with a timeout; its outcome, seconds and, if failed, log tail."""
+    log = Path(config["workdir"]) / f"{name}.log"
+    command = [sys.executable, str(Path(__file__).resolve()), "--step", name, "--config", json.dumps(config)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    started = time.perf_counter()
+    with open(log, "w") as out:
+        child = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True)  # its own group: a timeout ends dvc and workers too
+        try:
+            child.wait(timeout=timeout_s)
+            outcome = _read_outcome(log, child.returncode)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            outcome = {"status": "failed", "reason": f"timed out after {timeout_s:.0f} s"}
+    outcome["seconds"] = round(time.perf_counter() - started, 2)
+    outcome["log"] = str(log)
+    if outcome["status"] == "failed":
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if not ln.startswith(RESULT_MARK)]
+        outcome["log_tail"] = "\n".join(lines)[-3000:]
+    return outcome
+
+
+def _read_outcome(log: Path, returncode: int) -> dict:
+    for line in reversed(log.read_text(errors="replace").splitlines()):
+        if line.startswith(RESULT_MARK):
+            return json.loads(line[len(RESULT_MARK):])
+    return {"status": "failed", "reason": f"the step process exited {returncode} without a result (crashed?)"}
+
+
+def why_skipped(name: str, config: dict, steps: dict) -> str | None:
+    """Why step `name` does not run, or None when it runs."""
+    environment = steps.get("environment", {})
+    if name == "install" and config["skip_install"]:
+        return "--skip-install"
+    if name not in ("install", "environment") and environment.get("status") != "ok":
+        return "the environment step failed"
+    if name == "trl_timing" and not config["trl_venv"]:
+        return "no TRL_VENV given"
+    if name in SHARDED:
+        gpus = environment.get("result", {}).get("gpu_count", 0)
+        if config["device"] == "cpu":
+            return None if name == "ddp" else "CPU (accelerate 1.15 shards only on GPU process groups)"
+        if gpus < 2:
+            return f"{gpus} GPU"
+    return None
+
+
+def check(config: dict) -> dict:
+    """Run every selected step within config["budget_s"]; the whole report."""
+    report = {"status": "ok", "device": config["device"], "tiny": config["tiny"], "budget_s": config["budget_s"],
+              "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "steps": {}}
+    deadline = time.monotonic() + config["budget_s"]
+    for name in STEPS:
+        if name not in config["steps"]:
+            continue
+        skipped = why_skipped(name, config, report["steps"])
+        left = deadline - time.monotonic()
+        if skipped:
+            outcome = {"status": "skipped", "reason": skipped}
+        elif left < 5:
+            outcome = {"status": "failed", "reason": f"not run: the {config['budget_s']} s budget was spent"}
+        else:
+            print(f"gpu_check: {name} ...", file=sys.stderr, flush=True)
+            outcome = run_step(name, config, min(config["step_timeout_s"] or STEP_TIMEOUT_S[name], left))
+        report["steps"][name] = outcome
+        print(f"gpu_check: {name}: {outcome['status']}" + (f" ({outcome['reason']})" if outcome.get("reason") else ""),
+              file=sys.stderr, flush=True)
+    report["failed_steps"] = [n for n, o in report["steps"].items() if o["status"] == "failed"]
+    report["status"] = "failed" if report["failed_steps"] else "ok"
+    report["total_s"] = round(config["budget_s"] - (deadline - time.monotonic()), 2)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", help="cuda (the check) or cpu (to test the check itself)")
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes and the tests' shrunk demo (CPU minutes)")
+    parser.add_argument("--skip-install", action="store_true", help="use the packages already installed")
+    parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
+    parser.add_argument("--budget-s", type=float, default=480.0, help="all steps together (default 8 minutes)")
+    parser.add_argument("--step-timeout-s", type=float, default=None, help="one timeout for every step (slow CPUs)")
+    parser.add_argument("--demo-rounds", type=int, default=2, help="PPO rounds of the demo run")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--precisions", default=None, help="default: fp32,bf16 on CUDA, fp32 on CPU")
+    parser.add_argument("--trl-venv", default=os.environ.get("TRL_VENV", ""), help="legacy TRL 0.11 venv (TRL_VENV)")
+    parser.add_argument("--workdir", default=None, help="scratch folder (default: a new temp dir)")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu_check.json"))
+    parser.add_argument("--memory-table", action="store_true", help="print the paper runs' computed memory and exit")
+    parser.add_argument("--step", choices=STEPS, help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.step:
+        step_main(args.step, json.loads(args.config))
+        return 0
+    if args.memory_table:
+        sys.path.insert(0, str(ROOT))
+        from benchmarks.gpu_memory import paper_memory_table
+
+        print(json.dumps(paper_memory_table(), indent=2))
+        return 0
+    unknown = sorted(set(args.steps.split(",")) - set(STEPS))
+    if unknown:
+        parser.error(f"unknown steps {unknown}: choose from {','.join(STEPS)}")
+    precisions = args.precisions or ("fp32,bf16" if args.device.startswith("cuda") else "fp32")
+    config = {"device": args.device, "tiny": args.tiny, "skip_install": args.skip_install,
+              "steps": args.steps.split(","), "budget_s": args.budget_s, "step_timeout_s": args.step_timeout_s, "demo_rounds": args.demo_rounds,
+              "repeats": args.repeats, "warmup": args.warmup, "precisions": precisions.split(","),
+              "trl_venv": args.trl_venv, "workdir": args.workdir or tempfile.mkdtemp(prefix="gpu_check-")}
+    Path(config["workdir"]).mkdir(parents=True, exist_ok=True)
+    report = check(config)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    print(f"gpu_check: {report['status']} in {report['total_s']:.0f} s"
+          + (f"; failed: {', '.join(report['failed_steps'])}" if report["failed_steps"] else "") + f" -> {args.out}")
+    return 1 if report["status"] == "failed" else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
