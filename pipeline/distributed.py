@@ -42,11 +42,9 @@ def is_main_process() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) <= 1 or int(os.environ.get("RANK", "0")) == 0
 
 
-SHARDINGS = ("ddp", "fsdp2", "deepspeed")  # the launch config's kind; drlc's PPO runs "ddp" and "fsdp2"
-
-
 def sharding_from_environment() -> str:
-    """The launch config's kind of data parallelism, read from the variables `accelerate launch` sets.
+    """The launch config's kind of data parallelism, "ddp", "fsdp2" or "deepspeed", read from the
+    variables `accelerate launch` sets.
 
     Raises ConfigError for FSDP version 1 (drlc's checkpoint gathering is written for FSDP2's DTensors).
     """

@@ -66,15 +66,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_stage(tmp: Path, params: Path, out: str, processes: int = 2,
-                 config: Path | None = None) -> subprocess.CompletedProcess:
+def launch_stage(tmp: Path, params: Path, out: str, processes: int = 2, config: Path | None = None,
+                 policy: str = "base", round_: str = "0001") -> subprocess.CompletedProcess:
     """`accelerate launch --multi_gpu --num_processes N stages/ppo.py ...` (torchrun + gloo on CPU),
-    or `accelerate launch --config_file CONFIG stages/ppo.py ...`."""
+    or `accelerate launch --config_file CONFIG stages/ppo.py ...`, round `round_` from tmp/`policy`."""
     how = (["--config_file", str(config)] if config else
            ["--multi_gpu", "--num_processes", str(processes), "--num_machines", "1", "--mixed_precision", "no",
             "--dynamo_backend", "no"])
     launcher = [sys.executable, "-m", "accelerate.commands.launch", *how, "--main_process_port", str(free_port())]
-    stage = ["stages/ppo.py", "--params", str(params), "--round", "0001", "--policy", str(tmp / "base"),
+    stage = ["stages/ppo.py", "--params", str(params), "--round", round_, "--policy", str(tmp / policy),
              "--reference", str(tmp / "base"), "--rollouts", str(tmp / "rollouts"), "--scores", str(tmp / "scores"),
              "--annotations", str(tmp / "annotations"), "--out", str(tmp / out), "--steps", str(tmp / f"{out}-steps"),
              "--metrics", str(tmp / f"{out}.json")]

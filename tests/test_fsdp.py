@@ -8,8 +8,9 @@ elements on rank 0), that the update is the one-process update at the DDP test's
 resumes in one process.
 Measured (4 Adam steps, weights move 1.2e-2): weights differ by 6.8e-8 from one process, the
 attention key bias (exact gradient 0, see tests/test_distributed.py) by 1.0e-5. Without the
-reshard after a skipped forward, a step's optimizer update never reached the root's unsharded
-weights and the next forward used the stale ones.
+reshard after a skipped forward (DataParallel.skipped_forward), the root's weights stayed
+unsharded past the optimizer step and the next forward used the stale ones: the guarded run's
+third step had grad_norm 0.80 instead of 1.02.
 """
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ import re
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from pipeline.errors import ConfigError
 from pipeline.policy import load_policy
 from pipeline.steps.ppo_round import ppo_round
-from tests.test_distributed import (KEY_BIAS, KEY_BIAS_ATOL, ROOT, WEIGHT_ATOL, assert_two_processes_match_one,
+from tests.test_distributed import (KEY_BIAS, ROOT, WEIGHT_ATOL, assert_two_processes_match_one, launch_stage,
                                     write_round)
 from tests.test_resume import PARAMS, SEED
 
@@ -60,15 +62,27 @@ def test_fsdp2_makes_the_one_process_update_and_a_checkpoint_one_process_resumes
         for key, value in state.items():
             torch.testing.assert_close(adam_two["state"][index][key], value, rtol=1e-4, atol=1e-6)
 
-    # round 2 in this process, from the FSDP2 checkpoint and from the one-process checkpoint
+    # round 2 in this process from the FSDP2 checkpoint and from the one-process checkpoint, and
+    # round 2 under FSDP2 from the one-process checkpoint (its Adam state loaded into the shards)
     _, tables = write_round(tmp_path / "again")
     for start in ("one", "two"):
         ppo_round(tables["rollouts"], tables["scores"], tables["annotations"], policy_dir=str(tmp_path / start),
                   reference_dir=str(tmp_path / "base"), out_dir=str(tmp_path / f"{start}-2"), params=PARAMS,
                   run_id="dp", round_=2, seed=SEED)
-    after_one, after_two = (load_policy(tmp_path / f"{s}-2", seed=0)[0].state_dict() for s in ("one", "two"))
-    moved = max_weight_diff(after_one, load_policy(one, seed=0)[0].state_dict())
-    assert max_weight_diff(after_one, after_two) < WEIGHT_ATOL < moved
+    raw = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    raw["rounds"]["0002"] = {"prev": "round=0001"}
+    raw["evaluate"]["policy"] = "round=0002"
+    (tmp_path / "params-2.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    launch = launch_stage(tmp_path, tmp_path / "params-2.yaml", "fsdp-2", config=FSDP2, policy="one", round_="0002")
+    assert launch.returncode == 0, launch.stderr[-3000:]
+    after = {s: load_policy(tmp_path / f"{s}-2", seed=0)[0].state_dict() for s in ("one", "two", "fsdp")}
+    moved = max_weight_diff(after["one"], load_policy(one, seed=0)[0].state_dict())
+    print(f"round 2: max |w1 - w| from the FSDP2 checkpoint {max_weight_diff(after['one'], after['two']):.2e}, "
+          f"under FSDP2 {max_weight_diff(after['one'], after['fsdp']):.2e}; moved {moved:.2e}")
+    assert max_weight_diff(after["one"], after["two"]) < WEIGHT_ATOL < moved
+    assert max_weight_diff(after["one"], after["fsdp"]) < WEIGHT_ATOL
+    adam = [torch.load(tmp_path / f"{s}-2" / "optimizer.pt", weights_only=True)["state"] for s in ("one", "fsdp")]
+    assert all(int(adam[1][k]["step"]) == int(adam[0][k]["step"]) == 8 for k in adam[0])  # 4 + 4 Adam steps
     assert len(one_rows) == 4
 
 
@@ -97,3 +111,11 @@ def test_fsdp_version_1_is_refused_with_the_fix(monkeypatch):
         DataParallel.from_environment()
     monkeypatch.setenv("FSDP_VERSION", "2")
     assert DataParallel.from_environment() is None  # one process: FSDP2 config or not, a plain run
+
+
+def test_fsdp2_matches_one_process_with_shared_lower_layers(tmp_path):
+    """ppo.num_shared_layers: the frozen shared embeddings are sharded in the policy and again in the reference."""
+    shared = PARAMS.__class__(**{**PARAMS.__dict__, "num_shared_layers": 0})
+    rows, launch = assert_two_processes_match_one(tmp_path, shared, config=FSDP2)
+    assert not any(row["skipped"] for row in rows)
+    assert_sharded(launch.stderr)
