@@ -144,11 +144,14 @@ class DataParallel:
             _repoint(optimizer, names, dict(model.named_parameters()))
         self._plain[id(model)] = self._plain.pop(id(policy))
         if full_state["state"]:
-            set_optimizer_state_dict(model, optimizer, full_state, options=StateDictOptions(full_state_dict=True))
+            set_optimizer_state_dict(model, _torch_optimizer(optimizer), full_state,
+                                     options=StateDictOptions(full_state_dict=True))
         if separate:
             reference = _fully_shard(reference.to(self.device), plugin, inference=True)
         if self.is_main:
-            print(f"drlc: FSDP2 over {self.world_size} processes: {_sharding_summary(model)}", file=sys.stderr)
+            held = _sharding_summary(reference) if separate else "the policy with adapters off"
+            print(f"drlc: FSDP2 over {self.world_size} processes: policy {_sharding_summary(model)}; "
+                  f"reference {held}", file=sys.stderr)
         return model, optimizer, reference
 
     def _fsdp2_plugin(self):
@@ -172,7 +175,7 @@ class DataParallel:
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # full tensors on rank 0 only
         weights = get_model_state_dict(model, options=options)
-        optimizer_state = get_optimizer_state_dict(model, optimizer, options=options)
+        optimizer_state = get_optimizer_state_dict(model, _torch_optimizer(optimizer), options=options)
         if not self.is_main:
             return None, None
         return _materialized(self._plain[id(model)], weights), _indexed_optimizer_state(optimizer_state)
@@ -242,6 +245,11 @@ class DataParallel:
 
         self.accelerator.wait_for_everyone()
         dist.destroy_process_group()
+
+
+def _torch_optimizer(optimizer) -> torch.optim.Optimizer:
+    """The torch optimizer inside accelerate's AcceleratedOptimizer (GPU prepare), or `optimizer` itself."""
+    return getattr(optimizer, "optimizer", optimizer)
 
 
 def _accelerate_shards(accelerator) -> bool:
