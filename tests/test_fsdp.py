@@ -3,9 +3,9 @@
 accelerate 1.15 applies FSDP only on a GPU-family process group, so on CPU (gloo) drlc calls
 `fully_shard` itself (pipeline.distributed). The launches check that the policy really is
 sharded (the stage's "FSDP2 over 2 processes" line: every parameter of the policy and of a
-separate reference a DTensor, about half of the elements on rank 0), that the update is the one-process update at the DDP test's tolerance
-(tests/test_distributed.py), and that the gathered checkpoint has the one-process layout and
-resumes in one process.
+separate reference a DTensor, about half of the elements on rank 0), that the update is the
+one-process update at the DDP test's tolerance (tests/test_distributed.py), and that the
+gathered checkpoint has the one-process layout and resumes in one process and under FSDP2.
 Measured (4 Adam steps, weights move 1.2e-2): weights differ by 6.8e-8 from one process, the
 attention key bias (exact gradient 0, see tests/test_distributed.py) by 1.0e-5. Without the
 reshard after a skipped forward (DataParallel.skipped_forward), the root's weights stayed
