@@ -3,10 +3,18 @@
 A run started by `accelerate launch --multi_gpu --num_processes N` (or `torchrun --nproc_per_node N`)
 has WORLD_SIZE=N, RANK and LOCAL_RANK in its environment. `DataParallel.from_environment()` then
 builds an `Accelerator` (gloo when the machine has no CUDA device, nccl otherwise), and the
-trainer `prepare`s the policy and optimizer with it: DDP wraps the policy and all-reduces
-gradients during backward (`no_sync` while a backward batch accumulates). A plain
-`python stages/ppo.py` has no WORLD_SIZE: it gets None, and neither accelerate nor
-torch.distributed is touched, so a single-process run is unchanged.
+PPO round `prepare`s the policy, optimizer and reference with it:
+- DDP (a plain launch, configs/accelerate/multi_gpu.yaml): the policy all-reduces gradients
+  during backward (`no_sync` while a backward batch accumulates).
+- FSDP2 (configs/accelerate/fsdp2.yaml): `torch.distributed.fsdp.fully_shard` per transformer
+  block and for the whole policy, and for a separate reference; each backward reduce-scatters
+  into sharded gradients. On GPUs accelerate's prepare applies it; on CPU accelerate 1.15 does
+  not (see DataParallel._prepare_fsdp2), so drlc calls fully_shard itself.
+- DeepSpeed ZeRO is refused (DEEPSPEED_REFUSAL).
+Every process then calls `full_state`, which gathers the full weights and Adam state for the
+checkpoint, in the layout of a single process. A plain `python stages/ppo.py` has no
+WORLD_SIZE: it gets None, and neither accelerate nor torch.distributed is touched, so a
+single-process run is unchanged.
 
 Why not `accelerate launch --cpu --num_processes N`: accelerate 1.15 then starts ONE process
 (its CPU multi-process path needs mpirun), so it would silently train single-process.
@@ -14,8 +22,11 @@ Why not `accelerate launch --cpu --num_processes N`: accelerate 1.15 then starts
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
-from dataclasses import dataclass
+import sys
+import warnings
+from dataclasses import dataclass, field
 
 import torch
 
@@ -31,12 +42,28 @@ def is_main_process() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) <= 1 or int(os.environ.get("RANK", "0")) == 0
 
 
-FSDP_REFUSAL = (
-    "FSDP (ACCELERATE_USE_FSDP) is not supported by drlc's PPO loop yet. On CPU, accelerate 1.15 cannot "
-    "shard: its AcceleratorState switches to FSDP only for a GPU-family process group, so a CPU launch "
-    "(MULTI_CPU, gloo) would silently run plain DDP. On GPUs, drlc's checkpoint (unwrap, not a gathered "
-    "state dict) and its sync after a skipped minibatch are not written for sharded parameters. "
-    "Launch with configs/accelerate/multi_gpu.yaml.")
+def sharding_from_environment() -> str:
+    """The launch config's kind of data parallelism, "ddp", "fsdp2" or "deepspeed", read from the
+    variables `accelerate launch` sets.
+
+    Raises ConfigError for FSDP version 1 (drlc's checkpoint gathering is written for FSDP2's DTensors).
+    """
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true"):
+        return "deepspeed"
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
+        if os.environ.get("FSDP_VERSION", "1") != "2":
+            raise ConfigError(f"FSDP version {os.environ.get('FSDP_VERSION', '1')} is not supported by drlc's PPO "
+                              "loop: set fsdp_version: 2 in the accelerate config (configs/accelerate/fsdp2.yaml).")
+        return "fsdp2"
+    return "ddp"
+
+
+DEEPSPEED_REFUSAL = (
+    "DeepSpeed ZeRO (ACCELERATE_USE_DEEPSPEED, configs/accelerate/zero*.yaml) is not wired into drlc's PPO loop "
+    "yet: its engine steps inside accelerator.backward and owns the accumulation boundary, the loss scaling by "
+    "gradient_accumulation_steps and the clipping, which drlc's skipped minibatches and token-weighted losses "
+    "need to control, and it cannot be tested without CUDA. Shard with configs/accelerate/fsdp2.yaml "
+    "(docs/scale-out.md).")
 
 
 @dataclass(frozen=True)
@@ -47,6 +74,8 @@ class DataParallel:
     world_size: int
     device: torch.device
     accelerator: object  # accelerate.Accelerator (imported only by multi-process runs)
+    sharding: str = "ddp"  # "ddp" or "fsdp2"
+    _plain: dict = field(default_factory=dict, repr=False)  # id(prepared model) -> its plain meta-device copy
 
     @classmethod
     def from_environment(cls) -> DataParallel | None:
@@ -54,14 +83,12 @@ class DataParallel:
 
         drlc's precision is ppo.mixed_precision (its own autocast in pipeline.scoring), so the
         Accelerator runs with mixed_precision "no" whatever the launch config says.
-        Raises ConfigError under an accelerate DeepSpeed or FSDP config (docs/scale-out.md), and
-        when accelerate sees another process count than the launcher started.
+        Raises ConfigError for a DeepSpeed launch (DEEPSPEED_REFUSAL), for FSDP version 1, and when
+        accelerate sees another process count than the launcher started.
         """
-        if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true"):
-            raise ConfigError("DeepSpeed (ACCELERATE_USE_DEEPSPEED) is not supported by drlc's PPO loop yet: it "
-                              "is not installed or tested here. Launch with configs/accelerate/multi_gpu.yaml.")
-        if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
-            raise ConfigError(FSDP_REFUSAL)
+        sharding = sharding_from_environment()
+        if sharding == "deepspeed":
+            raise ConfigError(DEEPSPEED_REFUSAL)
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         if world_size <= 1:
             return None
@@ -73,31 +100,123 @@ class DataParallel:
                               f"{accelerator.num_processes} ({accelerator.distributed_type}): each would train "
                               "alone. Launch with configs/accelerate/multi_gpu.yaml or --multi_gpu.")
         return cls(rank=accelerator.process_index, world_size=accelerator.num_processes,
-                   device=accelerator.device, accelerator=accelerator)
+                   device=accelerator.device, accelerator=accelerator, sharding=sharding)
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def prepare(self, policy: torch.nn.Module, optimizer: torch.optim.Optimizer):
-        """(model, optimizer) wrapped for this launch (DDP for a plain multi-process one)."""
-        return self.accelerator.prepare(policy, optimizer)
+    def prepare(self, policy: torch.nn.Module, optimizer: torch.optim.Optimizer, reference: torch.nn.Module):
+        """(model, optimizer, reference) for this launch: DDP or FSDP2.
 
-    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The policy module inside a prepared model (its parameters are the full ones under DDP)."""
-        return self.accelerator.unwrap_model(model)
+        `optimizer` may hold the previous round's state (loaded before prepare); it is kept.
+        FSDP2 shards a separate reference for inference too; the reference of a LoRA policy (the
+        policy with adapters off) is the prepared policy itself.
+        """
+        separate = getattr(reference, "policy", None) is not policy  # not pipeline.reference.AdaptersDisabled
+        if self.sharding == "ddp":
+            model, optimizer = self.accelerator.prepare(policy, optimizer)
+            return model, optimizer, reference.to(self.device)
+        return self._prepare_fsdp2(policy, optimizer, reference, separate)
+
+    def _prepare_fsdp2(self, policy, optimizer, reference, separate: bool):
+        """FSDP2 (`fully_shard`): through accelerate on GPUs, drlc's own `fully_shard` calls on CPU.
+
+        accelerate 1.15 switches to FSDP only for a GPU-family process group (AcceleratorState),
+        so on CPU (gloo) its prepare would return plain DDP; drlc then shards as accelerate's
+        FSDP2 does (each transformer block, then the whole model), with accelerate's plugin
+        settings from the launch config. The optimizer state is set aside as full tensors and
+        loaded back into the sharded optimizer by parameter name.
+        """
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        plugin = self._fsdp2_plugin()
+        if plugin.transformer_cls_names_to_wrap is None:  # accelerate would look on the policy, which has none
+            plugin.transformer_cls_names_to_wrap = list(getattr(policy.lm, "_no_split_modules", None) or ())
+        names = _parameter_names(policy)
+        full_state = _named_optimizer_state(optimizer.state_dict(), optimizer, names)
+        optimizer.state.clear()
+        self._plain[id(policy)] = _meta_copy(policy)
+        if _accelerate_shards(self.accelerator):
+            model, optimizer = self.accelerator.prepare(policy, optimizer)
+        else:
+            model = _fully_shard(policy.to(self.device), plugin)
+            _repoint(optimizer, names, dict(model.named_parameters()))
+        self._plain[id(model)] = self._plain.pop(id(policy))
+        if full_state["state"]:
+            set_optimizer_state_dict(model, _torch_optimizer(optimizer), full_state,
+                                     options=StateDictOptions(full_state_dict=True))
+        if separate:
+            reference = _fully_shard(reference.to(self.device), plugin, inference=True)
+        if self.is_main:
+            held = _sharding_summary(reference) if separate else "the policy with adapters off"
+            print(f"drlc: FSDP2 over {self.world_size} processes: policy {_sharding_summary(model)}; "
+                  f"reference {held}", file=sys.stderr)
+        return model, optimizer, reference
+
+    def _fsdp2_plugin(self):
+        """accelerate's FSDP plugin as the launch config set it (ACCELERATE_*/FSDP_* variables); on
+        CPU accelerate's state holds none, so it is read from those variables here."""
+        from accelerate.utils import FullyShardedDataParallelPlugin
+
+        return getattr(self.accelerator.state, "fsdp_plugin", None) or FullyShardedDataParallelPlugin()
+
+    def full_state(self, model: torch.nn.Module, optimizer) -> tuple[torch.nn.Module | None, dict | None]:
+        """(plain policy with the full weights, full optimizer state dict) on the main process, else (None, None).
+
+        The same module and the same `optimizer.state_dict()` layout a single process has, for any
+        process count and sharding, so a 1-process round resumes from it. Every process must call it
+        (FSDP2 gathers its shards collectively).
+        """
+        if self.sharding == "ddp":
+            return (self.accelerator.unwrap_model(model), optimizer.state_dict()) if self.is_main else (None, None)
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # full tensors on rank 0 only
+        weights = get_model_state_dict(model, options=options)
+        optimizer_state = get_optimizer_state_dict(model, _torch_optimizer(optimizer), options=options)
+        if not self.is_main:
+            return None, None
+        return _materialized(self._plain[id(model)], weights), _indexed_optimizer_state(optimizer_state)
 
     def gradient_sync(self, model: torch.nn.Module, sync: bool):
-        """Context for one forward+backward: all-reduce its gradients (sync) or only accumulate them."""
-        return contextlib.nullcontext() if sync else self.accelerator.no_sync(model)
+        """Context for one forward+backward: all-reduce its gradients (sync) or only accumulate them.
+
+        FSDP2 always syncs: each backward reduce-scatters into the sharded gradients, which then
+        accumulate, so a step whose last minibatch is skipped has nothing left to finish.
+        """
+        if sync or self.sharding == "fsdp2":
+            return contextlib.nullcontext()
+        return self.accelerator.no_sync(model)
+
+    def skipped_forward(self, model: torch.nn.Module, last: bool) -> None:
+        """Leave the gradient sync complete after a forward whose loss is not backpropagated.
+
+        DDP, the step's last minibatch: all-reduce the gradients accumulated so far with a
+        backward that adds exactly 0 to every trainable parameter's grad (a 0·loss backward could
+        add NaN, 0·inf, in the very case the ratio guard exists for). FSDP2: the forward left the
+        root's parameters unsharded (it reshards after backward), and an optimizer step would not
+        reach them; reshard every unit so the next forward all-gathers the updated shards.
+        """
+        if self.sharding == "fsdp2":
+            from torch.distributed.fsdp import FSDPModule
+
+            for module in model.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
+        elif last:
+            self.backward(sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0)
 
     def backward(self, loss: torch.Tensor) -> None:
-        """Backward of this process's loss. DDP averages the processes' gradients, so the trainer
-        scales each loss by world_size · its token share (docs/ppo.md, Multi-process)."""
+        """Backward of this process's loss. DDP and FSDP2 average the processes' gradients, so the
+        trainer scales each loss by world_size · its token share (docs/ppo.md, Multi-process)."""
         self.accelerator.backward(loss)
 
     def clip_grad_norm_(self, parameters: list, max_norm: float) -> torch.Tensor:
-        return self.accelerator.clip_grad_norm_(parameters, max_norm)
+        """accelerate's clip (DTensor-aware under FSDP2); the total norm as a plain tensor."""
+        norm = self.accelerator.clip_grad_norm_(parameters, max_norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def shard(self, rows: list) -> list:
         """This process's contiguous equal share of `rows` (len(rows) must divide by world_size)."""
@@ -126,3 +245,94 @@ class DataParallel:
 
         self.accelerator.wait_for_everyone()
         dist.destroy_process_group()
+
+
+def _torch_optimizer(optimizer) -> torch.optim.Optimizer:
+    """The torch optimizer inside accelerate's AcceleratedOptimizer (GPU prepare), or `optimizer` itself."""
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def _accelerate_shards(accelerator) -> bool:
+    """True when accelerate itself applies FSDP2 in prepare (a GPU-family process group)."""
+    return bool(getattr(accelerator, "is_fsdp2", False))
+
+
+def _fully_shard(module: torch.nn.Module, plugin, inference: bool = False) -> torch.nn.Module:
+    """FSDP2 as accelerate applies it: each transformer block its own unit, then the whole module.
+
+    The blocks are the plugin's transformer_cls_names_to_wrap (GPT2Block, LlamaDecoderLayer, ...),
+    none under NO_WRAP. A block unit reshards after forward as the plugin says; the root keeps its
+    parameters until backward (PyTorch's default for the root), or, for an inference-only module
+    (`inference`, no backward ever comes), reshards after forward too.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    # PolicyWithValueHead returns a view (values.squeeze); drlc never modifies an output in place
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+    blocks = set(plugin.transformer_cls_names_to_wrap or ()) if plugin.auto_wrap_policy is not None else set()
+    for sub in list(module.modules())[1:]:
+        if type(sub).__name__ in blocks:
+            fully_shard(sub, reshard_after_forward=plugin.reshard_after_forward)
+    return fully_shard(module, reshard_after_forward=True) if inference else fully_shard(module)
+
+
+def _sharding_summary(model: torch.nn.Module) -> str:
+    """How much of `model` this process holds: "k of n parameter tensors sharded, x of y elements here"."""
+    params = list(model.parameters())
+    sharded = [p for p in params if hasattr(p, "to_local")]  # DTensors
+    local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in params)
+    return (f"{len(sharded)} of {len(params)} parameter tensors sharded, "
+            f"{local} of {sum(p.numel() for p in params)} elements here")
+
+
+def _parameter_names(module: torch.nn.Module) -> dict[int, str]:
+    """id(parameter) -> its name in `module` (a tied parameter: its first name)."""
+    return {id(param): name for name, param in module.named_parameters()}
+
+
+def _repoint(optimizer: torch.optim.Optimizer, names: dict[int, str], sharded: dict) -> None:
+    """Point `optimizer`'s parameter groups at the sharded parameters that replaced the plain ones."""
+    for group in optimizer.param_groups:
+        group["params"] = [sharded[names[id(param)]] for param in group["params"]]
+
+
+def _named_optimizer_state(state_dict: dict, optimizer: torch.optim.Optimizer, names: dict[int, str]) -> dict:
+    """`optimizer.state_dict()` (parameters numbered in group order) keyed by parameter name instead,
+    the layout torch.distributed.checkpoint's full optimizer state dict has."""
+    order = [names[id(param)] for group in optimizer.param_groups for param in group["params"]]
+    return {"state": {order[i]: value for i, value in state_dict["state"].items()},
+            "param_groups": [{**group, "params": [order[i] for i in group["params"]]}
+                             for group in state_dict["param_groups"]]}
+
+
+def _indexed_optimizer_state(state_dict: dict) -> dict:
+    """The inverse of _named_optimizer_state: a name-keyed full state dict as `optimizer.state_dict()` lays it out."""
+    order = [name for group in state_dict["param_groups"] for name in group["params"]]
+    index = {name: i for i, name in enumerate(order)}
+    return {"state": {index[name]: value for name, value in state_dict["state"].items()},
+            "param_groups": [{**group, "params": [index[name] for name in group["params"]]}
+                             for group in state_dict["param_groups"]]}
+
+
+def _meta_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `module` whose parameters are on the meta device (no memory): the plain module
+    that a gathered full state dict is loaded into for the checkpoint."""
+    memo = {id(param): torch.nn.Parameter(torch.empty_like(param, device="meta"), param.requires_grad)
+            for param in module.parameters()}
+    return copy.deepcopy(module, memo)
+
+
+def _materialized(meta_module: torch.nn.Module, state_dict: dict) -> torch.nn.Module:
+    """`meta_module` on CPU holding `state_dict`, with its tied parameters (an LM head tied to the
+    embeddings) one tensor again: to_empty gives each name its own tensor, and save_pretrained
+    would then write the head twice."""
+    names = {}
+    for name, param in meta_module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    module = meta_module.to_empty(device="cpu")
+    for first, *others in names.values():
+        for other in others:
+            owner, _, leaf = other.rpartition(".")
+            setattr(module.get_submodule(owner), leaf, module.get_parameter(first))
+    module.load_state_dict(state_dict)
+    return module

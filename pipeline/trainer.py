@@ -11,8 +11,9 @@ autocast (the backward follows the dtypes autocast chose); log-probs, values, KL
 advantages and losses are fp32 (see pipeline.scoring.score_responses).
 Data parallel: with a `DataParallel` (pipeline.distributed, an accelerate.Accelerator) each process
 scores its share of the rows and of every minibatch; per-token tensors are gathered, minibatch
-statistics summed with token weights, and gradients all-reduced by the prepared (DDP) model with
-token-weighted losses, so N processes make the update one process makes on the whole batch.
+statistics summed with token weights, and gradients averaged by the prepared model (DDP all-reduce,
+FSDP2 reduce-scatter) with token-weighted losses, so N processes make the update one process makes
+on the whole batch.
 """
 from __future__ import annotations
 
@@ -244,7 +245,8 @@ def _optimizer_step(policy, optimizer, batch, tensors, indices, params: PPOParam
     means over its share) are weighted by its share of the minibatch's tokens and summed over the
     processes, which gives the token means over the whole minibatch, as one process computes
     them; so the ratio guard and the early stop decide the same in every process. Gradients are
-    all-reduced by the prepared model (DDP) in the step's last backward only.
+    all-reduced by the prepared model in the step's last backward only (DDP), or reduce-scattered in
+    every backward (FSDP2); DataParallel.skipped_forward finishes the sync after a skipped minibatch.
     """
     started = time.perf_counter()
     sums, skipped, applied, tokens = dict.fromkeys(STEP_STATS, 0.0), 0, 0, 0
@@ -258,8 +260,8 @@ def _optimizer_step(policy, optimizer, batch, tensors, indices, params: PPOParam
             tokens += int(tensors["mask"][mb].sum().item())
             if ratio_exceeds(stats["ratio_mean"], params.ratio_threshold):
                 skipped += 1  # TRL zeroed this loss with a warning; drlc skips it and counts it
-                if dp is not None and last:
-                    _finish_gradient_sync(policy, dp)
+                if dp is not None:
+                    dp.skipped_forward(policy, last=last)
                 continue
             if dp is None:
                 (loss / params.gradient_accumulation_steps).backward()
@@ -310,13 +312,6 @@ def _minibatch_loss(policy, batch, tensors, mb, params: PPOParams, width, dp=Non
                                                 device=mask.device))
         stats, loss = dict(zip(STEP_STATS, summed.tolist())), loss * (share * dp.world_size)
     return loss, stats
-
-
-def _finish_gradient_sync(policy, dp: DataParallel) -> None:
-    """The step's last minibatch was skipped after a syncing forward: all-reduce the gradients
-    accumulated so far with a backward that adds exactly 0 to every trainable parameter's grad
-    (a 0·loss backward could add NaN, 0·inf, in the very case the ratio guard exists for)."""
-    dp.backward(sum(p.sum() for p in policy.parameters() if p.requires_grad) * 0.0)
 
 
 def save_trainer_state(directory: str | Path, optimizer, kl_controller, score_moments, *,

@@ -137,8 +137,12 @@ def test_accelerate_configs_load_with_accelerate():
     from accelerate.commands.config.config_args import load_config_from_file
 
     loaded = {path.stem: load_config_from_file(str(path)) for path in ACCELERATE}
-    assert set(loaded) == {"multi_gpu", "multi_gpu_bf16", "multi_node"}  # no DeepSpeed: docs/paper-runs.md
-    assert all(config.distributed_type == "MULTI_GPU" for config in loaded.values())
+    assert set(loaded) == {"multi_gpu", "multi_gpu_bf16", "multi_node", "fsdp2", "zero1", "zero2", "zero3"}
+    data_parallel = {name for name, config in loaded.items() if config.distributed_type == "MULTI_GPU"}
+    assert data_parallel == {"multi_gpu", "multi_gpu_bf16", "multi_node"}
+    assert loaded["fsdp2"].distributed_type == "FSDP" and loaded["fsdp2"].fsdp_config["fsdp_version"] == 2
+    assert [loaded[f"zero{stage}"].deepspeed_config["zero_stage"] for stage in (1, 2, 3)] == [1, 2, 3]
+    assert all(loaded[f"zero{stage}"].distributed_type == "DEEPSPEED" for stage in (1, 2, 3))
     assert loaded["multi_gpu_bf16"].mixed_precision == "bf16"
     assert loaded["multi_node"].num_machines == 2
 

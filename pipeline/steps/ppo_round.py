@@ -71,22 +71,22 @@ def ppo_round(rollouts: list[dict], scores: list[dict], annotations: list[dict],
         if previous is not None and previous >= round_:
             raise ConfigError(f"--policy {policy_dir} holds the checkpoint of round {previous}, but this is "
                               f"round {round_}: a round starts from an earlier round (check `prev` in 'rounds').")
-    model = policy  # what trains: the policy, or under accelerate the prepared (DDP-wrapped) policy
+    model = policy  # what trains: the policy, or under accelerate the prepared (DDP or FSDP2) policy
     if data_parallel is not None:  # after the trainer state is loaded into the plain optimizer
-        reference = reference.to(data_parallel.device)
-        model, optimizer = data_parallel.prepare(policy, optimizer)
+        model, optimizer, reference = data_parallel.prepare(policy, optimizer, reference)
     stats = train_round(
         policy=model, ref_model=reference, optimizer=optimizer, batch=batch, params=params,
         kl_controller=kl_controller, score_moments=moments, seed=round_seed(seed, round_, 4),
         progress=data_parallel is None or data_parallel.is_main, data_parallel=data_parallel,
     )
-    if data_parallel is not None:
-        policy = data_parallel.unwrap(model)  # the full weights, the same module for any process count
+    optimizer_state = optimizer.state_dict() if data_parallel is None else None
+    if data_parallel is not None:  # gathered full weights and Adam state, the same for any process count
+        policy, optimizer_state = data_parallel.full_state(model, optimizer)
     if data_parallel is None or data_parallel.is_main:
         with atomic_folder(out_dir) as folder:  # weights and trainer state appear together or not at all
             write_policy_files(policy, tokenizer, folder)
-            save_trainer_state(folder, optimizer=optimizer, kl_controller=kl_controller, score_moments=moments,
-                               round_=round_)
+            save_trainer_state(folder, optimizer=optimizer_state, kl_controller=kl_controller,
+                               score_moments=moments, round_=round_)
     if data_parallel is not None:
         data_parallel.close()  # after the checkpoint is written: no rank exits before it exists
     return [step_row(stat, run_id=run_id, round_=round_, step=i) for i, stat in enumerate(stats)]
