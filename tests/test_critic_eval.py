@@ -128,3 +128,23 @@ def test_cli_writes_outputs_and_fails_in_one_line(tmp_path, capsys, monkeypatch)
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1
     assert "bad.jsonl:2: missing key(s) ['spans']" in err
+
+
+def test_report_shows_every_status_column_and_the_shares_sum_to_one():
+    from pipeline.critic.audit import STATUSES
+    from pipeline.critic.audit_report import render_report
+
+    shares = {"ok": 0.25, "none": 0.05, "no_match": 0.2, "parse_error": 0.0, "api_error": 0.05, "truncated": 0.45}
+    critic = {"critic_model": "m", "char_f1": 0.1, "span_precision": 0.2, "span_recall": 0.3,
+              "status_share": {s: shares[s] for s in STATUSES}, "absent_span_share": 0.5,
+              "requests_sent": 20, "cache_hits": 0, "cost_usd": 0.0}
+    summary = {"audit": "a", "seed": 0, "limit": 20, "n_posts": 20, "n_posts_with_gold": 18,
+               "spans_file": "s.csv", "template": "t.md", "template_sha": "0" * 64, "critic_endpoint": "local:hf",
+               "train_file": None, "span_match": "same label and IoU >= 0.5", "critics": {"configured": critic},
+               "lexicon_is_configured": False}
+    table = [line for line in render_report(summary).splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in table[0].strip("|").split("|")]
+    row = [cell.strip() for cell in table[2].strip("|").split("|")]
+    assert [s.replace("_", " ") for s in STATUSES] == header[5:5 + len(STATUSES)]
+    assert len(header) == len(row) and sum(float(x) for x in row[5:5 + len(STATUSES)]) == pytest.approx(1.0)
+    assert row[header.index("truncated")] == "0.45" and row[header.index("no match")] == "0.20"

@@ -23,6 +23,7 @@ def render_report(summary: dict) -> str:
     if summary["train_file"]:
         kind = "in-sample: learnt on the same posts" if summary["wordlist_in_sample"] else "learnt on"
         wordlist = f" Word list {kind} `{summary['train_file']}`."
+    statuses = list(next(iter(summary["critics"].values()))["status_share"])  # the audit writes every status
     lines = [
         f"# Critic audit: {summary['audit']}",
         "",
@@ -34,16 +35,17 @@ def render_report(summary: dict) -> str:
         f"Span P/R: a predicted span matches a gold span with the {summary['span_match']}. "
         "Absent: share of proposed spans found nowhere in the post. Calls: HTTP requests sent.",
         "",
-        "| critic | model | char F1 | span P | span R | ok | none | parse error | api error | absent "
-        "| calls | cache hits | cost USD |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "Status columns: share of posts per answer status (every status the audit counts; they sum to 1).",
+        "",
+        f"| critic | model | char F1 | span P | span R | {' | '.join(s.replace('_', ' ') for s in statuses)} "
+        "| absent | calls | cache hits | cost USD |",
+        "|---" * (len(statuses) + 9) + "|",
     ]
     for name, c in summary["critics"].items():
-        share = c["status_share"]
+        shares = " | ".join(_number(c["status_share"].get(status), 2) for status in statuses)
         lines.append(
             f"| {name} | {c['critic_model']} | {_number(c['char_f1'])} | {_number(c['span_precision'])} "
-            f"| {_number(c['span_recall'])} | {_number(share.get('ok'), 2)} | {_number(share.get('none'), 2)} "
-            f"| {_number(share.get('parse_error'), 2)} | {_number(share.get('api_error'), 2)} "
+            f"| {_number(c['span_recall'])} | {shares} "
             f"| {_number(c['absent_span_share'], 2)} | {c['requests_sent']} | {c['cache_hits']} "
             f"| {c['cost_usd']:.4f} |"
         )
