@@ -1,12 +1,14 @@
 """`drlc estimate CONFIG`: check a params file offline and say what a run would do and cost.
 
-Nothing is downloaded, trained or sent. The report has four parts:
+Nothing is downloaded, trained or sent. The report has five parts:
 
 - the resolved parameters (every key, defaults filled in; the rounds block summarised);
 - the stages `dvc repro` would run (dvc.yaml's stages, `foreach` expanded over the rounds);
 - the models and data sets the run would load, each marked local, a hub id (with whether the
   Hugging Face cache already holds it) or a missing local path;
-- the critic: calls per round and in total, tokens per call and the cost at `critic.prices`.
+- the critic: calls per round and in total, tokens per call and the cost at `critic.prices`;
+- disk and load time (docs/disk.md): checkpoint bytes, their number, the workspace and DVC cache
+  totals, the model loads of every stage process and their share of the estimated run time.
 
 Critic calls. A response is critiqued when its environment reward is <= critic.threshold, so
 the upper bound is rollout.batch_size x rounds. When the threshold is at or above the largest
@@ -21,6 +23,30 @@ document for summarization (`--document-tokens`), plus CHAT_OVERHEAD_TOKENS. Com
 = one "Label: " line per template label plus half the response in quoted spans, capped at
 critic.max_tokens; the cost upper bound prices every answer at critic.max_tokens. Text is
 counted with the base model's tokenizer when base.model is a local folder, else as chars / 4.
+
+Disk. Parameter counts come from the model's config.json when it is a local folder, else from
+KNOWN_MODELS (the hub shapes of the models the paper configs name), built on the meta device (no
+memory, no weights). A checkpoint models/round=N (pipeline/policy.py write_policy_files,
+pipeline/trainer.py save_trainer_state) = the LM in its saved dtype (LoRA: the adapters only, fp32,
+the base referenced by adapter_config.json) + value head (hidden + 1, fp32) + Adam's two moments of
+every trainable parameter (all, or those above ppo.num_shared_layers, or adapters + value head) +
+the tokenizer (its local files, else a rough size). There is one checkpoint per chunk of
+run.rounds_per_stage rounds: ceil(rounds / K). DVC's cache adds a second copy unless `cache.type`
+in .dvc/config starts with hardlink or symlink (reflink falls back to copy on ext4).
+
+Load time. Each stage process reads the models it uses: rollout the policy; score a local scorer
+model (score.model of hf_classifier / reward_model); critique the base tokenizer and a local hf
+critic; ppo the policy with its optimizer state and the reference (models/base; none for LoRA,
+whose base the policy already loads). With K = 1 that is 4 processes a round; with K > 1 one
+process a chunk reads every folder once. Reads and checkpoint writes go at --disk-gbps (1 GB/s).
+The run time they are a share of assumes FAST compute, so the share is not understated:
+per round, 2 x params FLOPs per query and response token generated, 2 x 2 x params for the ppo
+stage's no-grad policy and reference passes, ppo_epochs x (2 x params forward + 2 x trainable
+weight gradients + activation gradients: 2 x params for LoRA, else 2 x trainable), 2 x params of a
+local scorer model, all at --gpu-tflops (400 TFLOP/s); query tokens = the summarization document
+(DEFAULT_DOCUMENT_TOKENS) or the mean prefix length; plus critic calls x --critic-latency-s (0.5 s)
+/ critic.max_concurrency, plus a remote scorer's batch_size / score.rate_limit_per_s. The base
+and evaluate stages (once per run) are not counted.
 """
 from __future__ import annotations
 

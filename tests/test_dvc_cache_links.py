@@ -76,10 +76,14 @@ def commit(project: Path, message: str) -> None:
     run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", message], project)
 
 
+def cache_files(project: Path) -> list[Path]:
+    return [p for p in (project / ".dvc" / "cache" / "files" / "md5").rglob("*")
+            if p.is_file() and not p.name.endswith(".dir")]
+
+
 def assert_cache_intact(project: Path) -> None:
     """Every file in the cache still has the content its name (md5) says: no stage wrote into one."""
-    files = [p for p in (project / ".dvc" / "cache" / "files" / "md5").rglob("*")
-             if p.is_file() and not p.name.endswith(".dir")]
+    files = cache_files(project)
     assert files
     for path in files:
         assert hashlib.md5(path.read_bytes()).hexdigest() == path.parent.name + path.name, path
@@ -110,6 +114,13 @@ def test_repro_and_exp_run_with_the_configured_link_type(tmp_path):
     assert weights.read_bytes().endswith(b"0003:3;") and changed_stages(project) == set()
     experiments = json.loads(dvc(["exp", "show", "--json"], project).stdout)
     assert any(e.get("experiments") for e in experiments), experiments
+    assert_cache_intact(project)
+
+    # docs/disk.md's clean-up of finished experiments: keep only what the workspace uses
+    before = cache_files(project)
+    dvc(["gc", "--workspace", "--force"], project)
+    assert len(cache_files(project)) < len(before) and changed_stages(project) == set()
+    assert weights.read_bytes().endswith(b"0003:3;")
     assert_cache_intact(project)
 
 
