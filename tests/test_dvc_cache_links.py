@@ -7,7 +7,7 @@ link type, `dvc repro` (also after a parameter change that replaces every linked
 `dvc exp run` work and never corrupt the cache; the DVC facts docs/disk.md builds on hold: a
 deleted file of a cached output or a deleted `cache: false` output makes its stage changed and
 re-runs it and every later round, and a stage restored from the run-cache does not restore an
-undeclared side file.
+undeclared side file. The last test runs the demo DAG itself (2 tiny rounds) with the link type.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e import ROOT, dvc, run
+from e2e import ROOT, dvc, make_project, run, tiny_params
 
 pytestmark = pytest.mark.slow
 
@@ -146,3 +146,15 @@ def test_dvc_facts_behind_the_retention_design(tmp_path):
     restored = dvc(["repro", "ppo@0003"], project).stdout
     assert "skipping run, checking out outputs" in restored and (project / "models" / "round=0003" / "optimizer.pt").is_file()
     assert not (project / "side" / "round=0003.txt").exists()
+
+
+def test_demo_pipeline_repro_and_exp_run_with_the_configured_link_type(tmp_path):
+    project = make_project(tmp_path, tiny_params(n_rounds=2, world={"n_reviews": 2000}, base={"steps": 200}))
+    dvc(["config", "cache.type", configured_cache_type()], project)
+    dvc(["repro", "-q"], project)
+    weights = project / "models" / "round=0002" / "model.safetensors"
+    assert weights.is_symlink() or weights.stat().st_nlink > 1
+    commit(project, "demo")
+    dvc(["exp", "run", "-q", "-S", "ppo.learning_rate=0.0002"], project)  # re-runs both ppo rounds and evaluate
+    assert changed_stages(project) == set() and json.loads((project / "metrics" / "eval.json").read_text())
+    assert_cache_intact(project)
