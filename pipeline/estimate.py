@@ -457,6 +457,16 @@ def _config_of(name: str, root: str | Path):
     return AutoConfig.for_model(fields.pop("model_type"), **fields), kind, dtype, "drlc's table of hub shapes"
 
 
+def _built_config(params: Params):
+    """The tiny GPT-2 the base stage pretrains when base.model is null (vocab = base.vocab_size, roughly)."""
+    from transformers import GPT2Config
+
+    b = params.base
+    config = GPT2Config(vocab_size=b.vocab_size, n_positions=b.block_size, n_embd=b.n_embd, n_layer=b.n_layer,
+                        n_head=b.n_head, bos_token_id=0, eos_token_id=0)
+    return config, "causal", "float32", "base.* (the GPT-2 the base stage builds)"
+
+
 def _meta_model(config, kind: str):
     """The model built from `config` on the meta device: shapes, no memory, no weights."""
     import torch
@@ -488,15 +498,19 @@ def model_size(name: str | None, root: str | Path = ".", params: Params | None =
     """
     from pipeline.reference import shared_parameter_names
 
-    found = _config_of(name, root) if name else None
+    found = _config_of(name, root) if name else (_built_config(params) if params else None)
     if found is None:
         return ModelSize(name or "?", 0, 4, "UNKNOWN offline (not local, not in drlc's table): counted as 0 bytes")
     config, kind, dtype, source = found
     model = _meta_model(config, kind)
     total = sum(p.numel() for p in model.parameters())
     model_type = getattr(config, "model_type", "")
-    tokenizer = _local_tokenizer_bytes(Path(root) / name) or TOKENIZER_BYTES.get(model_type, DEFAULT_TOKENIZER_BYTES)
-    size = ModelSize(name, total, DTYPE_BYTES.get(dtype, 4), source, tokenizer_bytes=tokenizer,
+    if name is None:  # the base stage's own word-piece tokenizer: its vocabulary in tokenizer.json, roughly
+        tokenizer = 64 * config.vocab_size
+    else:
+        tokenizer = _local_tokenizer_bytes(Path(root) / name) or TOKENIZER_BYTES.get(model_type,
+                                                                                     DEFAULT_TOKENIZER_BYTES)
+    size = ModelSize(name or "(built from base.*)", total, DTYPE_BYTES.get(dtype, 4), source, tokenizer_bytes=tokenizer,
                      hidden_size=getattr(config, "hidden_size", 0) or getattr(config, "n_embd", 0))
     if params is None:
         return size
@@ -707,7 +721,9 @@ def estimate_time(params: Params, disk: DiskEstimate, critic: CriticEstimate, *,
     else:
         read = sum(chunk_loads(first).values()) + (disk.checkpoints - 1) * sum(chunk_loads(later).values())
         loads, processes = {"chunk": chunk_loads(later)}, disk.checkpoints
-    calls = critic.calls_per_round if params.critic.enabled else 0.0
+    # a local critic other than the hf backend (lexicon, offline) answers in no time worth counting
+    timed = params.critic.enabled and (params.critic.endpoint != "local" or params.critic.backend == "hf")
+    calls = critic.calls_per_round if timed else 0.0
     remote_scorer = params.score.scorer == "perspective"
     return TimeEstimate(
         rounds=rounds, rounds_per_stage=k, processes=processes, loads=loads, read_bytes=read,
@@ -722,6 +738,12 @@ def _gb(n: float) -> str:
     if n < GB:
         return f"{n / 1e6:.1f} MB"
     return f"{n / GB:.1f} GB" if n < 100 * GB else f"{n / GB:,.0f} GB"
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 def disk_section(disk: DiskEstimate, load: TimeEstimate) -> list[str]:
@@ -747,7 +769,7 @@ def disk_section(disk: DiskEstimate, load: TimeEstimate) -> list[str]:
                          for proc, folders in t.loads.items()),
              f"  read {_gb(t.read_bytes)} -> {t.load_s:,.0f} s, write {_gb(t.write_bytes)} -> {t.write_s:,.0f} s "
              f"at {t.disk_gbps:g} GB/s (--disk-gbps)",
-             f"  run time ~{t.run_s / 3600:.2f} h: per round compute {t.compute_s:.3f} s at {t.gpu_tflops:g} TFLOP/s "
+             f"  run time ~{_duration(t.run_s)}: per round compute {t.compute_s:.3f} s at {t.gpu_tflops:g} TFLOP/s "
              f"(--gpu-tflops) + critic {t.critic_s:.2f} s ({t.critic_latency_s:g} s a call, --critic-latency-s) + "
              f"remote scorer {t.scorer_s:.1f} s, plus the loads and writes",
              f"  model loading: {100 * t.load_share:.1f} % of the run time (with checkpoint writes "
