@@ -628,11 +628,15 @@ def process_loads(params: Params, disk: DiskEstimate, *, first: bool, score: Mod
         loads["score"][params.score.model] = score.bytes
     if critic is not None:
         loads["critique"][critic.name] = critic.bytes
-    ppo = dict(policy, **{"models/base": disk.base_bytes})
+    ppo = {**policy, "models/base": disk.base_bytes}  # + the reference (already there for LoRA and round 1)
     if not first:
         ppo["models/<prev round>"] += disk.optimizer_bytes
     loads["ppo"] = ppo
     return loads
+
+
+def _bytes_read(loads: dict[str, dict[str, int]]) -> int:
+    return sum(size for folders in loads.values() for size in folders.values())
 
 
 def chunk_loads(per_round: dict[str, dict[str, int]]) -> dict[str, int]:
@@ -715,8 +719,7 @@ def estimate_time(params: Params, disk: DiskEstimate, critic: CriticEstimate, *,
     first = process_loads(params, disk, first=True, score=score, critic=critic_model)
     later = process_loads(params, disk, first=False, score=score, critic=critic_model)
     if k == 1:
-        read = sum(map(sum, (f.values() for f in first.values()))) + (rounds - 1) * sum(
-            map(sum, (f.values() for f in later.values())))
+        read = _bytes_read(first) + (rounds - 1) * _bytes_read(later)
         loads, processes = later, len(later) * rounds
     else:
         read = sum(chunk_loads(first).values()) + (disk.checkpoints - 1) * sum(chunk_loads(later).values())

@@ -14,6 +14,7 @@ from __future__ import annotations
 import configparser
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -33,6 +34,7 @@ weights = pathlib.Path(prev, "weights.bin").read_bytes()
 with atomic_folder(out) as folder:
     (folder / "weights.bin").write_bytes(weights + f"{key}:{lr};".encode())
     (folder / "optimizer.pt").write_bytes(f"moments {key} {lr}".encode() * 64)
+    (folder / "tokenizer.json").write_text("the same tokenizer in every checkpoint")
 pathlib.Path("metrics").mkdir(exist_ok=True)
 pathlib.Path("metrics", f"round={key}.json").write_text(f'{{"lr": {lr}}}')
 pathlib.Path("side").mkdir(exist_ok=True)
@@ -102,6 +104,8 @@ def test_repro_and_exp_run_with_the_configured_link_type(tmp_path):
     linked = weights.is_symlink() or weights.stat().st_nlink > 1
     assert linked and not weights.resolve().stat().st_mode & 0o222, "outputs are read-only links into the cache"
     assert weights.read_bytes().endswith(b"0001:1;0002:1;0003:1;")
+    tokenizers = [project / "models" / f"round={r:04d}" / "tokenizer.json" for r in (1, 3)]
+    assert os.path.samefile(*tokenizers)  # identical files in two checkpoints: one file on disk
     commit(project, "three rounds")
 
     (project / "params.yaml").write_text((project / "params.yaml").read_text().replace("lr: 1", "lr: 2"))
