@@ -6,6 +6,7 @@ the documented counting rule) rather than taken from pipeline.estimate.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -16,8 +17,9 @@ import yaml
 from pipeline import store
 from pipeline.config import load_params
 from pipeline.errors import ConfigError, DrlcError
-from pipeline.estimate import (add_estimate_parser, critique_rate, estimate_critic, measured_critique_rate,
-                               planned_stages, source_status, token_counter)
+from pipeline.estimate import (_gb, add_estimate_parser, cache_copies, cache_link_type, critique_rate, estimate_critic,
+                               estimate_disk, estimate_time, measured_critique_rate, model_size, planned_stages,
+                               source_status, token_counter)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs" / "paper").glob("*.yaml")) + sorted((ROOT / "configs").glob("*.yaml"))
@@ -42,6 +44,7 @@ def test_every_config_estimates_offline(path, capsys, monkeypatch):
     assert run_cli([str(path)]) == 0
     out = capsys.readouterr().out
     assert f"{path}: valid" in out and "== critic ==" in out and "== stages `dvc repro` would run" in out
+    assert "== disk and load time" in out and "model loading:" in out
 
 
 def _sections(template_path: Path) -> list[str]:
@@ -158,3 +161,103 @@ def test_report_flags_missing_key_and_hub_ids(capsys, monkeypatch):
     assert "OPENAI_API_KEY is not set" in out
     assert re.search(r"base model\s+gpt2-large\s+\[hub: NOT LOCAL", out)
     assert "calls per round: 16 of 16 responses; run total: 2048" in out
+
+
+# ---- disk and load time ----------------------------------------------------------------------------
+
+GB = 1e9
+# published parameter counts (the GPT-2 and Llama 2 model cards; huggingface.co/docs/transformers)
+PUBLISHED = {"gpt2": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_030_080,
+             "meta-llama/Llama-2-7b-chat-hf": 6_738_415_616}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_parameter_counts_of_the_table_equal_the_published_ones(name):
+    assert model_size(name, ROOT).params == PUBLISHED[name]
+
+
+def gpt2_block(d: int) -> int:
+    """One GPT-2 block: c_attn d x 3d, attn c_proj d x d, c_fc d x 4d, mlp c_proj 4d x d, their biases, 2 LayerNorms."""
+    return 12 * d * d + 13 * d
+
+
+def paper(name: str, **run):
+    params = load_params(ROOT / "configs/paper" / name)
+    if run:
+        params = dataclasses.replace(params, run=dataclasses.replace(params.run, **run))
+    return params
+
+
+def estimates(params, cache_type=None):
+    disk = estimate_disk(params, root=ROOT, cache_type=cache_type)
+    return disk, estimate_time(params, disk, estimate_critic(params, root=ROOT), root=ROOT)
+
+
+def test_sentiment_dense_disk_and_load_time_match_an_independent_count():
+    params = paper("sentiment-dense.yaml")
+    p, d, k = PUBLISHED["gpt2-large"], 1280, params.run.rounds_per_stage
+    trainable = 16 * gpt2_block(d) + 2 * d + (d + 1)  # blocks 20..35, ln_f, value head (num_shared_layers 20)
+    disk, load = estimates(params)
+    assert disk.policy.trainable == trainable
+    checkpoint = 4 * p + 4 * (d + 1) + 2 * 4 * trainable + disk.tokenizer_bytes
+    assert disk.checkpoint_bytes == checkpoint
+    assert disk.total_bytes == math.ceil(128 / k) * checkpoint + 4 * p  # hardlink cache: no second copy
+    tokens = 16 * ((4 + 10) / 2 + (15 + 20) / 2)
+    scorer = model_size("lvwerra/distilbert-imdb", ROOT).params
+    flops = tokens * (2 * p + 2 * 2 * p + 4 * (2 * p + 4 * trainable) + 2 * scorer)
+    assert load.compute_s == pytest.approx(flops / 400e12)
+    assert load.critic_s == pytest.approx(16 * 0.5 / 8)
+    assert k == 128  # one chunk: it loads models/base once (policy and reference) and the scorer
+    assert load.read_bytes == 4 * p + 4 * scorer
+    run_s = 128 * (flops / 400e12 + 1.0) + (4 * p + 4 * scorer + checkpoint) / GB
+    assert load.run_s == pytest.approx(run_s) and load.load_share == pytest.approx((4 * p + 4 * scorer) / GB / run_s)
+
+
+def test_lora_adapters_are_counted_from_r_and_the_target_modules():
+    disk, _ = estimates(paper("self-critique.yaml"))
+    adapters = 32 * 2 * 16 * (4096 + 4096)  # peft's default for Llama: q_proj and v_proj, r x (in + out) each
+    assert disk.policy.adapter_params == adapters and disk.policy.trainable == adapters + 4097
+    assert disk.weights_bytes == 4 * adapters and disk.optimizer_bytes == 2 * 4 * (adapters + 4097)
+    assert disk.base_bytes == 2 * PUBLISHED["meta-llama/Llama-2-7b-chat-hf"]  # fp16 on the hub, referenced once
+
+
+def test_paper_targets_hold_with_the_committed_settings():
+    """docs/disk.md's targets, at 1 GB/s and the default compute model."""
+    assert cache_copies(cache_link_type(ROOT)) == 0
+    disk, load = estimates(paper("sentiment-dense.yaml"))
+    assert disk.total_bytes <= 100 * GB and load.load_share <= 0.05
+    disk, load = estimates(paper("self-critique.yaml"))
+    assert disk.beyond_base_bytes <= 5 * GB and load.load_share <= 0.05
+
+
+def test_one_stage_per_round_and_a_copying_cache_miss_the_targets():
+    """The negative control: the settings before docs/disk.md fail the same checks."""
+    for name, measure, limit in (("sentiment-dense.yaml", "total_bytes", 100 * GB),
+                                 ("self-critique.yaml", "beyond_base_bytes", 5 * GB)):
+        disk, load = estimates(paper(name, rounds_per_stage=1), cache_type="reflink,copy")
+        assert getattr(disk, measure) > limit and load.load_share > 0.05
+        linked, _ = estimates(paper(name, rounds_per_stage=1), cache_type="hardlink,symlink")
+        assert getattr(linked, measure) > limit  # links alone are not enough: one checkpoint per round is
+        assert linked.total_bytes * 2 == disk.total_bytes
+
+
+def test_cache_link_types():
+    assert [cache_copies(t) for t in ("reflink,copy", "copy", "hardlink,symlink", "symlink", "hardlink")] == [1, 1, 0, 0, 0]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs" / "paper").glob("*.yaml")), ids=lambda p: p.name)
+def test_paper_headers_quote_the_estimate(path):
+    disk, load = estimates(load_params(path))
+    header = path.read_text().split("\nrun:", 1)[0]
+    now = re.search(r"# now \(run.rounds_per_stage (\d+): .*?\): (.+?) in all \((.+?) beyond models/base\);\n"
+                    r"#   model loading ([\d.]+) %", header)
+    assert now, "the header has no 'now' disk line"
+    assert (int(now[1]), now[2], now[3]) == (disk.rounds_per_stage, _gb(disk.total_bytes), _gb(disk.beyond_base_bytes))
+    assert float(now[4]) == round(100 * load.load_share, 1)
+
+
+def test_bad_throughputs_are_config_errors():
+    params = paper("sentiment-dense.yaml")
+    disk = estimate_disk(params, root=ROOT)
+    with pytest.raises(ConfigError, match="--disk-gbps 0"):
+        estimate_time(params, disk, estimate_critic(params, root=ROOT), root=ROOT, disk_gbps=0)
