@@ -13,14 +13,15 @@ from pipeline.policy import PolicyWithValueHead
 
 def _sample_chunk(policy, queries, *, eos_id, pad_id, max_new_tokens, generator):
     """Sample one left-padded chunk; returns a list of (response_ids, behaviour_logprobs)."""
+    device = generator.device
     width = max(len(q) for q in queries)
-    input_ids = torch.tensor([[pad_id] * (width - len(q)) + list(q) for q in queries])  # (B, Q)
-    attention = torch.tensor([[0] * (width - len(q)) + [1] * len(q) for q in queries])  # (B, Q)
+    input_ids = torch.tensor([[pad_id] * (width - len(q)) + list(q) for q in queries], device=device)  # (B, Q)
+    attention = torch.tensor([[0] * (width - len(q)) + [1] * len(q) for q in queries], device=device)  # (B, Q)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (B, Q)
     out = policy.lm(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
     cache, logits = out.cache, out.logits[:, -1]  # (B, V)
     next_pos = positions[:, -1:] + 1  # (B, 1)
-    done = torch.zeros(len(queries), dtype=torch.bool)  # (B,)
+    done = torch.zeros(len(queries), dtype=torch.bool, device=device)  # (B,)
     tokens, logprobs = [], []
     for _ in range(max_new_tokens):
         log_p = torch.log_softmax(logits.float(), dim=-1)  # (B, V)
@@ -54,15 +55,15 @@ def sample_responses(
     """Sample one response per query from the full distribution (temperature 1, no top-k/p).
 
     Queries are processed in order in left-padded chunks of `batch_size` with a KV cache;
-    one torch.Generator(seed) drives torch.multinomial, so the output is deterministic for a
-    seed and batch size. A row stops after EOS (the EOS is kept) or `max_new_tokens` tokens.
+    one torch.Generator(seed) on the policy's device drives torch.multinomial (inputs are built
+    there too), so the output is deterministic for a seed, batch size and device. A row stops after EOS (the EOS is kept) or `max_new_tokens` tokens.
     behaviour_logprobs are the fp32 log-probs of the sampled tokens under the distribution
     they were drawn from (dropout off), equal to `pipeline.scoring.score_responses`' log-probs up to float error.
     Returns one dict(response_ids: list[int], behaviour_logprobs: list[float]) per query.
     """
     was_training = policy.training
     policy.eval()
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator(device=next(policy.parameters()).device).manual_seed(seed)
     results = []
     starts = range(0, len(queries), batch_size)
     for start in tqdm(starts, desc="sampling", disable=not progress):

@@ -2,20 +2,23 @@
 from pathlib import Path
 
 from pipeline import stage, store
-from pipeline.steps.rollout import rollout
+from pipeline.device import resolve_device
+from pipeline.steps.rollout import rollout_round
 
 
 def main():
-    args = stage.parser(__doc__, "prompts", "policy", "out", with_round=True).parse_args()
+    args = stage.parser(__doc__, "prompts", "policy", "out", "metrics", with_round=True).parse_args()
     params = stage.start(args)
+    device = resolve_device(params.run.device)
     r = params.rollout
-    rows = rollout(
+    rows, metrics = rollout_round(
         store.read_table(args.prompts, "prompts"), policy_dir=args.policy,
         policy_name=Path(args.policy).name, run_id=params.run.run_id, round_=int(args.round),
         seed=params.run.seed, batch_size=r.batch_size, max_new_tokens=r.max_new_tokens,
-        generation_batch_size=r.generation_batch_size, min_new_tokens=r.min_new_tokens,
+        generation_batch_size=r.generation_batch_size, min_new_tokens=r.min_new_tokens, device=device,
     )
     store.write_table(rows, "rollouts", args.out)
+    stage.write_json(metrics, args.metrics)
 
 
 if __name__ == "__main__":

@@ -9,19 +9,20 @@ def sample_continuations(lm, tokenizer, queries: list[list[int]], *, max_new_tok
                          seed: int, batch_size: int) -> list[list[int]]:
     """One nucleus sample (top_k off) per query, in left-padded batches of `batch_size`.
 
-    The generator is seeded once with `seed`, so the same queries, seed and batch size give
-    the same samples. EOS ends a continuation and is not returned; pad tokens are dropped.
+    Runs on the model's device; torch.manual_seed(seed) seeds its generator once, so the same
+    queries, seed, batch size and device give the same samples. EOS ends a continuation and is not returned; pad tokens are dropped.
     Returns: the continuation token ids of each query, in order.
     """
     torch.manual_seed(seed)
     lm.eval()
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    device = next(lm.parameters()).device
     continuations = []
     for start in range(0, len(queries), batch_size):
         batch = queries[start:start + batch_size]
         width = max(len(q) for q in batch)
-        ids = torch.tensor([[pad] * (width - len(q)) + q for q in batch])  # (B, Tq)
-        mask = torch.tensor([[0] * (width - len(q)) + [1] * len(q) for q in batch])  # (B, Tq)
+        ids = torch.tensor([[pad] * (width - len(q)) + q for q in batch], device=device)  # (B, Tq)
+        mask = torch.tensor([[0] * (width - len(q)) + [1] * len(q) for q in batch], device=device)  # (B, Tq)
         out = lm.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_p=top_p, top_k=0,
                           max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos)[:, width:]
         for row in out.tolist():  # (B, <= max_new_tokens)

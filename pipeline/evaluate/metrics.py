@@ -84,17 +84,19 @@ def conditional_perplexities(lm, *, query_ids: list[list[int]], response_ids: li
     """exp(mean NLL of the response tokens given the query) for each (query, response) pair.
 
     Pairs are right-padded into batches (padding after the last token cannot change earlier
-    logits of a causal LM). Pairs with an empty response get NaN (no tokens to score).
+    logits of a causal LM), on the model's device. Pairs with an empty response get NaN (no
+    tokens to score).
     """
     lm.eval()
+    device = next(lm.parameters()).device
     out = [math.nan] * len(query_ids)
     todo = [i for i, r in enumerate(response_ids) if r]
     for start in range(0, len(todo), batch_size):
         index = todo[start:start + batch_size]
         seqs = [query_ids[i] + response_ids[i] for i in index]
         width = max(len(s) for s in seqs)
-        ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs])  # (B, T)
-        attention = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])  # (B, T)
+        ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs], device=device)  # (B, T)
+        attention = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=device)  # (B, T)
         logits = lm(input_ids=ids, attention_mask=attention).logits[:, :-1].float()  # (B, T-1, V)
         nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # (B, T-1)
         for row, i in enumerate(index):
