@@ -19,6 +19,7 @@ from pipeline.device import module_device
 from pipeline.policy import load_policy
 from pipeline.sampling import sample_responses
 from pipeline.seeding import round_seed
+from pipeline.shard import Shard
 
 
 def encode_query(tokenizer, text: str) -> list[int]:
@@ -51,16 +52,19 @@ def rollout(prompt_rows: list[dict], *, policy_dir: str, policy_name: str, run_i
 
 def rollout_round(prompt_rows: list[dict], *, policy_dir: str, policy_name: str, run_id: str, round_: int,
                   seed: int, batch_size: int, max_new_tokens: int, generation_batch_size: int,
-                  min_new_tokens: int | None = None, device: str | torch.device = "cpu") -> tuple[list[dict], dict]:
+                  min_new_tokens: int | None = None, device: str | torch.device = "cpu",
+                  shard: Shard | None = None) -> tuple[list[dict], dict]:
     """Pick `batch_size` train prompts (seeded per round) and sample one response to each on `device`.
 
     Queries start with the tokenizer's BOS token (when it has one), as every review did in
     pretraining. Each response stops at EOS or at its length limit (``response_limits``; see the
     module docstring); the row's ``max_new_tokens`` column records that limit. The behaviour
     log-probs of the kept tokens are recorded for PPO ratios and replay.
-    Deterministic for (seed, round_, generation_batch_size, device).
-    Returns: (rollout rows, metrics: device (the policy's, from its parameters), rows,
-    response_tokens, seconds and tokens_per_s of the sampling).
+    Deterministic for (seed, round_, generation_batch_size, device). With `shard` (N processes)
+    each process samples its generation batches and every process returns all rows, the same
+    as one process (pipeline/shard.py).
+    Returns: (rollout rows, metrics: device (this process's policy's, from its parameters),
+    processes, rows, response_tokens, seconds and tokens_per_s of the sampling).
     """
     torch.manual_seed(round_seed(seed, round_, 0))
     train = [row for row in prompt_rows if row["split"] == "train"]
@@ -75,7 +79,7 @@ def rollout_round(prompt_rows: list[dict], *, policy_dir: str, policy_name: str,
     started = time.perf_counter()
     samples = sample_responses(
         policy, queries=queries, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
-        max_new_tokens=max_new_tokens, seed=sample_seed, batch_size=generation_batch_size,
+        max_new_tokens=max_new_tokens, seed=sample_seed, batch_size=generation_batch_size, shard=shard,
     )
     seconds = time.perf_counter() - started
     samples = [{"response_ids": s["response_ids"][:limit], "behaviour_logprobs": s["behaviour_logprobs"][:limit]}
@@ -90,5 +94,6 @@ def rollout_round(prompt_rows: list[dict], *, policy_dir: str, policy_name: str,
         for i, (row, query, sample, limit) in enumerate(zip(chosen, queries, samples, limits))
     ]
     tokens = sum(len(s["response_ids"]) for s in samples)
-    return rows, {"device": module_device(policy), "rows": len(rows), "response_tokens": tokens,
+    return rows, {"device": module_device(policy), "processes": (shard or Shard()).world_size,
+                  "rows": len(rows), "response_tokens": tokens,
                   "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else None}
