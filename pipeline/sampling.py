@@ -1,7 +1,9 @@
 """Sampling responses from a policy: temperature-1 multinomial draws with a KV cache, seeded.
 
 Queries are left padded; explicit position ids (cumsum of the attention mask − 1) keep the
-logits equal to an unpadded pass. Dropout is off (eval mode) while sampling.
+logits equal to an unpadded pass. Dropout is off (eval mode) while sampling. Each generation
+batch has its own generator (pipeline.shard.batch_seed), so under a launcher the processes
+can split the batches and gather the same samples as one process (pipeline/shard.py).
 """
 from __future__ import annotations
 
@@ -9,18 +11,20 @@ import torch
 from tqdm.auto import tqdm
 
 from pipeline.policy import PolicyWithValueHead
+from pipeline.shard import Shard, batch_seed
 
 
 def _sample_chunk(policy, queries, *, eos_id, pad_id, max_new_tokens, generator):
     """Sample one left-padded chunk; returns a list of (response_ids, behaviour_logprobs)."""
+    device = generator.device
     width = max(len(q) for q in queries)
-    input_ids = torch.tensor([[pad_id] * (width - len(q)) + list(q) for q in queries])  # (B, Q)
-    attention = torch.tensor([[0] * (width - len(q)) + [1] * len(q) for q in queries])  # (B, Q)
+    input_ids = torch.tensor([[pad_id] * (width - len(q)) + list(q) for q in queries], device=device)  # (B, Q)
+    attention = torch.tensor([[0] * (width - len(q)) + [1] * len(q) for q in queries], device=device)  # (B, Q)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (B, Q)
     out = policy.lm(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
     cache, logits = out.cache, out.logits[:, -1]  # (B, V)
     next_pos = positions[:, -1:] + 1  # (B, 1)
-    done = torch.zeros(len(queries), dtype=torch.bool)  # (B,)
+    done = torch.zeros(len(queries), dtype=torch.bool, device=device)  # (B,)
     tokens, logprobs = [], []
     for _ in range(max_new_tokens):
         log_p = torch.log_softmax(logits.float(), dim=-1)  # (B, V)
@@ -50,26 +54,33 @@ def sample_responses(
     seed: int,
     batch_size: int,
     progress: bool = True,
+    shard: Shard | None = None,
 ) -> list[dict]:
     """Sample one response per query from the full distribution (temperature 1, no top-k/p).
 
     Queries are processed in order in left-padded chunks of `batch_size` with a KV cache;
-    one torch.Generator(seed) drives torch.multinomial, so the output is deterministic for a
-    seed and batch size. A row stops after EOS (the EOS is kept) or `max_new_tokens` tokens.
+    chunk b's torch.multinomial draws come from a torch.Generator on the policy's device seeded
+    with batch_seed(seed, b) (chunk 0: `seed`; inputs are built there too), so the output is
+    deterministic for a seed, batch size and device. `shard` (several processes) samples only
+    this process's chunks and gathers all of them: the same list as one process. A row stops
+    after EOS (the EOS is kept) or `max_new_tokens` tokens.
     behaviour_logprobs are the fp32 log-probs of the sampled tokens under the distribution
     they were drawn from (dropout off), equal to `pipeline.scoring.score_responses`' log-probs up to float error.
     Returns one dict(response_ids: list[int], behaviour_logprobs: list[float]) per query.
     """
     was_training = policy.training
     policy.eval()
-    generator = torch.Generator().manual_seed(seed)
-    results = []
-    starts = range(0, len(queries), batch_size)
-    for start in tqdm(starts, desc="sampling", disable=not progress):
-        chunk = queries[start : start + batch_size]
-        for ids, lps in _sample_chunk(
-            policy, chunk, eos_id=eos_id, pad_id=pad_id, max_new_tokens=max_new_tokens, generator=generator
-        ):
-            results.append({"response_ids": ids, "behaviour_logprobs": lps})
+    device, shard = next(policy.parameters()).device, shard or Shard()
+    local = {}
+    n_batches = -(-len(queries) // batch_size)  # ceil
+    for index in tqdm(shard.batches(n_batches), desc="sampling", disable=not progress):
+        chunk = queries[index * batch_size : (index + 1) * batch_size]
+        generator = torch.Generator(device=device).manual_seed(batch_seed(seed, index))
+        local[index] = [
+            {"response_ids": ids, "behaviour_logprobs": lps}
+            for ids, lps in _sample_chunk(
+                policy, chunk, eos_id=eos_id, pad_id=pad_id, max_new_tokens=max_new_tokens, generator=generator
+            )
+        ]
     policy.train(was_training)
-    return results
+    return shard.gather(local)

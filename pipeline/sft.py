@@ -5,7 +5,9 @@ in the ``base`` stage when ``base.sft_steps`` > 0. Each corpus line is one train
 summarization "document TL;DR: reference"), trained with the plain language-modelling loss on
 every token (TRL appends eos), as the research code's SFT did on prompt + label.
 
-CPU-friendly settings: bf16 only on a CUDA GPU that supports it (never on CPU), no gradient
+The model trains on the ``device`` given (``run.device``): Trainer's ``use_cpu`` for the CPU, the
+current CUDA device (set to it first) for a GPU. bf16 only on a CUDA GPU that supports it (never
+on CPU), no gradient
 checkpointing, no logging integrations (``report_to="none"``), no checkpoints (the caller
 saves the final model), one process. ``corpus_loss`` measures the mean token loss on fixed
 lines so the effect of fine-tuning can be checked before and after.
@@ -60,7 +62,7 @@ def corpus_loss(model, tokenizer, texts: list[str], *, max_length: int, batch_si
 
 
 def supervised_finetune(model, tokenizer, texts: list[str], *, steps: int, batch_size: int,
-                        learning_rate: float, seed: int, progress: bool = True) -> dict:
+                        learning_rate: float, seed: int, progress: bool = True, device="cpu") -> dict:
     """Fine-tune `model` in place on `texts` for `steps` optimizer steps with TRL's SFTTrainer.
 
     Seeded (``seed`` drives TRL/transformers' ``set_seed``, the data order and the dropout), linear
@@ -70,9 +72,11 @@ def supervised_finetune(model, tokenizer, texts: list[str], *, steps: int, batch
 
     Params: model: a causal LM (trained in place); tokenizer: its tokenizer, with a pad token;
     texts: the training corpus; steps: optimizer steps (> 0); batch_size: texts per step;
-    learning_rate: peak learning rate; seed: integer seed; progress: show TRL's progress bar.
+    learning_rate: peak learning rate; seed: integer seed; progress: show TRL's progress bar;
+    device: where the model trains (it is moved there before the first loss).
     Returns: {"sft_steps", "sft_train_loss" (mean loss of the last logged steps), "sft_loss_before",
-    "sft_loss_after" (corpus_loss on the sampled lines), "sft_seconds"}.
+    "sft_loss_after" (corpus_loss on the sampled lines), "sft_seconds", "device" (where the model's
+    parameters were after training)}.
     Raises: DataError if `texts` has no non-blank line; ConfigError if steps or batch_size < 1 or
     the tokenizer has no pad token.
     """
@@ -87,6 +91,10 @@ def supervised_finetune(model, tokenizer, texts: list[str], *, steps: int, batch
         raise ConfigError(f"SFT needs 'base.sft_steps' and 'base.batch_size' >= 1, got {steps} and {batch_size}.")
     if tokenizer.pad_token_id is None:
         raise ConfigError("SFT needs a tokenizer with a pad token: set pad = eos and save the tokenizer again.")
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # Trainer places a single-process model on the current CUDA device
+    model.to(device)
     max_length = context_length(model)
     eval_lines = random.Random(f"drlc-sft-eval:{seed}").sample(texts, min(EVAL_LINES, len(texts)))
     loss_before = corpus_loss(model, tokenizer, eval_lines, max_length=max_length)
@@ -96,26 +104,27 @@ def supervised_finetune(model, tokenizer, texts: list[str], *, steps: int, batch
                              train_dataset=Dataset.from_dict({"text": texts}),
                              args=_sft_config(scratch, steps=steps, batch_size=batch_size,
                                               learning_rate=learning_rate, seed=seed, max_length=max_length,
-                                              progress=progress))
+                                              progress=progress, device=device))
         trainer.train()
     seconds = time.perf_counter() - started
     logged = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     tail = logged[-max(1, len(logged) // 5):] if logged else [float("nan")]
     return {"sft_steps": steps, "sft_train_loss": sum(tail) / len(tail), "sft_loss_before": loss_before,
             "sft_loss_after": corpus_loss(model, tokenizer, eval_lines, max_length=max_length),
-            "sft_seconds": seconds}
+            "sft_seconds": seconds, "device": str(next(model.parameters()).device)}
 
 
 def _sft_config(output_dir: str, *, steps: int, batch_size: int, learning_rate: float, seed: int,
-                max_length: int, progress: bool):
-    """SFTConfig for a short, checkpoint-free, integration-free run (see the module docstring)."""
+                max_length: int, progress: bool, device: torch.device):
+    """SFTConfig for a short, checkpoint-free, integration-free run on `device` (see the module docstring)."""
     from trl import SFTConfig
 
-    bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    on_gpu = device.type == "cuda"
+    bf16 = on_gpu and torch.cuda.is_bf16_supported()
     return SFTConfig(
         output_dir=output_dir, max_steps=steps, per_device_train_batch_size=batch_size,
         learning_rate=learning_rate, seed=seed, data_seed=seed, bf16=bf16, fp16=False,
         activation_checkpointing=False, report_to="none", save_strategy="no", logging_steps=max(1, steps // 20),
         disable_tqdm=not progress, max_length=max_length, packing=False, dataset_text_field="text",
-        dataloader_num_workers=0, dataloader_pin_memory=torch.cuda.is_available(),
+        dataloader_num_workers=0, dataloader_pin_memory=on_gpu, use_cpu=not on_gpu,
     )

@@ -3,6 +3,7 @@
 Exits 2 with one line, writing nothing, when the round fails critic.max_error_rate or its budget.
 """
 from pipeline import stage, store
+from pipeline.device import resolve_device
 from pipeline.steps.critique import critique
 
 
@@ -10,10 +11,11 @@ def main():
     args = stage.parser(__doc__, "rollouts", "scores", "tokenizer", "out", "metrics",
                         with_round=True).parse_args()
     params = stage.start(args)
+    device = resolve_device(params.run.device)
     rows, metrics = critique(
         store.read_table(args.rollouts, "rollouts"), store.read_table(args.scores, "scores"),
         critic=params.critic, tokenizer_dir=args.tokenizer, run_id=params.run.run_id,
-        round_=int(args.round), task=params.run.task,
+        round_=int(args.round), task=params.run.task, device=device,
     )
     store.write_table(rows, "annotations", args.out)
     stage.write_json(metrics, args.metrics)

@@ -1,25 +1,38 @@
-"""evaluate: the final policy against the base on each prompt set (DExperts protocol); curves per round."""
+"""evaluate: the final policy against the base on each prompt set (DExperts protocol); curves per round.
+
+Data parallel: `accelerate launch --multi_gpu --num_processes N stages/evaluate.py ...` (docs/scale-out.md).
+"""
 from pathlib import Path
 
 from pipeline import stage, store
+from pipeline.device import resolve_device
 from pipeline.evaluate.curves import round_curves
-from pipeline.steps.evaluate import evaluate
+from pipeline.shard import Shard
+from pipeline.steps.evaluate import evaluate_models
 
 
 def main():
-    args = stage.parser(__doc__, "prompts", "base", "policy", "data", "metrics", "curves", "out",
-                        "samples").parse_args()
+    parser = stage.parser(__doc__, "prompts", "base", "policy", "data", "metrics", "curves", "out", "samples")
+    parser.add_argument("--stage-metrics", help="JSON of the stage itself: device, samples, seconds")
+    args = parser.parse_args()
     params = stage.start(args)
+    device, shard = resolve_device(params.run.device), Shard.from_environment()
     policy_name = Path(args.policy).name
-    rows, samples, metrics = evaluate(
+    rows, samples, metrics, info = evaluate_models(
         store.read_table(args.prompts, "prompts"), base_dir=args.base, policy_dir=args.policy,
         policy_name=policy_name, run_id=params.run.run_id, round_=int(policy_name.split("=")[1]),
-        seed=params.run.seed, params=params.evaluate, task=params.run.task, score=params.score,
+        seed=params.run.seed, params=params.evaluate, task=params.run.task, score=params.score, device=device,
+        shard=shard,
     )
+    shard.close()
+    if not shard.is_main:
+        return  # every process holds the same results; one writes them
     store.write_table(rows, "eval", args.out)
     store.write_table(samples, "eval_samples", args.samples)
     stage.write_json(metrics, args.metrics)
     stage.write_json({"rounds": round_curves(args.data)}, args.curves)
+    if args.stage_metrics:
+        stage.write_json(info, args.stage_metrics)
 
 
 if __name__ == "__main__":

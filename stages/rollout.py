@@ -1,21 +1,30 @@
-"""rollout: sample one response per chosen train prompt from the round's starting policy."""
+"""rollout: sample one response per chosen train prompt from the round's starting policy.
+
+Data parallel: `accelerate launch --multi_gpu --num_processes N stages/rollout.py ...` (docs/scale-out.md).
+"""
 from pathlib import Path
 
 from pipeline import stage, store
-from pipeline.steps.rollout import rollout
+from pipeline.device import resolve_device
+from pipeline.shard import Shard
+from pipeline.steps.rollout import rollout_round
 
 
 def main():
-    args = stage.parser(__doc__, "prompts", "policy", "out", with_round=True).parse_args()
+    args = stage.parser(__doc__, "prompts", "policy", "out", "metrics", with_round=True).parse_args()
     params = stage.start(args)
+    device, shard = resolve_device(params.run.device), Shard.from_environment()
     r = params.rollout
-    rows = rollout(
+    rows, metrics = rollout_round(
         store.read_table(args.prompts, "prompts"), policy_dir=args.policy,
         policy_name=Path(args.policy).name, run_id=params.run.run_id, round_=int(args.round),
         seed=params.run.seed, batch_size=r.batch_size, max_new_tokens=r.max_new_tokens,
-        generation_batch_size=r.generation_batch_size, min_new_tokens=r.min_new_tokens,
+        generation_batch_size=r.generation_batch_size, min_new_tokens=r.min_new_tokens, device=device, shard=shard,
     )
-    store.write_table(rows, "rollouts", args.out)
+    shard.close()
+    if shard.is_main:  # every process holds all rows; one writes them
+        store.write_table(rows, "rollouts", args.out)
+        stage.write_json(metrics, args.metrics)
 
 
 if __name__ == "__main__":

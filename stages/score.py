@@ -1,19 +1,22 @@
 """score: the environment reward of every response of the round (pipeline/rewards/<task>.py)."""
 from pipeline import stage, store
-from pipeline.steps.score import score
+from pipeline.device import resolve_device
+from pipeline.steps.score import score_round
 
 
 def main():
-    parser = stage.parser(__doc__, "rollouts", "out", with_round=True)
+    parser = stage.parser(__doc__, "rollouts", "out", "metrics", with_round=True)
     parser.add_argument("--prompts", help="prompts table with each prompt's reference (needed by summarization)")
     args = parser.parse_args()
     params = stage.start(args)
-    rows = score(
+    device = resolve_device(params.run.device)
+    rows, metrics = score_round(
         store.read_table(args.rollouts, "rollouts"),
         store.read_table(args.prompts, "prompts") if args.prompts else None,
-        task=params.run.task, run_id=params.run.run_id, round_=int(args.round), params=params.score,
+        task=params.run.task, run_id=params.run.run_id, round_=int(args.round), params=params.score, device=device,
     )
     store.write_table(rows, "scores", args.out)
+    stage.write_json(metrics, args.metrics)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,8 @@ def test_chat_completion_has_openai_shape_and_word_count_usage():
     assert reply["choices"][0]["finish_reason"] == "stop"
     # words by hand: "Task:", "sentiment" + "the", "soup", "was", "lovely"
     assert reply["usage"] == {"prompt_tokens": 6, "completion_tokens": 4, "total_tokens": 10}
-    assert stats() == {"requests": 1, "completions": 1, "rejected": 0, "faults": dict.fromkeys(FAULT_KINDS, 0)}
+    assert stats() == {"requests": 1, "completions": 1, "rejected": 0, "faults": dict.fromkeys(FAULT_KINDS, 0),
+                       "device": None}
 
 
 def test_custom_callable_backend_and_models_route():

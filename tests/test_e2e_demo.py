@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from pipeline.device import stage_devices
 from pipeline.store import VOLATILE_COLUMNS, connect
 from e2e import dvc, make_project, run, tiny_params
 
@@ -47,6 +48,19 @@ def test_every_table_is_written(finished_run):
     curves = json.loads((finished_run / "metrics" / "rounds.json").read_text())["rounds"]
     assert [c["round"] for c in curves] == [1, 2, 3]
     assert sum(c["critiqued"] for c in curves) > 0 and sum(c["critic_requests"] for c in curves) > 0
+
+
+def test_every_stage_records_where_it_ran_its_model(finished_run):
+    """run.device auto on this CUDA-less machine: every model on the CPU; VADER and the lexicon critic have none."""
+    rounds = ["0001", "0002", "0003"]
+    expected = {"base": "cpu", "evaluate": "cpu",
+                **{f"{stage}@{r}": "cpu" for stage in ("rollout", "ppo") for r in rounds},
+                **{f"{stage}@{r}": None for stage in ("score", "critique") for r in rounds}}
+    assert stage_devices(finished_run / "metrics") == expected
+    rollout = json.loads((finished_run / "metrics" / "rollout" / "round=0001.json").read_text())
+    assert rollout["rows"] == 32 and rollout["response_tokens"] > 0 and rollout["tokens_per_s"] > 0
+    score = json.loads((finished_run / "metrics" / "score" / "round=0001.json").read_text())
+    assert score["rows"] == 32 and score["scorer"] == "vader"
 
 
 def test_env_reward_rises_from_first_to_last_round(finished_run):

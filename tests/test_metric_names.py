@@ -66,3 +66,12 @@ def test_dvc_plots_read_documented_rounds_names():
     plots = yaml.safe_load((DOC.parents[1] / "dvc.yaml").read_text())["plots"]
     plotted = {y for plot in plots for spec in plot.values() for ys in spec["y"].values() for y in ys}
     assert plotted <= documented()["rounds"], plotted - documented()["rounds"]
+
+
+def test_score_stage_json_keys_are_documented():
+    from pipeline.config import ScoreParams
+    from pipeline.steps.score import score_round
+
+    rows = [{"rollout_id": "r0", "prompt_id": 0, "query": "", "response": "a fine day"}]
+    _, metrics = score_round(rows, None, task="sentiment", run_id="t", round_=1, params=ScoreParams())
+    assert set(metrics) <= documented()["stage json"], set(metrics) - documented()["stage json"]

@@ -59,6 +59,8 @@ class HFBackend:
         tokenizer whose ``chat_template`` is set, or a GGUF spec (``pipeline.gguf``)
     :param max_batch_size: most requests decoded together
     :param batch_window_s: seconds a batch's leader waits for more requests
+    :param device: where the model runs (a torch device or its name; None = where it loaded, the CPU);
+        ``device`` then reports where its parameters actually are
     :raises CriticError: if the directory is missing, the checkpoint cannot be loaded or
         the tokenizer has no chat template
     :raises ConfigError: for a GGUF spec that is missing, corrupt or cannot be read
@@ -67,18 +69,25 @@ class HFBackend:
     name = "hf"
 
     def __init__(self, model_dir: str | Path, *, max_batch_size: int = MAX_BATCH_SIZE,
-                 batch_window_s: float = BATCH_WINDOW_S) -> None:
+                 batch_window_s: float = BATCH_WINDOW_S, device=None) -> None:
         if max_batch_size < 1 or batch_window_s < 0:
             raise CriticError(f"hf backend max_batch_size={max_batch_size} must be >= 1 and batch_window_s="
                               f"{batch_window_s} >= 0")
         self.model_dir = str(model_dir)
         self.tokenizer, self.model = _load(self.model_dir)
         self.model.eval()
+        if device is not None:
+            self.model.to(device)
         self.max_batch_size, self.batch_window_s = max_batch_size, batch_window_s
         self.batch_sizes: list[int] = []  # the size of every generate call so far, in order
         self._queue: list[_Request] = []
         self._busy = False
         self._cond = threading.Condition()
+
+    @property
+    def device(self) -> str:
+        """The device the model's parameters are on ("cpu", "cuda:0")."""
+        return str(next(self.model.parameters()).device)
 
     def __call__(self, request: dict) -> Completion:
         """Greedy-decode an answer to one chat-completions request body (batched with concurrent ones).
@@ -132,10 +141,12 @@ class HFBackend:
 
         eos_id = self.tokenizer.eos_token_id
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos_id
+        device = next(self.model.parameters()).device
         width = max(len(r.prompt_ids) for r in batch)
-        input_ids = torch.tensor([[pad_id] * (width - len(r.prompt_ids)) + r.prompt_ids for r in batch])  # (B, P)
+        input_ids = torch.tensor([[pad_id] * (width - len(r.prompt_ids)) + r.prompt_ids for r in batch],
+                                 device=device)  # (B, P)
         attention_mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids)
-                                       for r in batch])  # (B, P), 0 = left padding
+                                       for r in batch], device=device)  # (B, P), 0 = left padding
         try:
             with torch.inference_mode():
                 output = self.model.generate(

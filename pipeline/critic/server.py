@@ -12,7 +12,8 @@ Endpoints:
   tokenizer tokens. Bodies over 1 MiB get 413, malformed ones (including a ``max_tokens``
   that is not a positive integer) 400.
 - ``GET /v1/models`` lists the one model the server answers as.
-- ``GET /stats`` returns counters: requests, completions, rejected, faults by kind.
+- ``GET /stats`` returns counters: requests, completions, rejected, faults by kind, and the device
+  of the backend's model (null for a backend without one).
 
 Backends: ``lexicon`` (the offline lexicon critic; ``answer_format`` picks its layout, one of
 :data:`pipeline.critic.lexicon.ANSWER_FORMATS`), ``echo`` (repeats the last user
@@ -84,7 +85,7 @@ def _prompt_words(messages: list[dict]) -> int:
 
 
 def _resolve_backend(backend: str | AnswerFn, model_dir: str | None,
-                     answer_format: str = "drlc") -> tuple[str, CompleteFn]:
+                     answer_format: str = "drlc", device=None) -> tuple[str, CompleteFn]:
     """Return (name, request -> Completion) for a backend name or a callable ``messages -> text``."""
     if answer_format != "drlc" and backend != "lexicon":
         raise CriticError(f"critic server answer_format (--answer-format) {answer_format!r} is only used by "
@@ -112,7 +113,7 @@ def _resolve_backend(backend: str | AnswerFn, model_dir: str | None,
                               "a folder with a causal LM checkpoint and a tokenizer with a chat template")
         from pipeline.critic.hf_backend import HFBackend
 
-        return "hf", HFBackend(model_dir)
+        return "hf", HFBackend(model_dir, device=device)
     raise CriticError(f"unknown critic server backend {backend!r}; valid: {list(BACKENDS)}")
 
 
@@ -178,6 +179,7 @@ class _CriticServer(ThreadingHTTPServer):
             "completions": counts.get("completions", 0),
             "rejected": counts.get("rejected", 0),
             "faults": {kind: counts.get(f"fault:{kind}", 0) for kind in FAULT_KINDS},
+            "device": getattr(self.complete_fn, "device", None),  # the hf model's; None for a backend without one
         }
 
 
@@ -307,7 +309,8 @@ class _Handler(BaseHTTPRequestHandler):
 def make_server(*, host: str = "127.0.0.1", port: int = 0, backend: str | AnswerFn = "lexicon",
                 latency_s: float = 0.0, error_rate: float = 0.0, rate_limit_rate: float = 0.0,
                 garbage_rate: float = 0.0, drop_rate: float = 0.0, empty_rate: float = 0.0,
-                seed: int = 0, model_dir: str | None = None, answer_format: str = "drlc") -> _CriticServer:
+                seed: int = 0, model_dir: str | None = None, answer_format: str = "drlc",
+                device=None) -> _CriticServer:
     """Create (bind, not start) a critic server; ``port=0`` picks a free port.
 
     :param host: interface to bind (loopback by default)
@@ -321,6 +324,7 @@ def make_server(*, host: str = "127.0.0.1", port: int = 0, backend: str | Answer
     :param model_dir: checkpoint folder of the "hf" backend; must be ``None`` for the others
     :param answer_format: layout of the "lexicon" backend's answers (drlc, paper, markdown, messy);
         must be "drlc" for the others
+    :param device: where the "hf" backend's model runs (None: the CPU); the other backends have no model
     :return: a server with ``base_url``, ``stats()``, ``serve_forever()``, ``shutdown()``
     :raises CriticError: on an unknown backend or answer format, "hf" without a loadable
         ``model_dir``, or a ``model_dir`` or answer format given to another backend
@@ -332,7 +336,7 @@ def make_server(*, host: str = "127.0.0.1", port: int = 0, backend: str | Answer
     _check_rates(rates)
     if latency_s < 0:
         raise ConfigError(f"critic server latency_s={latency_s!r} is negative; use a value >= 0")
-    backend_name, complete_fn = _resolve_backend(backend, model_dir, answer_format)  # fail before binding a port
+    backend_name, complete_fn = _resolve_backend(backend, model_dir, answer_format, device)  # fail before binding a port
     try:
         return _CriticServer((host, port), backend_name=backend_name, complete_fn=complete_fn,
                              latency_s=latency_s, rates=rates, seed=seed)

@@ -18,6 +18,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from pipeline.shard import Shard
+
 
 def distinct_n(samples_by_prompt: list[list[str]], n: int) -> float:
     """Mean over prompts of (distinct n-grams) / (words) in that prompt's samples.
@@ -80,24 +82,30 @@ def pairwise_win_rate(scores_by_prompt: list[list[float]], opponents_by_prompt: 
 
 @torch.no_grad()
 def conditional_perplexities(lm, *, query_ids: list[list[int]], response_ids: list[list[int]],
-                             batch_size: int = 64) -> list[float]:
+                             batch_size: int = 64, shard: Shard | None = None) -> list[float]:
     """exp(mean NLL of the response tokens given the query) for each (query, response) pair.
 
     Pairs are right-padded into batches (padding after the last token cannot change earlier
-    logits of a causal LM). Pairs with an empty response get NaN (no tokens to score).
+    logits of a causal LM), on the model's device. Pairs with an empty response get NaN (no
+    tokens to score). `shard` (several processes) scores this process's batches and gathers all.
     """
     lm.eval()
+    device, shard = next(lm.parameters()).device, shard or Shard()
     out = [math.nan] * len(query_ids)
     todo = [i for i, r in enumerate(response_ids) if r]
-    for start in range(0, len(todo), batch_size):
-        index = todo[start:start + batch_size]
+    local = {}
+    for batch in shard.batches(-(-len(todo) // batch_size)):
+        index = todo[batch * batch_size:(batch + 1) * batch_size]
         seqs = [query_ids[i] + response_ids[i] for i in index]
         width = max(len(s) for s in seqs)
-        ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs])  # (B, T)
-        attention = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])  # (B, T)
+        ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs], device=device)  # (B, T)
+        attention = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=device)  # (B, T)
         logits = lm(input_ids=ids, attention_mask=attention).logits[:, :-1].float()  # (B, T-1, V)
         nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # (B, T-1)
+        local[batch] = []
         for row, i in enumerate(index):
             q, r = len(query_ids[i]), len(response_ids[i])
-            out[i] = math.exp(nll[row, q - 1:q - 1 + r].mean().item())  # response tokens only
+            local[batch].append((i, math.exp(nll[row, q - 1:q - 1 + r].mean().item())))  # response tokens only
+    for i, perplexity in shard.gather(local):
+        out[i] = perplexity
     return out

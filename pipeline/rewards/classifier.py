@@ -38,6 +38,15 @@ class HFClassifier:
         self.index, self.output, self.batch_size, self.max_length = labels[label], output, batch_size, max_length
         self.name, self.version = f"hf:{model}", getattr(self.model.config, "_commit_hash", None) or "local"
 
+    def to(self, device) -> HFClassifier:
+        """Run the model on `device` (its inputs follow it); returns self."""
+        self.model.to(device)
+        return self
+
+    @property
+    def device(self) -> str:
+        return str(self.model.device)
+
     def values(self, texts: list[str]) -> list[float]:
         """The label's logit or probability for each text, in order."""
         import torch
@@ -46,7 +55,7 @@ class HFClassifier:
         with torch.no_grad():
             for start in range(0, len(texts), self.batch_size):
                 batch = self.tokenizer(texts[start:start + self.batch_size], padding=True, truncation=True,
-                                       max_length=self.max_length, return_tensors="pt")
+                                       max_length=self.max_length, return_tensors="pt").to(self.model.device)
                 logits = self.model(**batch).logits.float()  # (B, n_labels)
                 if self.output == "prob":
                     logits = logits.softmax(dim=-1)

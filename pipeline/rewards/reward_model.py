@@ -241,13 +241,24 @@ class RewardModel:
         model.config.pad_token_id = self.tokenizer.pad_token_id  # its pooling finds the last non-pad token
         return model
 
+    def to(self, device) -> RewardModel:
+        """Run the model on `device` (its inputs follow it); returns self."""
+        self.model.to(device)
+        return self
+
+    @property
+    def device(self) -> str:
+        return str(next(self.model.parameters()).device)
+
     @torch.no_grad()
     def score_texts(self, texts: list[str]) -> list[float]:
         """The reward of each full input text (prefix added here), in order; float32 values."""
         out: list[float] = []
+        device = next(self.model.parameters()).device
         for start in range(0, len(texts), self.batch_size):
             batch = self.tokenizer([self.text_prefix + t for t in texts[start:start + self.batch_size]],
-                                   padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
+                                   padding=True, truncation=True, max_length=self.max_length,
+                                   return_tensors="pt").to(device)
             if self.form == "trunk_head":
                 values = self.model(batch["input_ids"], batch["attention_mask"])  # (B,)
             else:

@@ -48,5 +48,13 @@ class ClassifierSentiment:
         self.classifier = HFClassifier(model, label=label, output="logit", batch_size=batch_size)
         self.name, self.version, self.scale = self.classifier.name, self.classifier.version, float(scale)
 
+    def to(self, device) -> ClassifierSentiment:
+        self.classifier.to(device)
+        return self
+
+    @property
+    def device(self) -> str:
+        return self.classifier.device
+
     def score(self, texts: list[str], *, references: list[str] | None = None) -> list[float]:
         return [self.scale * v for v in self.classifier.values(texts)]

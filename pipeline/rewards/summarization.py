@@ -95,6 +95,14 @@ class RewardModelReward:
         self.model = RewardModel(folder, batch_size=batch_size)
         self.name, self.version, self.scale = "reward_model", self.model.version, float(scale)
 
+    def to(self, device) -> RewardModelReward:
+        self.model.to(device)
+        return self
+
+    @property
+    def device(self) -> str:
+        return self.model.device
+
     def score(self, texts: list[str], *, references: list[str] | None = None,
               queries: list[str] | None = None) -> list[float]:
         if queries is None or len(queries) != len(texts):

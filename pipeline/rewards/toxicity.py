@@ -67,6 +67,16 @@ class ToxicityReward:
         self.source, self.scale = source, float(scale)
         self.name, self.version = source.name, source.version
 
+    def to(self, device) -> ToxicityReward:
+        """Run the source's model on `device` when it has one (a HF classifier; not the lexicon or Perspective)."""
+        if hasattr(self.source, "to"):
+            self.source.to(device)
+        return self
+
+    @property
+    def device(self) -> str | None:
+        return getattr(self.source, "device", None)
+
     def toxicity(self, texts: list[str]) -> list[float]:
         return self.source.toxicity(texts)
 

@@ -25,20 +25,24 @@ GGUF_SOURCE_FILE = "gguf_source.json"
 
 
 def build_base_model(corpus: list[str], *, out_dir: str | Path, seed: int, base: BaseParams,
-                     progress: bool = True) -> dict:
+                     progress: bool = True, device="cpu") -> dict:
     """Build or load the base model as the module docstring says and save it (and its tokenizer) to out_dir.
 
     Params: corpus: the task corpus (data/corpus/corpus.txt lines); out_dir: output folder;
-    seed: run.seed; base: the BaseParams section; progress: show progress bars.
-    Returns: stats: "source" (the model name or "pretrained"), "seconds", and the pretraining stats
-    (final_loss, steps, tokens_seen) or the SFT stats (pipeline/sft.py) when they ran.
+    seed: run.seed; base: the BaseParams section; progress: show progress bars; device: where
+    SFT trains (pretraining always runs on the CPU: pipeline/base.py keeps it bit-reproducible
+    with one thread and deterministic algorithms).
+    Returns: stats: "source" (the model name or "pretrained"), "seconds", "device" (where the last
+    model trained: "cpu" for pretraining, SFT's model's device; None when nothing trained), and
+    the pretraining stats (final_loss, steps, tokens_seen) or the SFT stats (pipeline/sft.py)
+    when they ran.
     Raises: ConfigError for a model that cannot be loaded or whose tokenizer has no pad token;
     DataError for an empty corpus.
     """
     started = time.perf_counter()
     if base.model is None:
         tokenizer = train_tokenizer(corpus, vocab_size=base.vocab_size, out_dir=out_dir)
-        stats = {"source": "pretrained", **pretrain(
+        stats = {"source": "pretrained", "device": "cpu", **pretrain(
             corpus, tokenizer, n_layer=base.n_layer, n_head=base.n_head, n_embd=base.n_embd,
             block_size=base.block_size, steps=base.steps, batch_size=base.batch_size,
             learning_rate=base.learning_rate, seed=seed, out_dir=out_dir, progress=progress)}
@@ -46,14 +50,15 @@ def build_base_model(corpus: list[str], *, out_dir: str | Path, seed: int, base:
             return {**stats, "seconds": time.perf_counter() - started}
         model_name = str(out_dir)
     else:
-        model_name, stats = base.model, {"source": base.model}
+        model_name, stats = base.model, {"source": base.model, "device": None}
     tokenizer = load_pretrained_tokenizer(model_name, base.pad_token)
     model = load_pretrained_model(model_name)
     if base.sft_steps > 0:
         from pipeline.sft import supervised_finetune
 
         stats.update(supervised_finetune(model, tokenizer, corpus, steps=base.sft_steps, batch_size=base.batch_size,
-                                         learning_rate=base.learning_rate, seed=seed, progress=progress))
+                                         learning_rate=base.learning_rate, seed=seed, progress=progress,
+                                         device=device))
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))

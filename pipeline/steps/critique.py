@@ -48,14 +48,16 @@ def critic_model_dir(critic: CriticParams, base_dir: str | None) -> str | None:
 
 
 @contextlib.contextmanager
-def critic_endpoint(critic: CriticParams, base_dir: str | None = None):
+def critic_endpoint(critic: CriticParams, base_dir: str | None = None, device=None):
     """Yield (base_url, server_stats) — a local server if endpoint is 'local', else the remote URL.
 
-    base_dir: the run's base model folder, served when critic.model_dir is "base".
+    base_dir: the run's base model folder, served when critic.model_dir is "base". device: where
+    the local hf backend's model runs (server_stats()["device"] reads it back from its parameters).
     """
     if critic.endpoint == "local":
         model_dir = critic_model_dir(critic, base_dir) if critic.backend == "hf" else None
-        with serve_in_background(backend=critic.backend, model_dir=model_dir) as (base_url, stats):
+        options = {"device": device} if critic.backend == "hf" else {}
+        with serve_in_background(backend=critic.backend, model_dir=model_dir, **options) as (base_url, stats):
             yield base_url, stats
     else:
         yield critic.endpoint, (lambda: {})
@@ -97,28 +99,32 @@ def critic_client(critic: CriticParams, base_url: str | None, *, template_sha: s
 
 
 def critique(rollout_rows: list[dict], score_rows: list[dict], *, critic: CriticParams, tokenizer_dir: str,
-             run_id: str, round_: int, task: str | None = None) -> tuple[list[dict], dict]:
-    """Annotate one round. Returns (annotation rows, metrics of :func:`summarize`).
+             run_id: str, round_: int, task: str | None = None, device=None) -> tuple[list[dict], dict]:
+    """Annotate one round. Returns (annotation rows, metrics of :func:`summarize` plus ``device``).
 
     Opens the cache, the endpoint (a local server for endpoint 'local') and the client, then
     runs :func:`critique_round`. task: run.task, needed to load a plain-text critic.template
-    (pipeline.critic.templates).
+    (pipeline.critic.templates). device: where a local hf critic runs; the metrics' ``device``
+    is where its parameters were (None for a critic without a local model, or a disabled critic).
 
     Raises CriticError, after every good answer is cached and before anything is returned,
     when the budget stopped a request or the round's failures exceed critic.max_error_rate.
     """
     rows = scored_rows(rollout_rows, score_rows)
+    model_device = None
     if not critic.enabled:
         annotations, stats = [skipped_row(row) for row in rows], RunStats()
     else:
         template = load_template(critic.template, task=task, labels=critic.labels)
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        with CriticCache(critic.cache_dir) as cache, critic_endpoint(critic, tokenizer_dir) as (base_url, _):
+        with (CriticCache(critic.cache_dir) as cache,
+              critic_endpoint(critic, tokenizer_dir, device) as (base_url, server_stats)):
             client = critic_client(critic, base_url, template_sha=template.sha256)
             annotations, stats = critique_round(rows, client=client, cache=cache, template=template,
                                                 tokenizer=tokenizer, critic=critic)
+            model_device = server_stats().get("device")
     annotations = [dict(a, run_id=run_id, round=round_) for a in annotations]
-    return annotations, summarize(annotations, stats)
+    return annotations, {**summarize(annotations, stats), "device": model_device}
 
 
 def critique_round(rows: list[dict], *, client, cache: CriticCache, template, tokenizer, critic: CriticParams,

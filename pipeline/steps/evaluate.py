@@ -9,12 +9,16 @@ env_reward_mean (the training reward), perplexity (fluency LM), dist_1/2/3, n_sa
 """
 from __future__ import annotations
 
+import time
+
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pipeline.config import EvaluateParams, ScoreParams
+from pipeline.device import module_device, place
 from pipeline.evaluate.decode import sample_continuations
 from pipeline.evaluate.metrics import conditional_perplexities, distinct_n, nanmean
 from pipeline.evaluate.prompts import load_prompt_sets
+from pipeline.shard import Shard
 from pipeline.steps.rollout import encode_query
 from pipeline.store import SCHEMAS
 from pipeline.tasks import get_task
@@ -26,21 +30,22 @@ class FluencyLM:
     """The perplexity model: the run's base model (scores sampled ids) or another local model
     (re-tokenizes query and continuation text with its own tokenizer)."""
 
-    def __init__(self, source: str, base_lm):
+    def __init__(self, source: str, base_lm, device="cpu"):
         self.own_tokenizer = None if source == "base" else AutoTokenizer.from_pretrained(source)
-        self.lm = base_lm if source == "base" else AutoModelForCausalLM.from_pretrained(source)
+        self.lm = base_lm if source == "base" else AutoModelForCausalLM.from_pretrained(source).to(device)
 
-    def perplexities(self, *, queries, continuations, query_texts, texts, batch_size) -> list[float]:
+    def perplexities(self, *, queries, continuations, query_texts, texts, batch_size, shard=None) -> list[float]:
         if self.own_tokenizer is not None:
             tok = self.own_tokenizer
             bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
             queries = [bos + tok.encode(q) for q in query_texts]
             continuations = [tok.encode(t) for t in texts]
-        return conditional_perplexities(self.lm, query_ids=queries, response_ids=continuations, batch_size=batch_size)
+        return conditional_perplexities(self.lm, query_ids=queries, response_ids=continuations, batch_size=batch_size,
+                                        shard=shard)
 
 
 def _score_set(lm, tokenizer, prompts: list[dict], *, e: EvaluateParams, seed: int, evaluator, reward,
-               fluency: FluencyLM) -> tuple[dict, list[dict]]:
+               fluency: FluencyLM, shard: Shard | None = None) -> tuple[dict, list[dict]]:
     """Sample e.samples_per_prompt continuations per prompt; return (metrics, per-sample rows)."""
     k = e.samples_per_prompt
     query_texts = [p["text"] for p in prompts for _ in range(k)]
@@ -49,7 +54,7 @@ def _score_set(lm, tokenizer, prompts: list[dict], *, e: EvaluateParams, seed: i
     # every score read the continuation of the plain prompt, as for a trained policy
     prompted = queries if not e.instruction else [encode_query(tokenizer, e.instruction + q) for q in query_texts]
     continuations = sample_continuations(lm, tokenizer, prompted, max_new_tokens=e.max_new_tokens, top_p=e.top_p,
-                                         seed=seed, batch_size=e.batch_size)
+                                         seed=seed, batch_size=e.batch_size, shard=shard)
     texts = [tokenizer.decode(c, skip_special_tokens=True) for c in continuations]
     needs_queries = getattr(reward, "needs_queries", False)  # the reward-model reward reads the documents
     documents = {"queries": [p["text"] for p in prompts for _ in range(k)]} if needs_queries else {}
@@ -60,7 +65,7 @@ def _score_set(lm, tokenizer, prompts: list[dict], *, e: EvaluateParams, seed: i
     per_sample = per_sample if isinstance(per_sample, dict) else {"positive_prob": per_sample}
     columns = {c: per_sample.get(c) or [None] * len(texts) for c in SAMPLE_SCORE_COLUMNS}
     ppl = fluency.perplexities(queries=queries, continuations=continuations, query_texts=query_texts,
-                               texts=texts, batch_size=e.batch_size)
+                               texts=texts, batch_size=e.batch_size, shard=shard)
     metrics = {**task_metrics, "env_reward_mean": sum(env) / len(env),
                "perplexity": nanmean(ppl), "dist_1": distinct_n(per_prompt, 1),
                "dist_2": distinct_n(per_prompt, 2), "dist_3": distinct_n(per_prompt, 3), "n_samples": len(texts)}
@@ -72,31 +77,49 @@ def _score_set(lm, tokenizer, prompts: list[dict], *, e: EvaluateParams, seed: i
 
 def evaluate(prompt_rows: list[dict], *, base_dir: str, policy_dir: str, policy_name: str, run_id: str,
              round_: int, seed: int, params: EvaluateParams, task: str = "sentiment",
-             score: ScoreParams | None = None) -> tuple[list[dict], list[dict], dict]:
-    """Evaluate the base and the policy on the same prompt sets and seeds.
+             score: ScoreParams | None = None, device="cpu") -> tuple[list[dict], list[dict], dict]:
+    """The (eval rows, sample rows, metrics) of `evaluate_models` (without its stage metrics)."""
+    return evaluate_models(prompt_rows, base_dir=base_dir, policy_dir=policy_dir, policy_name=policy_name,
+                           run_id=run_id, round_=round_, seed=seed, params=params, task=task, score=score,
+                           device=device)[:3]
+
+
+def evaluate_models(prompt_rows: list[dict], *, base_dir: str, policy_dir: str, policy_name: str, run_id: str,
+                    round_: int, seed: int, params: EvaluateParams, task: str = "sentiment",
+                    score: ScoreParams | None = None, device="cpu",
+                    shard: Shard | None = None) -> tuple[list[dict], list[dict], dict, dict]:
+    """Evaluate the base and the policy on the same prompt sets and seeds, every model on `device`.
+
+    With `shard` (N processes) decoding and perplexity are split by batch and gathered, so every
+    process returns what one process would; the scores (cheap next to decoding) are computed by
+    every process.
 
     Params: prompt_rows: the prompts table (its 'eval' rows are the 'world' set); base_dir,
     policy_dir: saved models (the base's tokenizer serves both); params: the evaluate section;
     task: run.task; score: the score section (the training reward; default ScoreParams()).
     Returns: (eval rows: one per policy, set and metric "<set>/<metric>"; sample rows; metrics
-    {policy: {set: {metric: value}}} for metrics/eval.json).
+    {policy: {set: {metric: value}}} for metrics/eval.json; stage metrics: device (the policy's,
+    from its parameters), processes, samples, seconds).
     Raises: DataError for a bad prompts or classifier file (before any model is loaded).
     """
+    started = time.perf_counter()
     sets = load_prompt_sets(params.prompts, prompt_rows, params.n_prompts)
     task_module = get_task(task)
-    reward = task_module.make_reward(score or ScoreParams())
+    reward = place(task_module.make_reward(score or ScoreParams()), device)
     evaluator = task_module.make_evaluator(params, reward, seed=seed)
+    place(getattr(evaluator, "reward_model", None), device)  # summarization's own RM (the others have no model)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    base_lm = AutoModelForCausalLM.from_pretrained(base_dir)
-    fluency = FluencyLM(params.fluency_model, base_lm)
+    base_lm = AutoModelForCausalLM.from_pretrained(base_dir).to(device)
+    fluency = FluencyLM(params.fluency_model, base_lm, device)
     sample_columns = set(SCHEMAS["eval_samples"].names)
     metrics, sample_rows = {}, []
     for name, model_dir in (("base", base_dir), (policy_name, policy_dir)):
-        lm = base_lm if name == "base" else AutoModelForCausalLM.from_pretrained(model_dir)
+        lm = base_lm if name == "base" else AutoModelForCausalLM.from_pretrained(model_dir).to(device)
         metrics[name] = {}
         for set_name, prompts in sets.items():
             metrics[name][set_name], rows = _score_set(lm, tokenizer, prompts, e=params, seed=seed,
-                                                       evaluator=evaluator, reward=reward, fluency=fluency)
+                                                       evaluator=evaluator, reward=reward, fluency=fluency,
+                                                       shard=shard)
             for row in rows:  # prompt_set, positive_prob, perplexity are kept where the schema has them
                 row.update(run_id=run_id, round=round_, policy=name, prompt_set=set_name,
                            prompt_id=f"{set_name}/{row['prompt_id']}")
@@ -106,4 +129,6 @@ def evaluate(prompt_rows: list[dict], *, base_dir: str, policy_dir: str, policy_
          "n": by_set[set_name]["n_samples"]}
         for name, by_set in metrics.items() for set_name, values in by_set.items() for metric, value in values.items()
     ]
-    return eval_rows, sample_rows, metrics
+    info = {"device": module_device(lm), "processes": (shard or Shard()).world_size, "samples": len(sample_rows),
+            "seconds": time.perf_counter() - started}
+    return eval_rows, sample_rows, metrics, info

@@ -41,7 +41,7 @@ def new_kl_controller(params: PPOParams):
 
 def ppo_round(rollouts: list[dict], scores: list[dict], annotations: list[dict], *, policy_dir: str,
               reference_dir: str, out_dir: str, params: PPOParams, run_id: str, round_: int,
-              seed: int, base: BaseParams | None = None) -> list[dict]:
+              seed: int, base: BaseParams | None = None, device="cpu") -> list[dict]:
     """Train the policy of `policy_dir` for one round and save the checkpoint to out_dir.
 
     The reference model is the base model: a frozen copy, or with lower layers shared
@@ -52,6 +52,7 @@ def ppo_round(rollouts: list[dict], scores: list[dict], annotations: list[dict],
     (policy, value head, optimizer.pt, trainer_state.json) is everything the next round reads.
     Launched with N processes (pipeline.distributed), the round runs data parallel and only the
     main process writes the checkpoint; every process returns the same rows.
+    A single process trains on `device` (run.device); N processes on accelerator.device.
     Returns the `ppo_steps` rows, one per gradient step.
     Raises ConfigError if policy_dir holds the checkpoint of this round or a later one.
     """
@@ -63,6 +64,8 @@ def ppo_round(rollouts: list[dict], scores: list[dict], annotations: list[dict],
         policy.lm = add_adapters(policy.lm, r=base.lora_r, alpha=base.lora_alpha, base_dir=reference_dir,
                                  target_modules=base.lora_target_modules, seed=round_seed(seed, round_, 5))
     reference = make_reference(policy, reference_dir, params.num_shared_layers)
+    if data_parallel is None:  # before the optimizer: its state loads onto the parameters' device
+        policy, reference = policy.to(device), reference.to(device)
     optimizer = make_optimizer(policy, params.learning_rate)
     kl_controller, moments = new_kl_controller(params), RunningMoments()
     if (Path(policy_dir) / "trainer_state.json").is_file():

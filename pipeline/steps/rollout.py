@@ -11,12 +11,15 @@ sample stopped after L tokens, and their behaviour log-probs are unchanged by th
 from __future__ import annotations
 
 import random
+import time
 
 import torch
 
+from pipeline.device import module_device
 from pipeline.policy import load_policy
 from pipeline.sampling import sample_responses
 from pipeline.seeding import round_seed
+from pipeline.shard import Shard
 
 
 def encode_query(tokenizer, text: str) -> list[int]:
@@ -39,31 +42,49 @@ def response_limits(n: int, *, min_new_tokens: int | None, max_new_tokens: int, 
 
 def rollout(prompt_rows: list[dict], *, policy_dir: str, policy_name: str, run_id: str, round_: int,
             seed: int, batch_size: int, max_new_tokens: int, generation_batch_size: int,
-            min_new_tokens: int | None = None) -> list[dict]:
-    """Pick `batch_size` train prompts (seeded per round) and sample one response to each.
+            min_new_tokens: int | None = None, device: str | torch.device = "cpu") -> list[dict]:
+    """The rows of `rollout_round` (without its metrics)."""
+    return rollout_round(prompt_rows, policy_dir=policy_dir, policy_name=policy_name, run_id=run_id, round_=round_,
+                         seed=seed, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                         generation_batch_size=generation_batch_size, min_new_tokens=min_new_tokens,
+                         device=device)[0]
+
+
+def rollout_round(prompt_rows: list[dict], *, policy_dir: str, policy_name: str, run_id: str, round_: int,
+                  seed: int, batch_size: int, max_new_tokens: int, generation_batch_size: int,
+                  min_new_tokens: int | None = None, device: str | torch.device = "cpu",
+                  shard: Shard | None = None) -> tuple[list[dict], dict]:
+    """Pick `batch_size` train prompts (seeded per round) and sample one response to each on `device`.
 
     Queries start with the tokenizer's BOS token (when it has one), as every review did in
     pretraining. Each response stops at EOS or at its length limit (``response_limits``; see the
     module docstring); the row's ``max_new_tokens`` column records that limit. The behaviour
     log-probs of the kept tokens are recorded for PPO ratios and replay.
-    Deterministic for (seed, round_, generation_batch_size).
+    Deterministic for (seed, round_, generation_batch_size, device). With `shard` (N processes)
+    each process samples its generation batches and every process returns all rows, the same
+    as one process (pipeline/shard.py).
+    Returns: (rollout rows, metrics: device (this process's policy's, from its parameters),
+    processes, rows, response_tokens, seconds and tokens_per_s of the sampling).
     """
     torch.manual_seed(round_seed(seed, round_, 0))
     train = [row for row in prompt_rows if row["split"] == "train"]
     picker = random.Random(round_seed(seed, round_, 1))
     chosen = picker.sample(train, batch_size) if batch_size <= len(train) else picker.choices(train, k=batch_size)
     policy, tokenizer = load_policy(policy_dir)
+    policy.to(device)
     queries = [encode_query(tokenizer, row["text"]) for row in chosen]
     sample_seed = round_seed(seed, round_, 2)
     limits = response_limits(len(chosen), min_new_tokens=min_new_tokens, max_new_tokens=max_new_tokens,
                              seed=round_seed(seed, round_, 3))
+    started = time.perf_counter()
     samples = sample_responses(
         policy, queries=queries, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
-        max_new_tokens=max_new_tokens, seed=sample_seed, batch_size=generation_batch_size,
+        max_new_tokens=max_new_tokens, seed=sample_seed, batch_size=generation_batch_size, shard=shard,
     )
+    seconds = time.perf_counter() - started
     samples = [{"response_ids": s["response_ids"][:limit], "behaviour_logprobs": s["behaviour_logprobs"][:limit]}
                for s, limit in zip(samples, limits)]
-    return [
+    rows = [
         {"run_id": run_id, "round": round_, "rollout_id": f"r{round_:04d}-{i:05d}",
          "prompt_id": row["prompt_id"], "query": row["text"],
          "response": tokenizer.decode(sample["response_ids"], skip_special_tokens=True),
@@ -72,3 +93,7 @@ def rollout(prompt_rows: list[dict], *, policy_dir: str, policy_name: str, run_i
          "max_new_tokens": limit, "policy": policy_name}
         for i, (row, query, sample, limit) in enumerate(zip(chosen, queries, samples, limits))
     ]
+    tokens = sum(len(s["response_ids"]) for s in samples)
+    return rows, {"device": module_device(policy), "processes": (shard or Shard()).world_size,
+                  "rows": len(rows), "response_tokens": tokens,
+                  "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else None}

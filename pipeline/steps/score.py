@@ -6,9 +6,12 @@ below only pace the progress bar, so they never change a value.
 """
 from __future__ import annotations
 
+import time
+
 from tqdm import tqdm
 
 from pipeline.config import ScoreParams
+from pipeline.device import holder_device, place
 from pipeline.errors import DataError
 from pipeline.tasks import get_task
 
@@ -24,14 +27,25 @@ def z_normalize(values: list[float]) -> list[float]:
 
 
 def score(rollout_rows: list[dict], prompt_rows: list[dict] | None, *, task: str, run_id: str, round_: int,
-          params: ScoreParams) -> list[dict]:
+          params: ScoreParams, device="cpu") -> list[dict]:
+    """The rows of `score_round` (without its metrics)."""
+    return score_round(rollout_rows, prompt_rows, task=task, run_id=run_id, round_=round_, params=params,
+                       device=device)[0]
+
+
+def score_round(rollout_rows: list[dict], prompt_rows: list[dict] | None, *, task: str, run_id: str, round_: int,
+                params: ScoreParams, device="cpu") -> tuple[list[dict], dict]:
     """Score each response with the task's environment reward, against its prompt's reference.
 
-    prompt_rows None (no prompts table given) scores with empty references, which only the
-    reference-free tasks (sentiment, toxicity) accept.
+    A reward with a model (HF classifier, reward model) runs it on `device`. prompt_rows None
+    (no prompts table given) scores with empty references, which only the reference-free tasks
+    (sentiment, toxicity) accept.
+    Returns: (score rows, metrics: device (the reward model's, None for a scorer without one),
+    scorer, rows, seconds).
     Raises: DataError if a rollout's prompt_id is not in the prompts table.
     """
-    reward = get_task(task).make_reward(params)
+    started = time.perf_counter()
+    reward = place(get_task(task).make_reward(params), device)
     if prompt_rows is None:
         prompt_rows = [{"prompt_id": row["prompt_id"], "reference": ""} for row in rollout_rows]
     references = {row["prompt_id"]: row["reference"] for row in prompt_rows}
@@ -51,8 +65,10 @@ def score(rollout_rows: list[dict], prompt_rows: list[dict] | None, *, task: str
     version = reward.version
     if params.normalize and values:
         values, version = z_normalize(values), f"{reward.version}{NORMALIZED_VERSION_SUFFIX}"
-    return [
+    rows = [
         {"run_id": run_id, "round": round_, "rollout_id": row["rollout_id"], "env_reward": value,
          "scorer": reward.name, "scorer_version": version}
         for row, value in zip(rollout_rows, values)
     ]
+    return rows, {"device": holder_device(reward), "scorer": reward.name, "rows": len(rows),
+                  "seconds": time.perf_counter() - started}
