@@ -17,6 +17,7 @@ of pure-sampled continuations of review prefixes stay grammatical.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -126,7 +127,7 @@ def _build_model(tokenizer: PreTrainedTokenizerFast, *, n_layer: int, n_head: in
 
 def pretrain(texts: list[str], tokenizer: PreTrainedTokenizerFast, *, n_layer: int, n_head: int,
              n_embd: int, block_size: int, steps: int, batch_size: int, learning_rate: float,
-             seed: int, out_dir: str | Path, progress: bool = True) -> dict:
+             seed: int, out_dir: str | Path, progress: bool = True, device="cpu") -> dict:
     """Pretrain a GPT-2 language model from scratch on ``texts`` and save it to ``out_dir``.
 
     The texts, each followed by eos, are packed into one token stream; every step trains on
@@ -134,13 +135,15 @@ def pretrain(texts: list[str], tokenizer: PreTrainedTokenizerFast, *, n_layer: i
     ``torch.Generator`` seeded with ``seed``), with AdamW, a short linear warmup and a cosine
     decay. Weights are initialised after ``torch.manual_seed(seed)``, and training runs with
     deterministic algorithms on and one torch thread (both restored afterwards), so the same
-    inputs give bit-identical weights.
+    inputs give bit-identical weights on the CPU. On a GPU (``device``) the weights are
+    initialised and the windows drawn exactly as on the CPU, then moved there; cuBLAS runs in its
+    deterministic workspace mode, so reruns on the same GPU match, but not the CPU's bits.
     Model (safetensors) and tokenizer are written with ``save_pretrained``.
 
     Params: texts: training texts; tokenizer: from ``train_tokenizer``; n_layer, n_head,
     n_embd, block_size: GPT-2 sizes (block_size is also n_positions); steps, batch_size,
     learning_rate: optimisation; seed: integer seed; out_dir: output directory;
-    progress: show a tqdm bar with the loss.
+    progress: show a tqdm bar with the loss; device: where the model trains (a torch device).
     Returns: {"final_loss": mean loss of the last 5% of steps, "steps", "seconds", "tokens_seen"}.
     Raises: DataError if the token stream is shorter than one block; ConfigError on bad sizes.
     """
@@ -150,14 +153,18 @@ def pretrain(texts: list[str], tokenizer: PreTrainedTokenizerFast, *, n_layer: i
     if len(stream) <= block_size + 1:
         raise DataError(f"pretraining texts give {len(stream)} tokens, fewer than block_size={block_size}; "
                         "pass more texts or a smaller block_size")
+    device = torch.device(device)
+    if device.type == "cuda":  # deterministic cuBLAS needs a fixed workspace, set before its first call
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     was_deterministic, threads = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
-    torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(True, warn_only=device.type != "cpu")
     # One intra-op thread: reductions then sum in one fixed order whatever the machine's core
     # count, and on a shared 2-core box two threads were up to 10x slower than one.
     torch.set_num_threads(1)
     try:
         torch.manual_seed(seed)
-        model = _build_model(tokenizer, n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size)
+        model = _build_model(tokenizer, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                             block_size=block_size).to(device)
         stats = _train(model, stream, steps=steps, batch_size=batch_size, block_size=block_size,
                        learning_rate=learning_rate, seed=seed, progress=progress)
     finally:
@@ -181,7 +188,7 @@ def _train(model: GPT2LMHeadModel, stream: torch.Tensor, *, steps: int, batch_si
     bar = tqdm(range(steps), desc="pretrain", disable=not progress)
     for _ in bar:
         starts = torch.randint(0, len(stream) - block_size, (batch_size,), generator=generator)  # (B,)
-        windows = stream[starts[:, None] + offsets]  # (B, T)
+        windows = stream[starts[:, None] + offsets].to(model.device)  # (B, T), drawn on the CPU
         loss = model(input_ids=windows, labels=windows).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -30,10 +30,9 @@ def build_base_model(corpus: list[str], *, out_dir: str | Path, seed: int, base:
 
     Params: corpus: the task corpus (data/corpus/corpus.txt lines); out_dir: output folder;
     seed: run.seed; base: the BaseParams section; progress: show progress bars; device: where
-    SFT trains (pretraining always runs on the CPU: pipeline/base.py keeps it bit-reproducible
-    with one thread and deterministic algorithms).
+    pretraining and SFT train (pipeline/base.py: bit-reproducible on the CPU).
     Returns: stats: "source" (the model name or "pretrained"), "seconds", "device" (where the last
-    model trained: "cpu" for pretraining, SFT's model's device; None when nothing trained), and
+    model trained; None when nothing trained), and
     the pretraining stats (final_loss, steps, tokens_seen) or the SFT stats (pipeline/sft.py)
     when they ran.
     Raises: ConfigError for a model that cannot be loaded or whose tokenizer has no pad token;
@@ -42,10 +41,10 @@ def build_base_model(corpus: list[str], *, out_dir: str | Path, seed: int, base:
     started = time.perf_counter()
     if base.model is None:
         tokenizer = train_tokenizer(corpus, vocab_size=base.vocab_size, out_dir=out_dir)
-        stats = {"source": "pretrained", "device": "cpu", **pretrain(
+        stats = {"source": "pretrained", "device": str(device), **pretrain(
             corpus, tokenizer, n_layer=base.n_layer, n_head=base.n_head, n_embd=base.n_embd,
             block_size=base.block_size, steps=base.steps, batch_size=base.batch_size,
-            learning_rate=base.learning_rate, seed=seed, out_dir=out_dir, progress=progress)}
+            learning_rate=base.learning_rate, seed=seed, out_dir=out_dir, progress=progress, device=device)}
         if base.sft_steps == 0:
             return {**stats, "seconds": time.perf_counter() - started}
         model_name = str(out_dir)
