@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
+from dataclasses import dataclass
 
 from transformers import AutoTokenizer
 
@@ -100,25 +101,58 @@ def critique(rollout_rows: list[dict], score_rows: list[dict], *, critic: Critic
              run_id: str, round_: int, task: str | None = None) -> tuple[list[dict], dict]:
     """Annotate one round. Returns (annotation rows, metrics of :func:`summarize`).
 
-    Opens the cache, the endpoint (a local server for endpoint 'local') and the client, then
-    runs :func:`critique_round`. task: run.task, needed to load a plain-text critic.template
+    Opens a :func:`critic_session` (cache, endpoint: a local server for endpoint 'local') for
+    this one round. task: run.task, needed to load a plain-text critic.template
     (pipeline.critic.templates).
 
     Raises CriticError, after every good answer is cached and before anything is returned,
     when the budget stopped a request or the round's failures exceed critic.max_error_rate.
     """
-    rows = scored_rows(rollout_rows, score_rows)
+    with critic_session(critic, tokenizer_dir=tokenizer_dir, task=task) as session:
+        return session.critique(rollout_rows, score_rows, run_id=run_id, round_=round_)
+
+
+@dataclass
+class CriticSession:
+    """The critic opened once for any number of rounds: template, tokenizer, cache and endpoint URL.
+
+    None of them when critic.enabled is false (every row is then skipped).
+    """
+
+    critic: CriticParams
+    template: object = None
+    tokenizer: object = None
+    cache: CriticCache | None = None
+    base_url: str | None = None
+
+    def critique(self, rollout_rows: list[dict], score_rows: list[dict], *, run_id: str,
+                 round_: int) -> tuple[list[dict], dict]:
+        """One round's (annotation rows, metrics): a fresh client (its budget and counts are per round),
+        then :func:`critique_round`. Raises CriticError as :func:`critique`."""
+        rows = scored_rows(rollout_rows, score_rows)
+        if not self.critic.enabled:
+            annotations, stats = [skipped_row(row) for row in rows], RunStats()
+        else:
+            client = critic_client(self.critic, self.base_url, template_sha=self.template.sha256)
+            annotations, stats = critique_round(rows, client=client, cache=self.cache, template=self.template,
+                                                tokenizer=self.tokenizer, critic=self.critic)
+        annotations = [dict(a, run_id=run_id, round=round_) for a in annotations]
+        return annotations, summarize(annotations, stats)
+
+
+@contextlib.contextmanager
+def critic_session(critic: CriticParams, *, tokenizer_dir: str, task: str | None = None):
+    """Yield a :class:`CriticSession`; for endpoint 'local' the server runs until the block ends.
+
+    tokenizer_dir: the base model folder (its tokenizer aligns spans; the hf backend's "base").
+    """
     if not critic.enabled:
-        annotations, stats = [skipped_row(row) for row in rows], RunStats()
-    else:
-        template = load_template(critic.template, task=task, labels=critic.labels)
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        with CriticCache(critic.cache_dir) as cache, critic_endpoint(critic, tokenizer_dir) as (base_url, _):
-            client = critic_client(critic, base_url, template_sha=template.sha256)
-            annotations, stats = critique_round(rows, client=client, cache=cache, template=template,
-                                                tokenizer=tokenizer, critic=critic)
-    annotations = [dict(a, run_id=run_id, round=round_) for a in annotations]
-    return annotations, summarize(annotations, stats)
+        yield CriticSession(critic)
+        return
+    template = load_template(critic.template, task=task, labels=critic.labels)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    with CriticCache(critic.cache_dir) as cache, critic_endpoint(critic, tokenizer_dir) as (base_url, _):
+        yield CriticSession(critic, template, tokenizer, cache, base_url)
 
 
 def critique_round(rows: list[dict], *, client, cache: CriticCache, template, tokenizer, critic: CriticParams,

@@ -24,14 +24,15 @@ def z_normalize(values: list[float]) -> list[float]:
 
 
 def score(rollout_rows: list[dict], prompt_rows: list[dict] | None, *, task: str, run_id: str, round_: int,
-          params: ScoreParams) -> list[dict]:
+          params: ScoreParams, reward=None) -> list[dict]:
     """Score each response with the task's environment reward, against its prompt's reference.
 
     prompt_rows None (no prompts table given) scores with empty references, which only the
-    reference-free tasks (sentiment, toxicity) accept.
+    reference-free tasks (sentiment, toxicity) accept. reward: the task's reward already built
+    (``get_task(task).make_reward(params)``, as the chunk stage keeps one for all its rounds); None builds it.
     Raises: DataError if a rollout's prompt_id is not in the prompts table.
     """
-    reward = get_task(task).make_reward(params)
+    reward = reward if reward is not None else get_task(task).make_reward(params)
     if prompt_rows is None:
         prompt_rows = [{"prompt_id": row["prompt_id"], "reference": ""} for row in rollout_rows]
     references = {row["prompt_id"]: row["reference"] for row in prompt_rows}
