@@ -13,10 +13,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import torch
-import yaml
 from safetensors.torch import load_file
 
-from e2e import dvc, make_project, tiny_params
+from e2e import dump_params, dvc, make_project, tiny_params
 from pipeline.rounds import chunk_chain
 from pipeline.store import VOLATILE_COLUMNS, round_partition
 
@@ -48,7 +47,7 @@ def runs(tmp_path_factory) -> dict[int, Path]:
     for per_stage in (4, 8):
         copy = tmp_path_factory.mktemp(f"k{per_stage}") / "project"
         shutil.copytree(first, copy, symlinks=True)
-        (copy / "params.yaml").write_text(yaml.safe_dump(chunked_params(per_stage), sort_keys=False))
+        (copy / "params.yaml").write_text(dump_params(chunked_params(per_stage)))
         projects[per_stage] = copy
     for project in projects.values():
         dvc(["repro"], project)
