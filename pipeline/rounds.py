@@ -60,7 +60,8 @@ def chunk_chain(n_rounds: int, per_stage: int) -> dict[str, dict[str, str]]:
 
 def _check_per_stage(per_stage: int) -> None:
     if per_stage < 1:
-        raise ConfigError(f"--per-stage {per_stage}: give a whole number of rounds per stage >= 1 (1 = per-round stages).")
+        raise ConfigError(f"--per-stage {per_stage}: give a whole number of rounds per stage >= 1 "
+                          "(1 = per-round stages).")
 
 
 def _quoted(value: str) -> str:

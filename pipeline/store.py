@@ -4,8 +4,9 @@ Tables are hive-partitioned by round: `data/<table>/round=NNNN/part-0.parquet`. 
 (run.rounds_per_stage > 1, docs/chunked-rounds.md) put the same round partitions one folder
 deeper, under the chunk stage's output: `data/<table>/chunk=KKKK/round=NNNN/part-0.parquet`.
 Readers find partitions in both layouts through `round_partition`, `partition_files` and the
-catalog's views (`LAYOUTS`), never by globbing `round=*` themselves. Each partition is written atomically (temporary file in the same folder, then rename), so a killed stage
-never leaves a half-written file. Every table has a fixed Arrow schema below; a row with a
+catalog's views (`LAYOUTS`), never by globbing `round=*` themselves. Each partition is written
+atomically (temporary file in the same folder, then rename), so a killed stage never leaves a
+half-written file. Every table has a fixed Arrow schema below; a row with a
 missing or extra column is a bug and raises StoreError before anything is written.
 """
 from __future__ import annotations

@@ -65,15 +65,16 @@ def round_tables(project: Path) -> dict[tuple[str, int], list[dict]]:
 
 
 def round_metrics(project: Path, per_stage: int) -> dict[tuple[str, int], dict]:
-    chunk_of = {r: f"chunk={int(key):04d}/" for key, c in chunk_chain(N_ROUNDS, max(per_stage, 1)).items()
-                for r in range(int(key), int(c["last"]) + 1)} if per_stage > 1 else {}
-    return {(kind, r): json.loads((project / "metrics" / kind / f"{chunk_of.get(r, '')}round={r:04d}.json")
-                                  .read_text())
+    """{(critique|ppo, round): the round's metrics JSON}, from metrics/<kind>/[chunk=KKKK/]round=NNNN.json."""
+    folder = {r: f"chunk={key}/" for key, c in chunk_chain(N_ROUNDS, per_stage).items()
+              for r in range(int(key), int(c["last"]) + 1)} if per_stage > 1 else {}
+    return {(kind, r): json.loads((project / "metrics" / kind / f"{folder.get(r, '')}round={r:04d}.json").read_text())
             for kind in ("critique", "ppo") for r in range(1, N_ROUNDS + 1)}
 
 
 def test_chunks_write_their_rounds_in_chunk_folders(runs):
-    assert sorted(p.name for p in (runs[4] / "data" / "rollouts").iterdir() if p.is_dir()) == ["chunk=0001", "chunk=0005"]
+    folders = sorted(p.name for p in (runs[4] / "data" / "rollouts").iterdir() if p.is_dir())
+    assert folders == ["chunk=0001", "chunk=0005"]
     assert (runs[4] / "data" / "scores" / "chunk=0005" / "round=0007" / "part-0.parquet").is_file()
     assert not list((runs[4] / "data" / "rollouts").glob("round=*"))
     assert not (runs[4] / "models" / "round=0002").exists()  # one checkpoint per chunk
