@@ -146,3 +146,22 @@ def test_readers_see_both_layouts(tmp_path):
     only_chunks = tmp_path / "chunked"
     shutil.copytree(data / "scores" / "chunk=0002", only_chunks / "scores" / "chunk=0002")
     assert store.connect(only_chunks).sql("SELECT count(*) FROM scores").fetchall() == [(2,)]
+
+
+def test_replay_reads_the_rounds_of_a_chunked_run(tmp_path):
+    from pipeline.replay import raw_params, read_inputs
+
+    params = params_from_dict(chunked_raw(3, 2))
+    (tmp_path / "models" / "base").mkdir(parents=True)
+    for round_, chunk in ((1, "0001"), (2, "0001"), (3, "0003")):
+        rollout = {"run_id": "t", "round": round_, "rollout_id": f"r{round_}", "prompt_id": "p", "query": "q",
+                   "response": "a", "query_ids": [1], "response_ids": [2], "behaviour_logprobs": [-0.5], "seed": 0,
+                   "max_new_tokens": 1, "policy": "base"}
+        folder = f"round={round_:04d}"
+        store.write_table([rollout], "rollouts", store.chunk_dir(tmp_path / "data", "rollouts", chunk) / folder)
+        store.write_table(_rows("scores", round_, [0.1]), "scores",
+                          store.chunk_dir(tmp_path / "data", "scores", chunk) / folder)
+    inputs = read_inputs(tmp_path, params, allow_new_calls=True)
+    assert {key: tables["rollouts"][0]["rollout_id"] for key, tables in inputs.items()} == \
+           {"0001": "r1", "0002": "r2", "0003": "r3"}
+    assert params_from_dict(raw_params(params)) == params  # the replay's params.yaml loads back as chunked
