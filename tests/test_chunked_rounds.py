@@ -1,7 +1,7 @@
 """Chunked rounds through the real DVC: the demo DAG with 8 rounds run as per-round stages (K = 1), as
 two chunk stages of 4 (K = 4) and as one chunk stage of 8 (K = 8) gives the same tables row by row,
-the same metrics JSON and the same final checkpoint; deleting one chunk's outputs re-runs only that
-chunk, to the same tables.
+the same metrics JSON and the same final checkpoint; a chunk whose outputs are gone re-runs alone,
+to the same tables.
 
 Shrunk beyond tests/e2e.py's tiny_params so three 8-round runs fit (rollout.batch_size 16, base.steps
 200, 4 evaluation prompts): one process start per stage dominates, so K = 1 is the slow run.
@@ -107,11 +107,13 @@ def test_chunked_metrics_and_checkpoint_equal_the_per_round_ones(runs, per_stage
 
 
 def test_a_deleted_chunk_is_rerun_alone_to_the_same_tables(runs):
+    """As after a chunk killed mid-way: its outputs are gone and DVC's run cache has no entry for it
+    (--no-run-cache; with an entry, a plain `dvc repro` restores the same outputs from the cache)."""
     project = runs[4]
     for table in ROUND_TABLES:
         shutil.rmtree(project / "data" / table / "chunk=0005")
     shutil.rmtree(project / "metrics" / "ppo" / "chunk=0005")
     shutil.rmtree(project / "models" / f"round={N_ROUNDS:04d}")
-    again = dvc(["repro"], project).stdout
+    again = dvc(["repro", "--no-run-cache"], project).stdout
     assert "Running stage 'chunk@0005'" in again and "Running stage 'chunk@0001'" not in again, again
     assert round_tables(project) == round_tables(runs[1])
