@@ -27,10 +27,13 @@ def cmd_rounds(args) -> None:
     from pipeline.rounds import exp_run_overrides, set_rounds
 
     if args.exp:
-        print("dvc exp run " + " ".join(f"-S {_shell_word(value)}" for value in exp_run_overrides(args.n)))
+        overrides = exp_run_overrides(args.n, args.per_stage)
+        print("dvc exp run " + " ".join(f"-S {_shell_word(value)}" for value in overrides))
         return
-    set_rounds(args.params, args.n)
-    print(f"{args.params}: {args.n} rounds (0001..{args.n:04d}), evaluate.policy = round={args.n:04d}")
+    set_rounds(args.params, args.n, args.per_stage)
+    n_chunks = -(-args.n // args.per_stage)
+    chunks = f", {n_chunks} chunk stage{'s' * (n_chunks > 1)} of {args.per_stage}" if args.per_stage > 1 else ""
+    print(f"{args.params}: {args.n} rounds (0001..{args.n:04d}){chunks}, evaluate.policy = round={args.n:04d}")
 
 
 def _shell_word(value: str) -> str:
@@ -119,8 +122,8 @@ def cmd_batch_prepare(args) -> None:
 
     params = load_params(args.params)
     critic = params.critic
-    rows = scored_rows(store.read_table(f"{args.data}/rollouts/round={args.round}", "rollouts"),
-                       store.read_table(f"{args.data}/scores/round={args.round}", "scores"))
+    rows = scored_rows(store.read_table(store.round_partition(args.data, "rollouts", int(args.round)), "rollouts"),
+                       store.read_table(store.round_partition(args.data, "scores", int(args.round)), "scores"))
     template = load_template(critic.template, task=params.run.task, labels=critic.labels)
     requests = round_requests(rows, template=template, threshold=critic.threshold)
     client = critic_client(critic, None, template_sha=template.sha256)  # for its cache keys; sends nothing
@@ -224,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     rounds.add_argument("--params", default="params.yaml")
     rounds.add_argument("--exp", action="store_true",
                         help="print the `dvc exp run -S ...` flags for N rounds instead of editing the file")
+    rounds.add_argument("--per-stage", type=int, default=1, metavar="K",
+                        help="rounds per DVC stage: K > 1 writes `chunks` of K rounds run in one process "
+                             "(docs/chunked-rounds.md); default 1")
     rounds.set_defaults(func=cmd_rounds)
 
     sql = sub.add_parser("sql", help="run a DuckDB query over the Parquet tables")

@@ -319,6 +319,14 @@ class RoundParams:
     prev: str = "base"
 
 
+@dataclass(frozen=True)
+class ChunkParams:
+    """One `chunk` stage (run.rounds_per_stage > 1): its key's round to `last`, starting from `prev`."""
+
+    prev: str = "base"
+    last: str = "0001"
+
+
 SECTIONS: dict[str, type] = {
     "run": RunParams,
     "world": WorldParams,
@@ -341,10 +349,15 @@ class Params:
     critic: CriticParams
     ppo: PPOParams
     evaluate: EvaluateParams
-    rounds: dict[str, RoundParams]
+    rounds: dict[str, RoundParams]  # every round, also when chunked (expanded from `chunks`)
+    chunks: dict[str, ChunkParams] = field(default_factory=dict)  # empty unless run.rounds_per_stage > 1
 
     def round_keys(self) -> list[str]:
         return sorted(self.rounds)
+
+    def chunk_rounds(self, key: str) -> list[str]:
+        """The round keys chunk `key` runs, in order."""
+        return [f"{r:04d}" for r in range(int(key), int(self.chunks[key].last) + 1)]
 
 
 def _suggest(name: str, valid) -> str:
@@ -400,7 +413,8 @@ def build_section(cls: type, values: dict, prefix: str):
 
 def _check_rounds(rounds) -> dict[str, RoundParams]:
     if not isinstance(rounds, dict) or not rounds:
-        raise ConfigError("'rounds' must map round keys like '0001' to {prev: ...}; got none.")
+        raise ConfigError("'rounds' must map round keys like '0001' to {prev: ...}; got none "
+                          "(`drlc rounds N` writes the chain).")
     built = {}
     for key, spec in rounds.items():
         if not isinstance(key, str) or not ROUND_KEY.match(key):
@@ -414,6 +428,45 @@ def _check_rounds(rounds) -> dict[str, RoundParams]:
                 f"'rounds.{key}.prev' = {built[key].prev!r} breaks the chain: expected {expected!r}."
             )
     return built
+
+
+def _check_chunks(chunks, rounds, per_stage: int) -> tuple[dict[str, RoundParams], dict[str, ChunkParams]]:
+    """(every round, the chunks) of a chunked run: `rounds` empty, `chunks` an unbroken chain of K rounds each.
+
+    Chunk key = its first round; `prev` = the policy it starts from (base, then the previous chunk's
+    last round); `last` = its last round; every chunk holds run.rounds_per_stage rounds but the last,
+    which may hold fewer.
+    """
+    fix = f"`drlc rounds N --per-stage {per_stage}` writes both"
+    if rounds:
+        raise ConfigError(f"'rounds' lists {len(rounds)} per-round stages but 'run.rounds_per_stage' = {per_stage}: "
+                          f"a chunked run sets rounds: {{}} and lists its chunks under 'chunks'; {fix}.")
+    if not isinstance(chunks, dict) or not chunks:
+        raise ConfigError(f"'run.rounds_per_stage' = {per_stage} needs 'chunks' ({{first round: {{prev, last}}}}); "
+                          f"got none: {fix}.")
+    built = {}
+    for key, spec in chunks.items():
+        if not isinstance(key, str) or not ROUND_KEY.match(key):
+            raise ConfigError(f"Chunk key {key!r} must be a quoted 4-digit string such as '0001' (its first round).")
+        built[key] = build_section(ChunkParams, spec, f"chunks.{key}")
+        if not ROUND_KEY.match(built[key].last):
+            raise ConfigError(f"'chunks.{key}.last' = {built[key].last!r} must be a quoted 4-digit round key.")
+    keys, expanded = sorted(built), {}
+    for i, key in enumerate(keys):
+        chunk = built[key]
+        before = built[keys[i - 1]].last if i else None  # the previous chunk's last round
+        want_key, want_prev = (f"{int(before) + 1:04d}", f"round={before}") if i else (key, "base")
+        if key != want_key or chunk.prev != want_prev:
+            raise ConfigError(f"chunk '{key}' (prev {chunk.prev!r}) breaks the chain: expected chunk "
+                              f"'{want_key}' with prev {want_prev!r}; {fix}.")
+        size = int(chunk.last) - int(key) + 1
+        if size != per_stage and not (i == len(keys) - 1 and 1 <= size < per_stage):
+            raise ConfigError(f"chunk '{key}' runs {size} rounds ({key}..{chunk.last}) but 'run.rounds_per_stage' "
+                              f"= {per_stage} (only the last chunk may be shorter); {fix}.")
+        for r in range(int(key), int(chunk.last) + 1):
+            prev = chunk.prev if r == int(key) else f"round={r - 1:04d}"
+            expanded[f"{r:04d}"] = RoundParams(prev=prev)
+    return expanded, built
 
 
 def apply_override(raw: dict, assignment: str) -> None:
@@ -431,12 +484,20 @@ def apply_override(raw: dict, assignment: str) -> None:
 
 
 def params_from_dict(raw: dict) -> Params:
-    valid = list(SECTIONS) + ["rounds"]
+    valid = list(SECTIONS) + ["rounds", "chunks"]
     for key in raw:
         if key not in valid:
             raise ConfigError(f"Unknown section '{key}' in params.{_suggest(key, valid)}")
     sections = {name: build_section(cls, raw.get(name, {}), name) for name, cls in SECTIONS.items()}
-    params = Params(**sections, rounds=_check_rounds(raw.get("rounds")))
+    per_stage = sections["run"].rounds_per_stage
+    if per_stage == 1:
+        if raw.get("chunks"):
+            raise ConfigError("'chunks' is set but 'run.rounds_per_stage' = 1: set chunks: {} (one stage per round "
+                              "and step), or `drlc rounds N --per-stage K` for chunks of K rounds.")
+        params = Params(**sections, rounds=_check_rounds(raw.get("rounds")))
+    else:
+        rounds, chunks = _check_chunks(raw.get("chunks"), raw.get("rounds"), per_stage)
+        params = Params(**sections, rounds=rounds, chunks=chunks)
     last = f"round={params.round_keys()[-1]}"
     if params.evaluate.policy != last:
         raise ConfigError(

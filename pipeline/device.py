@@ -65,16 +65,18 @@ def holder_device(model_holder) -> str | None:
 def stage_devices(metrics_dir: str | Path) -> dict[str, str | None]:
     """{stage@round or stage: device} from a run's metrics folder.
 
-    Per-round stages write metrics/<stage>/round=<key>.json (key "stage@<key>"); every such
+    Per-round stages write metrics/<stage>/round=<key>.json, a chunk stage
+    metrics/<stage>/chunk=<chunk>/round=<key>.json (both keyed "stage@<key>"); every such
     file is listed, and one without a ``device`` field maps to None. A top-level
     metrics/<stage>.json is listed when it has a ``device`` field (base, evaluate; eval.json
     and rounds.json hold other things). None = the stage ran no model.
     """
     metrics_dir = Path(metrics_dir)
     devices: dict[str, str | None] = {}
-    for path in sorted(metrics_dir.glob("*/round=*.json")):
+    for path in sorted([*metrics_dir.glob("*/round=*.json"), *metrics_dir.glob("*/chunk=*/round=*.json")]):
         data = json.loads(path.read_text())
-        devices[f"{path.parent.name}@{path.stem.split('=', 1)[1]}"] = data.get("device")
+        stage = path.parent.parent.name if path.parent.name.startswith("chunk=") else path.parent.name
+        devices[f"{stage}@{path.stem.split('=', 1)[1]}"] = data.get("device")
     for path in sorted(metrics_dir.glob("*.json")):
         data = json.loads(path.read_text())
         if isinstance(data, dict) and "device" in data:

@@ -3,7 +3,7 @@
 Nothing is downloaded, trained or sent. The report has five parts:
 
 - the resolved parameters (every key, defaults filled in; the rounds block summarised);
-- the stages `dvc repro` would run (dvc.yaml's stages, `foreach` expanded over the rounds);
+- the stages `dvc repro` would run (dvc.yaml's stages, `foreach` expanded over the rounds or chunks);
 - the models and data sets the run would load, each marked local, a hub id (with whether the
   Hugging Face cache already holds it) or a missing local path;
 - the critic: calls per round and in total, tokens per call and the cost at `critic.prices`;
@@ -112,8 +112,7 @@ def measured_critique_rate(params: Params, data_dir: str | Path) -> float | None
     """Share of scored responses with env_reward <= critic.threshold in DIR/scores, or None if none."""
     from pipeline import store
 
-    rows = [row for part in sorted((Path(data_dir) / "scores").glob("round=*"))
-            for row in store.read_table(part, "scores")]
+    rows = [row for part in store.partition_files(data_dir, "scores") for row in store.read_table(part, "scores")]
     if not rows:
         return None
     return sum(float(r["env_reward"]) <= params.critic.threshold for r in rows) / len(rows)
@@ -185,14 +184,17 @@ def estimate_critic(params: Params, *, root: str | Path = ".", stated_rate: floa
 
 
 def planned_stages(params: Params, dvc_file: str | Path = "dvc.yaml") -> list[str]:
-    """dvc.yaml's stage names with `foreach` stages expanded over the rounds (name@key)."""
+    """dvc.yaml's stage names with `foreach` stages expanded (name@key): over the rounds, or over the
+    chunks for `foreach: ${chunks}` (per-round stages have no rounds then: `rounds: {}`)."""
     path = Path(dvc_file)
     if not path.is_file():
         return []
     stages = (yaml.safe_load(path.read_text()) or {}).get("stages", {})
+    keys = {"${rounds}": [] if params.chunks else params.round_keys(), "${chunks}": sorted(params.chunks)}
     names = []
     for name, spec in stages.items():
-        names += [f"{name}@{key}" for key in params.round_keys()] if "foreach" in spec else [name]
+        expanded = keys.get(spec["foreach"], params.round_keys()) if "foreach" in spec else None
+        names += [name] if expanded is None else [f"{name}@{key}" for key in expanded]
     return names
 
 

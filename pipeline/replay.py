@@ -158,7 +158,7 @@ def without_remote(params: Params) -> Params:
 def read_inputs(run_dir: Path, params: Params, *, allow_new_calls: bool = False) -> dict[str, dict[str, list[dict]]]:
     """{round key: {"rollouts": rows, "scores": rows}}; DataError lists every missing input at once."""
     needed = [run_dir / "models" / "base"] + [
-        store.partition_dir(run_dir / "data", table, int(key)) / "part-0.parquet"
+        store.round_partition(run_dir / "data", table, int(key)) / "part-0.parquet"
         for key in params.round_keys() for table in INPUT_TABLES]
     if params.critic.enabled and not allow_new_calls:
         needed.append(_cache_dir(run_dir, params))
@@ -168,7 +168,7 @@ def read_inputs(run_dir: Path, params: Params, *, allow_new_calls: bool = False)
                         f"Finish it with `dvc repro` there first.")
     inputs = {}
     for key in params.round_keys():
-        tables = {t: store.read_table(store.partition_dir(run_dir / "data", t, int(key)), t) for t in INPUT_TABLES}
+        tables = {t: store.read_table(store.round_partition(run_dir / "data", t, int(key)), t) for t in INPUT_TABLES}
         if not tables["rollouts"]:
             raise DataError(f"'{run_dir}/data/rollouts/round={key}' has no rows: re-run that round's rollout stage.")
         inputs[key] = tables
@@ -290,7 +290,8 @@ def train_rounds(build_dir: Path, run_dir: Path, params: Params, prepared: dict,
 def raw_params(params: Params) -> dict:
     """Params as the plain mapping params.yaml holds (load_params of it gives `params` back)."""
     raw = dataclasses.asdict(params)
-    raw["rounds"] = {key: {"prev": spec["prev"]} for key, spec in raw["rounds"].items()}
+    chunked = bool(params.chunks)  # then `rounds` is empty in the file and expanded from `chunks` on load
+    raw["rounds"] = {} if chunked else {key: {"prev": spec["prev"]} for key, spec in raw["rounds"].items()}
     return raw
 
 

@@ -83,7 +83,7 @@ def dvc_stages(run_dir: Path, out_dir: Path, params: Params, *, allow_new_calls:
     flags += " --allow-new-calls" if allow_new_calls else ""
     keys, policy, data = params.round_keys(), params.evaluate.policy, run_dir / "data"
     inputs = [run_dir / "params.yaml", run_dir / "models" / "base", store.partition_dir(data, "prompts", 0)]
-    inputs += [store.partition_dir(data, table, int(key)) for key in keys for table in INPUT_TABLES]
+    inputs += [store.round_partition(data, table, int(key)) for key in keys for table in INPUT_TABLES]
     inputs += [run_dir / params.critic.template] if params.critic.enabled else []
     prompt_files = [Path(p) for p in resolved_evaluation(run_dir, params)[0].prompts if p != "world"]
     per_round = [{f"metrics/{kind}/round={key}.json": {"cache": False}} for kind in ("critique", "ppo") for key in keys]

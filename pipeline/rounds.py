@@ -5,6 +5,10 @@ out ("0001": {prev: base}, "0002": {prev: round=0001}, ...) and `evaluate.policy
 last round. `drlc rounds N` rewrites both in params.yaml (comments and the rest of the file
 kept, ruamel.yaml round-trip); `drlc rounds N --exp` prints the equivalent `dvc exp run -S`
 flags, which delete and re-add the section because Hydra cannot address keys such as '0001'.
+
+`--per-stage K` (K > 1) writes chunked rounds instead (docs/chunked-rounds.md): `rounds: {}`,
+`chunks` = {first round: {prev, last}} of K rounds each (the last may be shorter), and
+run.rounds_per_stage = K; K = 1 writes the per-round chain and `chunks: {}`.
 """
 from __future__ import annotations
 
@@ -40,23 +44,59 @@ def last_policy(n_rounds: int) -> str:
     return f"round={n_rounds:04d}"
 
 
-def exp_run_overrides(n_rounds: int) -> list[str]:
-    """`dvc exp run -S` values giving n rounds: delete `rounds`, re-add it whole, set evaluate.policy.
+def chunk_chain(n_rounds: int, per_stage: int) -> dict[str, dict[str, str]]:
+    """{chunk key (its first round): {prev, last}} for rounds 1..n in chunks of per_stage rounds.
 
-    >>> exp_run_overrides(2)
-    ['~rounds', "+rounds={0001: {prev: base}, 0002: {prev: 'round=0001'}}", "evaluate.policy='round=0002'"]
+    >>> list(chunk_chain(5, 2))
+    ['0001', '0003', '0005']
+    >>> chunk_chain(5, 2)["0005"]
+    {'prev': 'round=0004', 'last': '0005'}
     """
-    items = ", ".join(f"{key}: {{prev: {prev if prev == 'base' else repr(prev)}}}"
-                      for key, prev in round_chain(n_rounds).items())
-    return ["~rounds", f"+rounds={{{items}}}", f"evaluate.policy='{last_policy(n_rounds)}'"]
+    _check_per_stage(per_stage)
+    rounds = round_chain(n_rounds)
+    return {f"{first:04d}": {"prev": rounds[f"{first:04d}"], "last": f"{min(first + per_stage - 1, n_rounds):04d}"}
+            for first in range(1, n_rounds + 1, per_stage)}
 
 
-def set_rounds(params_file: str | Path, n_rounds: int) -> None:
-    """Rewrite params_file's `rounds` and `evaluate.policy` for n rounds, keeping everything else.
+def _check_per_stage(per_stage: int) -> None:
+    if per_stage < 1:
+        raise ConfigError(f"--per-stage {per_stage}: give a whole number of rounds per stage >= 1 "
+                          "(1 = per-round stages).")
+
+
+def _quoted(value: str) -> str:
+    return value if value == "base" else repr(value)
+
+
+def exp_run_overrides(n_rounds: int, per_stage: int = 1) -> list[str]:
+    """`dvc exp run -S` values giving n rounds: delete `rounds` and `chunks`, re-add them whole, set
+    run.rounds_per_stage and evaluate.policy.
+
+    >>> exp_run_overrides(2)[:2]
+    ['~rounds', "+rounds={0001: {prev: base}, 0002: {prev: 'round=0001'}}"]
+    >>> exp_run_overrides(2, 2)[:4]
+    ['~rounds', '+rounds={}', '~chunks', "+chunks={0001: {prev: base, last: '0002'}}"]
+    """
+    _check_per_stage(per_stage)
+    if per_stage == 1:
+        rounds = ", ".join(f"{key}: {{prev: {_quoted(prev)}}}" for key, prev in round_chain(n_rounds).items())
+        chunks = ""
+    else:
+        rounds = ""
+        chunks = ", ".join(f"{key}: {{prev: {_quoted(c['prev'])}, last: {c['last']!r}}}"
+                           for key, c in chunk_chain(n_rounds, per_stage).items())
+    return ["~rounds", f"+rounds={{{rounds}}}", "~chunks", f"+chunks={{{chunks}}}",
+            f"run.rounds_per_stage={per_stage}", f"evaluate.policy='{last_policy(n_rounds)}'"]
+
+
+def set_rounds(params_file: str | Path, n_rounds: int, per_stage: int = 1) -> None:
+    """Rewrite params_file's `rounds`, `chunks`, `run.rounds_per_stage` and `evaluate.policy` for n
+    rounds (per_stage rounds per DVC stage), keeping everything else.
 
     The new file is validated like any params file before it replaces the old one (atomically).
     Raises ConfigError for a bad number or a file that would not load afterwards.
     """
+    _check_per_stage(per_stage)
     path = Path(params_file)
     if not path.is_file():
         raise ConfigError(f"Params file '{path}' not found: run from the project root or pass --params.")
@@ -65,7 +105,12 @@ def set_rounds(params_file: str | Path, n_rounds: int) -> None:
     data = yaml.load(text)
     if not isinstance(data, dict) or not isinstance(data.get("evaluate"), dict):
         raise ConfigError(f"'{path}' has no 'evaluate' section: start from params.yaml or a profile in configs/.")
-    data["rounds"] = _rounds_map(data.get("rounds"), round_chain(n_rounds))
+    chunked = per_stage > 1
+    rounds = {} if chunked else {key: {"prev": prev} for key, prev in round_chain(n_rounds).items()}
+    data["rounds"] = _flow_map(data.get("rounds"), rounds)
+    data["chunks"] = _flow_map(data.get("chunks"), chunk_chain(n_rounds, per_stage) if chunked else {})
+    if isinstance(data.get("run"), dict):
+        data["run"]["rounds_per_stage"] = per_stage
     data["evaluate"]["policy"] = last_policy(n_rounds)
     buffer = io.StringIO()
     yaml.dump(data, buffer)
@@ -91,16 +136,20 @@ def _represent_null(representer, _value):
     return representer.represent_scalar("tag:yaml.org,2002:null", "null")
 
 
-def _rounds_map(old, chain: dict[str, str]) -> CommentedMap:
-    """The `rounds` mapping: the old one emptied (its comment kept) and refilled with flow-style entries."""
-    rounds = old if isinstance(old, CommentedMap) else CommentedMap()
-    for key in list(rounds):
-        del rounds[key]
-    for key, prev in chain.items():
-        entry = CommentedMap(prev=prev)
+def _flow_map(old, entries: dict[str, dict]) -> CommentedMap:
+    """A `rounds` or `chunks` mapping: the old one emptied (its comment kept) and refilled with flow-style entries."""
+    mapping = old if isinstance(old, CommentedMap) else CommentedMap()
+    for key in list(mapping):
+        del mapping[key]
+    for key, fields in entries.items():
+        entry = CommentedMap({name: DoubleQuotedScalarString(v) if name == "last" else v for name, v in fields.items()})
         entry.fa.set_flow_style()
-        rounds[DoubleQuotedScalarString(key)] = entry
-    return rounds
+        mapping[DoubleQuotedScalarString(key)] = entry
+    if entries:
+        mapping.fa.set_block_style()
+    else:
+        mapping.fa.set_flow_style()  # `{}` on the key's line
+    return mapping
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -1,8 +1,12 @@
 """Parquet tables and the DuckDB catalog over them.
 
-Tables are hive-partitioned by round: `data/<table>/round=NNNN/part-0.parquet`. Each partition
-is written atomically (temporary file in the same folder, then rename), so a killed stage
-never leaves a half-written file. Every table has a fixed Arrow schema below; a row with a
+Tables are hive-partitioned by round: `data/<table>/round=NNNN/part-0.parquet`. Chunked rounds
+(run.rounds_per_stage > 1, docs/chunked-rounds.md) put the same round partitions one folder
+deeper, under the chunk stage's output: `data/<table>/chunk=KKKK/round=NNNN/part-0.parquet`.
+Readers find partitions in both layouts through `round_partition`, `partition_files` and the
+catalog's views (`LAYOUTS`), never by globbing `round=*` themselves. Each partition is written
+atomically (temporary file in the same folder, then rename), so a killed stage never leaves a
+half-written file. Every table has a fixed Arrow schema below; a row with a
 missing or extra column is a bug and raises StoreError before anything is written.
 """
 from __future__ import annotations
@@ -89,8 +93,33 @@ PARTITION_KEYS = {"critic_eval": "audit"}
 VOLATILE_COLUMNS = {"annotations": ["cache_hit", "attempts"], "ppo_steps": ["tokens_per_s"]}
 
 
+# Where a table's partitions sit under data/<table>/: per-round stages, and chunk stages
+LAYOUTS = ("{key}=*/part-0.parquet", "chunk=*/{key}=*/part-0.parquet")
+
+
 def partition_dir(root: str | Path, table: str, round_: int) -> Path:
     return Path(root) / table / f"round={round_:04d}"
+
+
+def chunk_dir(root: str | Path, table: str, chunk: str) -> Path:
+    """The output folder of one chunk stage for `table`; it holds that chunk's round=NNNN partitions."""
+    return Path(root) / table / f"chunk={chunk}"
+
+
+def round_partition(root: str | Path, table: str, round_: int) -> Path:
+    """The folder holding round_'s partition of `table` in either layout (the per-round one if neither exists)."""
+    flat = partition_dir(root, table, round_)
+    if flat.exists():
+        return flat
+    nested = sorted((Path(root) / table).glob(f"chunk=*/round={round_:04d}"))
+    return nested[0] if nested else flat
+
+
+def partition_files(root: str | Path, table: str) -> list[Path]:
+    """Every part-0.parquet of `table` in both layouts, in partition-key order (round order)."""
+    key = PARTITION_KEYS.get(table, "round")
+    files = [f for layout in LAYOUTS for f in (Path(root) / table).glob(layout.format(key=key))]
+    return sorted(files, key=lambda f: (f.parent.name, str(f)))
 
 
 def audit_dir(root: str | Path, audit: str) -> Path:
@@ -152,10 +181,11 @@ def view_statements(data_root: str | Path = "data") -> list[str]:
     statements = []
     for table in SCHEMAS:
         key = PARTITION_KEYS.get(table, "round")
-        if any(root.glob(f"{table}/{key}=*/part-0.parquet")):
-            glob = (root / table / f"{key}=*" / "part-0.parquet").as_posix()
+        globs = [(root / table / layout.format(key=key)).as_posix() for layout in LAYOUTS
+                 if any((root / table).glob(layout.format(key=key)))]  # DuckDB rejects a glob that matches nothing
+        if globs:
             statements.append(
-                f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet('{glob}', "
+                f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet({globs!r}, "
                 f"union_by_name = true, hive_partitioning = false)"
             )
     return statements

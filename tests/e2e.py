@@ -35,6 +35,19 @@ def tiny_params(n_rounds: int = 3, task: str = "sentiment", **section_overrides)
     return raw
 
 
+class _ParamsDumper(yaml.SafeDumper):
+    """Quotes every all-digit string: PyYAML (YAML 1.1) writes '0008' bare, and DVC (YAML 1.2) reads 0008 as 8."""
+
+
+_ParamsDumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", text, style='"' if text.isdigit() else None))
+
+
+def dump_params(params: dict) -> str:
+    """params as params.yaml text that PyYAML and DVC read alike (round keys stay strings)."""
+    return yaml.dump(params, Dumper=_ParamsDumper, sort_keys=False)
+
+
 def make_project(tmp: Path, params: dict) -> Path:
     """Copy the project files into tmp/project, write params, and make it a git + DVC repo."""
     project = tmp / "project"
@@ -45,7 +58,7 @@ def make_project(tmp: Path, params: dict) -> Path:
             shutil.copytree(src, project / name, ignore=shutil.ignore_patterns("__pycache__"))
         elif src.exists():
             shutil.copy(src, project / name)
-    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (project / "params.yaml").write_text(dump_params(params))
     run(["git", "init", "-q"], project)
     run([sys.executable, "-m", "dvc", "init", "-q"], project)
     run([sys.executable, "-m", "dvc", "config", "core.analytics", "false"], project)

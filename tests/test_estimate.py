@@ -104,13 +104,15 @@ def test_critique_rate_measured_from_a_runs_scores(tmp_path):
     assert measured_critique_rate(params, tmp_path / "nothing") is None
 
 
-def test_stages_expand_foreach_over_rounds():
-    params = load_params(ROOT / "configs/paper/detox-dense.yaml")
+def test_stages_expand_foreach_over_rounds_or_chunks():
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
-    per_round = sum("foreach" in spec for spec in stages.values())
-    planned = planned_stages(params, ROOT / "dvc.yaml")
-    assert len(planned) == len(stages) - per_round + per_round * 160
-    assert "ppo@0160" in planned and "evaluate" in planned
+    per_round = sum(spec.get("foreach") == "${rounds}" for spec in stages.values())
+    foreach = sum("foreach" in spec for spec in stages.values())
+    demo = planned_stages(load_params(ROOT / "params.yaml"), ROOT / "dvc.yaml")  # 4 rounds, no chunks
+    assert len(demo) == len(stages) - foreach + per_round * 4 and "ppo@0004" in demo
+    detox = planned_stages(load_params(ROOT / "configs/paper/detox-dense.yaml"), ROOT / "dvc.yaml")  # 160 = 5 x 32
+    assert len(detox) == len(stages) - foreach + 5 and "chunk@0129" in detox and "evaluate" in detox
+    assert not any(name.startswith("ppo@") for name in detox)
 
 
 def test_source_status(tmp_path, monkeypatch):

@@ -52,12 +52,18 @@ def test_a_file_that_would_not_load_is_left_unchanged(params_file):
     assert params_file.read_text() == text
 
 
-def test_exp_run_overrides_load_as_the_same_chain(params_file):
+@pytest.mark.parametrize("per_stage", [1, 3])
+def test_exp_run_overrides_load_as_the_same_chain(params_file, per_stage):
+    """The -S values through DVC's own Hydra override code give the file `drlc rounds` writes."""
+    from dvc.utils.hydra import apply_overrides
+
     assert round_chain(3) == {"0001": "base", "0002": "round=0001", "0003": "round=0002"}
-    remove, add, policy = exp_run_overrides(3)
-    assert remove == "~rounds" and policy == "evaluate.policy='round=0003'"
-    chain = yaml.safe_load(add.removeprefix("+rounds="))  # the value Hydra parses; YAML reads it the same way
-    assert {f"{k:04d}" if isinstance(k, int) else k: v["prev"] for k, v in chain.items()} == round_chain(3)
+    written = params_file.with_name("written.yaml")
+    shutil.copy(params_file, written)
+    set_rounds(written, 5, per_stage)
+    apply_overrides(params_file, exp_run_overrides(5, per_stage))
+    assert load_params(params_file) == load_params(written)
+    assert load_params(params_file).round_keys() == [f"{r:04d}" for r in range(1, 6)]
 
 
 def stage_names(status_stdout: str) -> set[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
+from dataclasses import dataclass
 
 from transformers import AutoTokenizer
 
@@ -102,29 +103,61 @@ def critique(rollout_rows: list[dict], score_rows: list[dict], *, critic: Critic
              run_id: str, round_: int, task: str | None = None, device=None) -> tuple[list[dict], dict]:
     """Annotate one round. Returns (annotation rows, metrics of :func:`summarize` plus ``device``).
 
-    Opens the cache, the endpoint (a local server for endpoint 'local') and the client, then
-    runs :func:`critique_round`. task: run.task, needed to load a plain-text critic.template
+    Opens a :func:`critic_session` (cache, endpoint: a local server for endpoint 'local') for
+    this one round. task: run.task, needed to load a plain-text critic.template
     (pipeline.critic.templates). device: where a local hf critic runs; the metrics' ``device``
     is where its parameters were (None for a critic without a local model, or a disabled critic).
 
     Raises CriticError, after every good answer is cached and before anything is returned,
     when the budget stopped a request or the round's failures exceed critic.max_error_rate.
     """
-    rows = scored_rows(rollout_rows, score_rows)
-    model_device = None
+    with critic_session(critic, tokenizer_dir=tokenizer_dir, task=task, device=device) as session:
+        return session.critique(rollout_rows, score_rows, run_id=run_id, round_=round_)
+
+
+@dataclass
+class CriticSession:
+    """The critic opened once for any number of rounds: template, tokenizer, cache and endpoint URL.
+
+    None of them when critic.enabled is false (every row is then skipped).
+    """
+
+    critic: CriticParams
+    template: object = None
+    tokenizer: object = None
+    cache: CriticCache | None = None
+    base_url: str | None = None
+    server_stats: object = dict  # () -> the local server's /stats (its model's "device"); {} otherwise
+
+    def critique(self, rollout_rows: list[dict], score_rows: list[dict], *, run_id: str,
+                 round_: int) -> tuple[list[dict], dict]:
+        """One round's (annotation rows, metrics): a fresh client (its budget and counts are per round),
+        then :func:`critique_round`. Raises CriticError as :func:`critique`."""
+        rows = scored_rows(rollout_rows, score_rows)
+        if not self.critic.enabled:
+            annotations, stats = [skipped_row(row) for row in rows], RunStats()
+        else:
+            client = critic_client(self.critic, self.base_url, template_sha=self.template.sha256)
+            annotations, stats = critique_round(rows, client=client, cache=self.cache, template=self.template,
+                                                tokenizer=self.tokenizer, critic=self.critic)
+        annotations = [dict(a, run_id=run_id, round=round_) for a in annotations]
+        return annotations, {**summarize(annotations, stats), "device": self.server_stats().get("device")}
+
+
+@contextlib.contextmanager
+def critic_session(critic: CriticParams, *, tokenizer_dir: str, task: str | None = None, device=None):
+    """Yield a :class:`CriticSession`; for endpoint 'local' the server runs until the block ends.
+
+    tokenizer_dir: the base model folder (its tokenizer aligns spans; the hf backend's "base").
+    device: where a local hf critic's model runs.
+    """
     if not critic.enabled:
-        annotations, stats = [skipped_row(row) for row in rows], RunStats()
-    else:
-        template = load_template(critic.template, task=task, labels=critic.labels)
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        with (CriticCache(critic.cache_dir) as cache,
-              critic_endpoint(critic, tokenizer_dir, device) as (base_url, server_stats)):
-            client = critic_client(critic, base_url, template_sha=template.sha256)
-            annotations, stats = critique_round(rows, client=client, cache=cache, template=template,
-                                                tokenizer=tokenizer, critic=critic)
-            model_device = server_stats().get("device")
-    annotations = [dict(a, run_id=run_id, round=round_) for a in annotations]
-    return annotations, {**summarize(annotations, stats), "device": model_device}
+        yield CriticSession(critic)
+        return
+    template = load_template(critic.template, task=task, labels=critic.labels)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    with CriticCache(critic.cache_dir) as cache, critic_endpoint(critic, tokenizer_dir, device) as (base_url, stats):
+        yield CriticSession(critic, template, tokenizer, cache, base_url, stats)
 
 
 def critique_round(rows: list[dict], *, client, cache: CriticCache, template, tokenizer, critic: CriticParams,
@@ -172,7 +205,7 @@ def _error_kind(annotation: dict) -> str:
 
 _HINTS = {
     "api_error": "every good answer is cached, re-run to retry only the failures",
-    "truncated": "raise critic.max_tokens (a truncated answer is cached under its max_tokens)",
+    "truncated": "raise critic.max_tokens (truncated answers are not cached)",
     "parse_error": "parse errors come from cached answers: check critic.template and critic.model",
 }
 

@@ -1,6 +1,7 @@
 """`ppo` stage: one round of PPO epochs over the round's rollouts, rewards and critic spans."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -10,12 +11,13 @@ from pipeline.config import BaseParams, PPOParams
 from pipeline.distributed import DataParallel
 from pipeline.errors import ConfigError, DataError
 from pipeline.lora import add_adapters, has_adapters
-from pipeline.policy import load_policy, write_policy_files
+from pipeline.policy import PolicyWithValueHead, load_policy, write_policy_files
 from pipeline.reference import make_reference
 from pipeline.ppo import AdaptiveKLController, FixedKLController, RunningMoments
 from pipeline.seeding import round_seed
 from pipeline.trainer import (RolloutBatch, load_trainer_state, make_optimizer, save_trainer_state,
                               train_round)
+
 
 def join_round(rollouts: list[dict], scores: list[dict], annotations: list[dict]) -> RolloutBatch:
     """Line up the round's three tables by rollout_id into one PPO batch."""
@@ -39,6 +41,23 @@ def new_kl_controller(params: PPOParams):
     return FixedKLController(params.init_kl_coef)
 
 
+@dataclass
+class PPOState:
+    """Everything one round of PPO hands the next: what a checkpoint holds, plus the reference model.
+
+    policy (LM + value head), tokenizer, reference (pipeline/reference.py), optimizer (Adam),
+    kl_controller, score_moments. Written by :func:`save_ppo_state`, read back by :func:`load_ppo_state`;
+    the chunk stage (pipeline/steps/chunk.py) keeps it in memory from one round to the next instead.
+    """
+
+    policy: PolicyWithValueHead
+    tokenizer: object
+    reference: torch.nn.Module
+    optimizer: torch.optim.Optimizer | dict  # a gathered state dict after a data-parallel round
+    kl_controller: object
+    score_moments: RunningMoments
+
+
 def ppo_round(rollouts: list[dict], scores: list[dict], annotations: list[dict], *, policy_dir: str,
               reference_dir: str, out_dir: str, params: PPOParams, run_id: str, round_: int,
               seed: int, base: BaseParams | None = None, device="cpu") -> list[dict]:
@@ -59,13 +78,31 @@ def ppo_round(rollouts: list[dict], scores: list[dict], annotations: list[dict],
     batch = join_round(rollouts, scores, annotations)
     data_parallel = DataParallel.from_environment()
     torch.manual_seed(round_seed(seed, round_, 3))
+    state = load_ppo_state(policy_dir, reference_dir=reference_dir, params=params, seed=seed, round_=round_, base=base,
+                           device=device if data_parallel is None else "cpu")  # accelerate places its own
+    stats = train_ppo_round(state, batch, params=params, seed=seed, round_=round_, data_parallel=data_parallel)
+    if data_parallel is None or data_parallel.is_main:
+        save_ppo_state(state, out_dir, round_=round_)
+    if data_parallel is not None:
+        data_parallel.close()  # after the checkpoint is written: no rank exits before it exists
+    return [step_row(stat, run_id=run_id, round_=round_, step=i) for i, stat in enumerate(stats)]
+
+
+def load_ppo_state(policy_dir: str, *, reference_dir: str, params: PPOParams, seed: int, round_: int,
+                   base: BaseParams | None = None, device="cpu") -> PPOState:
+    """The PPOState round_ starts from: the policy of policy_dir (fresh LoRA adapters, seeded by round_,
+    when base.lora_r > 0 and it has none), its reference, and the optimizer, KL controller and score
+    moments of policy_dir's trainer state when it has one (fresh ones from base); policy and
+    reference on `device`.
+
+    Raises ConfigError if policy_dir holds the checkpoint of round_ or a later one.
+    """
     policy, tokenizer = load_policy(policy_dir, seed=seed)
     if base is not None and base.lora_r > 0 and not has_adapters(policy.lm):
         policy.lm = add_adapters(policy.lm, r=base.lora_r, alpha=base.lora_alpha, base_dir=reference_dir,
                                  target_modules=base.lora_target_modules, seed=round_seed(seed, round_, 5))
     reference = make_reference(policy, reference_dir, params.num_shared_layers)
-    if data_parallel is None:  # before the optimizer: its state loads onto the parameters' device
-        policy, reference = policy.to(device), reference.to(device)
+    policy, reference = policy.to(device), reference.to(device)  # before the optimizer: its state loads there
     optimizer = make_optimizer(policy, params.learning_rate)
     kl_controller, moments = new_kl_controller(params), RunningMoments()
     if (Path(policy_dir) / "trainer_state.json").is_file():
@@ -74,25 +111,35 @@ def ppo_round(rollouts: list[dict], scores: list[dict], annotations: list[dict],
         if previous is not None and previous >= round_:
             raise ConfigError(f"--policy {policy_dir} holds the checkpoint of round {previous}, but this is "
                               f"round {round_}: a round starts from an earlier round (check `prev` in 'rounds').")
-    model = policy  # what trains: the policy, or under accelerate the prepared (DDP or FSDP2) policy
+    return PPOState(policy, tokenizer, reference, optimizer, kl_controller, moments)
+
+
+def train_ppo_round(state: PPOState, batch: RolloutBatch, *, params: PPOParams, seed: int, round_: int,
+                    data_parallel: DataParallel | None = None) -> list[dict]:
+    """One round of PPO epochs on `batch` (train_round); updates `state` in place, returns the stats dicts.
+
+    Data parallel, state.policy becomes the full gathered module and state.optimizer the full Adam
+    state dict (on the main process; what save_ppo_state writes), the same for any process count.
+    """
+    model, optimizer, reference = state.policy, state.optimizer, state.reference  # what trains
     if data_parallel is not None:  # after the trainer state is loaded into the plain optimizer
-        model, optimizer, reference = data_parallel.prepare(policy, optimizer, reference)
+        model, optimizer, reference = data_parallel.prepare(state.policy, state.optimizer, state.reference)
     stats = train_round(
         policy=model, ref_model=reference, optimizer=optimizer, batch=batch, params=params,
-        kl_controller=kl_controller, score_moments=moments, seed=round_seed(seed, round_, 4),
+        kl_controller=state.kl_controller, score_moments=state.score_moments, seed=round_seed(seed, round_, 4),
         progress=data_parallel is None or data_parallel.is_main, data_parallel=data_parallel,
     )
-    optimizer_state = optimizer.state_dict() if data_parallel is None else None
-    if data_parallel is not None:  # gathered full weights and Adam state, the same for any process count
-        policy, optimizer_state = data_parallel.full_state(model, optimizer)
-    if data_parallel is None or data_parallel.is_main:
-        with atomic_folder(out_dir) as folder:  # weights and trainer state appear together or not at all
-            write_policy_files(policy, tokenizer, folder)
-            save_trainer_state(folder, optimizer=optimizer_state, kl_controller=kl_controller,
-                               score_moments=moments, round_=round_)
-    if data_parallel is not None:
-        data_parallel.close()  # after the checkpoint is written: no rank exits before it exists
-    return [step_row(stat, run_id=run_id, round_=round_, step=i) for i, stat in enumerate(stats)]
+    if data_parallel is not None:  # every rank gathers; DDP or FSDP2 alike
+        state.policy, state.optimizer = data_parallel.full_state(model, optimizer)
+    return stats
+
+
+def save_ppo_state(state: PPOState, out_dir: str, *, round_: int) -> None:
+    """Write the checkpoint of round_ to out_dir atomically: weights and trainer state appear together or not at all."""
+    with atomic_folder(out_dir) as folder:
+        write_policy_files(state.policy, state.tokenizer, folder)
+        save_trainer_state(folder, optimizer=state.optimizer, kl_controller=state.kl_controller,
+                           score_moments=state.score_moments, round_=round_)
 
 
 def step_row(stat: dict, *, run_id: str, round_: int, step: int) -> dict:

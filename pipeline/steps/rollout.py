@@ -54,13 +54,25 @@ def rollout_round(prompt_rows: list[dict], *, policy_dir: str, policy_name: str,
                   seed: int, batch_size: int, max_new_tokens: int, generation_batch_size: int,
                   min_new_tokens: int | None = None, device: str | torch.device = "cpu",
                   shard: Shard | None = None) -> tuple[list[dict], dict]:
-    """Pick `batch_size` train prompts (seeded per round) and sample one response to each on `device`.
+    """Load the policy of `policy_dir` onto `device` and run :func:`rollout_with` on it (the rollout stage)."""
+    policy, tokenizer = load_policy(policy_dir)
+    return rollout_with(policy.to(device), tokenizer, prompt_rows, policy_name=policy_name, run_id=run_id,
+                        round_=round_, seed=seed, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                        generation_batch_size=generation_batch_size, min_new_tokens=min_new_tokens, shard=shard)
+
+
+def rollout_with(policy, tokenizer, prompt_rows: list[dict], *, policy_name: str, run_id: str, round_: int,
+                 seed: int, batch_size: int, max_new_tokens: int, generation_batch_size: int,
+                 min_new_tokens: int | None = None, shard: Shard | None = None) -> tuple[list[dict], dict]:
+    """Pick `batch_size` train prompts (seeded per round) and sample one response to each from `policy`
+    (on whatever device it is).
 
     Queries start with the tokenizer's BOS token (when it has one), as every review did in
     pretraining. Each response stops at EOS or at its length limit (``response_limits``; see the
     module docstring); the row's ``max_new_tokens`` column records that limit. The behaviour
     log-probs of the kept tokens are recorded for PPO ratios and replay.
-    Deterministic for (seed, round_, generation_batch_size, device). With `shard` (N processes)
+    Deterministic for (seed, round_, generation_batch_size, device) and the policy's weights, whether
+    the policy was just loaded (rollout stage) or trained in this process (chunk stage). With `shard` (N processes)
     each process samples its generation batches and every process returns all rows, the same
     as one process (pipeline/shard.py).
     Returns: (rollout rows, metrics: device (this process's policy's, from its parameters),
@@ -70,8 +82,6 @@ def rollout_round(prompt_rows: list[dict], *, policy_dir: str, policy_name: str,
     train = [row for row in prompt_rows if row["split"] == "train"]
     picker = random.Random(round_seed(seed, round_, 1))
     chosen = picker.sample(train, batch_size) if batch_size <= len(train) else picker.choices(train, k=batch_size)
-    policy, tokenizer = load_policy(policy_dir)
-    policy.to(device)
     queries = [encode_query(tokenizer, row["text"]) for row in chosen]
     sample_seed = round_seed(seed, round_, 2)
     limits = response_limits(len(chosen), min_new_tokens=min_new_tokens, max_new_tokens=max_new_tokens,

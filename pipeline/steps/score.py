@@ -27,25 +27,26 @@ def z_normalize(values: list[float]) -> list[float]:
 
 
 def score(rollout_rows: list[dict], prompt_rows: list[dict] | None, *, task: str, run_id: str, round_: int,
-          params: ScoreParams, device="cpu") -> list[dict]:
+          params: ScoreParams, device="cpu", reward=None) -> list[dict]:
     """The rows of `score_round` (without its metrics)."""
     return score_round(rollout_rows, prompt_rows, task=task, run_id=run_id, round_=round_, params=params,
-                       device=device)[0]
+                       device=device, reward=reward)[0]
 
 
 def score_round(rollout_rows: list[dict], prompt_rows: list[dict] | None, *, task: str, run_id: str, round_: int,
-                params: ScoreParams, device="cpu") -> tuple[list[dict], dict]:
+                params: ScoreParams, device="cpu", reward=None) -> tuple[list[dict], dict]:
     """Score each response with the task's environment reward, against its prompt's reference.
 
     A reward with a model (HF classifier, reward model) runs it on `device`. prompt_rows None
     (no prompts table given) scores with empty references, which only the reference-free tasks
-    (sentiment, toxicity) accept.
+    (sentiment, toxicity) accept. reward: the task's reward already built and placed (the chunk
+    stage keeps one for all its rounds); None builds it (``get_task(task).make_reward``) on `device`.
     Returns: (score rows, metrics: device (the reward model's, None for a scorer without one),
     scorer, rows, seconds).
     Raises: DataError if a rollout's prompt_id is not in the prompts table.
     """
     started = time.perf_counter()
-    reward = place(get_task(task).make_reward(params), device)
+    reward = reward if reward is not None else place(get_task(task).make_reward(params), device)
     if prompt_rows is None:
         prompt_rows = [{"prompt_id": row["prompt_id"], "reference": ""} for row in rollout_rows]
     references = {row["prompt_id"]: row["reference"] for row in prompt_rows}

@@ -1,0 +1,115 @@
+"""`chunk` stage: K consecutive PPO rounds in one process (run.rounds_per_stage = K > 1).
+
+Design. A per-round run is four DVC stages a round, each a fresh process that loads its models
+from disk and writes a full checkpoint. A chunk runs the same four steps for rounds
+``chunk``..``chunks.<chunk>.last`` with everything loaded once: the policy, value head,
+reference, Adam, KL controller and score moments (a ``PPOState``, pipeline/steps/ppo_round.py),
+the environment reward, and the critic (template, tokenizer, cache and, for endpoint 'local',
+its server: one ``critic_session`` per chunk). The checkpoint is written once, at the end.
+
+There is one way to run a round: this module calls the very step functions the per-round
+stages call (``rollout_with``, ``score_round``, ``CriticSession.critique``, ``join_round`` +
+``train_ppo_round``), and nothing else. Equal outputs follow from three facts:
+- every random draw of a round comes from generators seeded by (run seed, round)
+  (pipeline/seeding.py), and the global torch seed is set per round exactly where the
+  per-round stages set it;
+- the carried PPOState is the state a checkpoint holds, so keeping it in memory is what
+  save -> load gives (fresh LoRA adapters are added once, seeded by the chunk's first round,
+  as the ppo stage does for a round that starts from base);
+- each table is written and read back before the next step uses it, so every step sees the
+  values the Parquet types hold (float32 log-probs), as a per-round stage reading its inputs does.
+So rounds 1..N give the same tables whatever K is (tests/test_chunked_rounds.py checks it).
+
+Every round still writes its own partitions and metrics, one folder deeper than per-round
+stages (the chunk stage's DVC outputs): ``<data>/<table>/chunk=KKKK/round=NNNN/part-0.parquet``
+and ``<metrics>/<rollout|score|critique|ppo>/chunk=KKKK/round=NNNN.json``; readers use pipeline/store.py's
+helpers for both layouts. A chunk stage that fails or is killed writes no checkpoint, and DVC
+re-runs the whole chunk (its outputs are one unit), from the previous chunk's checkpoint.
+One process only: under `accelerate launch` use per-round stages (rounds_per_stage: 1).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from pipeline import store
+from pipeline.config import Params
+from pipeline.device import place
+from pipeline.errors import ConfigError
+from pipeline.seeding import round_seed
+from pipeline.stage import write_json
+from pipeline.steps.critique import critic_session
+from pipeline.steps.ppo_round import (join_round, load_ppo_state, save_ppo_state, step_row, summarize,
+                                      train_ppo_round)
+from pipeline.steps.rollout import rollout_with
+from pipeline.steps.score import score_round
+from pipeline.tasks import get_task
+
+
+def chunk_outputs(data_dir: str | Path, metrics_dir: str | Path, chunk: str) -> dict[str, Path]:
+    """{table or metrics kind: the chunk's output folder}, e.g. rollouts -> data/rollouts/chunk=0001."""
+    folders = {t: store.chunk_dir(data_dir, t, chunk) for t in ("rollouts", "scores", "annotations", "ppo_steps")}
+    folders |= {f"{kind}_metrics": Path(metrics_dir) / kind / f"chunk={chunk}"
+                for kind in ("rollout", "score", "critique", "ppo")}
+    return folders
+
+
+def _stored(rows: list[dict], table: str, folder: Path) -> list[dict]:
+    """Write rows as the table's partition in `folder` and return them as read back (the Parquet types)."""
+    store.write_table(rows, table, folder)
+    return store.read_table(folder, table)
+
+
+def run_chunk(prompt_rows: list[dict], *, params: Params, chunk: str, policy_dir: str, reference_dir: str,
+              out_dir: str, data_dir: str | Path, metrics_dir: str | Path, device="cpu", log=print) -> list[dict]:
+    """Run the rounds of `chunk` (params.chunks) and write every round's tables and metrics, then
+    the last round's checkpoint to out_dir. See the module docstring.
+
+    prompt_rows: the prompts table; policy_dir: the checkpoint the chunk starts from (its `prev`);
+    reference_dir: models/base (reference model, critic tokenizer); device: run.device resolved
+    (policy, reference, reward model and a local hf critic run there). Returns each round's critique metrics.
+    Raises ConfigError under a multi-process launch or for an unknown chunk; CriticError as the
+    critique stage (the chunk then stops, and writes no checkpoint).
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("The chunk stage runs in one process: for `accelerate launch` set run.rounds_per_stage: 1 "
+                          "(`drlc rounds N`), whose ppo stages run data parallel.")
+    if chunk not in params.chunks:
+        raise ConfigError(f"--chunk {chunk!r} is not in params 'chunks': {sorted(params.chunks)}.")
+    run, r = params.run, params.rollout
+    keys = params.chunk_rounds(chunk)
+    folders = chunk_outputs(data_dir, metrics_dir, chunk)
+    reward = place(get_task(run.task).make_reward(params.score), device)
+    torch.manual_seed(round_seed(run.seed, int(keys[0]), 3))  # as the ppo stage before it loads its models
+    state = load_ppo_state(policy_dir, reference_dir=reference_dir, params=params.ppo, seed=run.seed,
+                           round_=int(keys[0]), base=params.base, device=device)
+    summaries = []
+    with critic_session(params.critic, tokenizer_dir=reference_dir, task=run.task, device=device) as critic:
+        for key in keys:
+            round_, part = int(key), f"round={key}"
+            rollouts, rollout_metrics = rollout_with(
+                state.policy, state.tokenizer, prompt_rows, policy_name=params.rounds[key].prev, run_id=run.run_id,
+                round_=round_, seed=run.seed, batch_size=r.batch_size, max_new_tokens=r.max_new_tokens,
+                generation_batch_size=r.generation_batch_size, min_new_tokens=r.min_new_tokens)
+            rollouts = _stored(rollouts, "rollouts", folders["rollouts"] / part)
+            write_json(rollout_metrics, folders["rollout_metrics"] / f"{part}.json")
+            scores, score_metrics = score_round(rollouts, prompt_rows, task=run.task, run_id=run.run_id,
+                                                round_=round_, params=params.score, reward=reward)
+            scores = _stored(scores, "scores", folders["scores"] / part)
+            write_json(score_metrics, folders["score_metrics"] / f"{part}.json")
+            annotations, critique_metrics = critic.critique(rollouts, scores, run_id=run.run_id, round_=round_)
+            annotations = _stored(annotations, "annotations", folders["annotations"] / part)
+            write_json(critique_metrics, folders["critique_metrics"] / f"{part}.json")
+            torch.manual_seed(round_seed(run.seed, round_, 3))  # as the ppo stage
+            stats = train_ppo_round(state, join_round(rollouts, scores, annotations), params=params.ppo,
+                                    seed=run.seed, round_=round_)
+            steps = [step_row(stat, run_id=run.run_id, round_=round_, step=i) for i, stat in enumerate(stats)]
+            store.write_table(steps, "ppo_steps", folders["ppo_steps"] / part)
+            write_json({**summarize(steps), "device": str(device)}, folders["ppo_metrics"] / f"{part}.json")
+            log(f"chunk {chunk}: round {key}: {critique_metrics['critiqued']} critiqued, "
+                f"{critique_metrics['critic_requests']} requests, {len(steps)} PPO steps")
+            summaries.append(critique_metrics)
+    save_ppo_state(state, out_dir, round_=int(keys[-1]))
+    return summaries

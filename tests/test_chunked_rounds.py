@@ -1,0 +1,124 @@
+"""Chunked rounds through the real DVC: the demo DAG with 8 rounds run as per-round stages (K = 1), as
+two chunk stages of 4 (K = 4) and as one chunk stage of 8 (K = 8) gives the same tables row by row,
+the same metrics JSON and the same final checkpoint; a chunk killed before its end re-runs alone,
+to the same tables.
+
+Shrunk beyond tests/e2e.py's tiny_params so three 8-round runs fit (rollout.batch_size 16, base.steps
+200, 4 evaluation prompts): one process start per stage dominates, so K = 1 is the slow run.
+"""
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from e2e import dump_params, dvc, make_project, tiny_params
+from pipeline.rounds import chunk_chain
+from pipeline.store import VOLATILE_COLUMNS, round_partition
+
+pytestmark = pytest.mark.slow  # three 8-round `dvc repro` runs
+
+N_ROUNDS = 8
+ROUND_TABLES = ["rollouts", "scores", "annotations", "ppo_steps"]
+CHECKPOINT_FILES = ["model.safetensors", "value_head.safetensors"]
+
+
+def chunked_params(per_stage: int) -> dict:
+    raw = tiny_params(n_rounds=N_ROUNDS)
+    raw["base"].update(steps=200)
+    raw["rollout"].update(batch_size=16, generation_batch_size=16)
+    raw["evaluate"].update(n_prompts=4, samples_per_prompt=2)
+    raw["run"]["rounds_per_stage"] = per_stage
+    raw["chunks"] = chunk_chain(N_ROUNDS, per_stage) if per_stage > 1 else {}
+    if per_stage > 1:
+        raw["rounds"] = {}
+    return raw
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[int, Path]:
+    """{K: a finished project}; the base model is built once and the projects copied from there."""
+    first = make_project(tmp_path_factory.mktemp("k1"), chunked_params(1))
+    dvc(["repro", "base"], first)
+    projects = {1: first}
+    for per_stage in (4, 8):
+        copy = tmp_path_factory.mktemp(f"k{per_stage}") / "project"
+        shutil.copytree(first, copy, symlinks=True)
+        (copy / "params.yaml").write_text(dump_params(chunked_params(per_stage)))
+        projects[per_stage] = copy
+    for project in projects.values():
+        dvc(["repro"], project)
+    return projects
+
+
+def round_tables(project: Path) -> dict[tuple[str, int], list[dict]]:
+    """{(table, round): rows minus the volatile columns}, found in either layout."""
+    contents = {}
+    for table in ROUND_TABLES:
+        for round_ in range(1, N_ROUNDS + 1):
+            parquet = pq.read_table(round_partition(project / "data", table, round_) / "part-0.parquet")
+            contents[table, round_] = parquet.drop(VOLATILE_COLUMNS.get(table, [])).to_pylist()
+    return contents
+
+
+def round_metrics(project: Path, per_stage: int) -> dict[tuple[str, int], dict]:
+    """{(critique|ppo, round): the round's metrics JSON}, from metrics/<kind>/[chunk=KKKK/]round=NNNN.json."""
+    folder = {r: f"chunk={key}/" for key, c in chunk_chain(N_ROUNDS, per_stage).items()
+              for r in range(int(key), int(c["last"]) + 1)} if per_stage > 1 else {}
+    return {(kind, r): json.loads((project / "metrics" / kind / f"{folder.get(r, '')}round={r:04d}.json").read_text())
+            for kind in ("critique", "ppo") for r in range(1, N_ROUNDS + 1)}
+
+
+def test_chunks_write_their_rounds_in_chunk_folders(runs):
+    folders = sorted(p.name for p in (runs[4] / "data" / "rollouts").iterdir() if p.is_dir())
+    assert folders == ["chunk=0001", "chunk=0005"]
+    assert (runs[4] / "data" / "scores" / "chunk=0005" / "round=0007" / "part-0.parquet").is_file()
+    assert not list((runs[4] / "data" / "rollouts").glob("round=*"))
+    assert not (runs[4] / "models" / "round=0002").exists()  # one checkpoint per chunk
+    assert (runs[4] / "models" / "round=0004").is_dir() and (runs[8] / "models" / "round=0008").is_dir()
+
+
+@pytest.mark.parametrize("per_stage", [4, 8])
+def test_chunked_tables_equal_the_per_round_ones(runs, per_stage):
+    expected, got = round_tables(runs[1]), round_tables(runs[per_stage])
+    assert all(len(rows) > 0 for rows in expected.values())
+    for key in expected:
+        assert got[key] == expected[key], key
+
+
+@pytest.mark.parametrize("per_stage", [4, 8])
+def test_chunked_metrics_and_checkpoint_equal_the_per_round_ones(runs, per_stage):
+    assert round_metrics(runs[per_stage], per_stage) == round_metrics(runs[1], 1)
+    for name in ("rounds.json", "eval.json"):
+        assert (runs[per_stage] / "metrics" / name).read_text() == (runs[1] / "metrics" / name).read_text(), name
+    last = f"models/round={N_ROUNDS:04d}"
+    for name in CHECKPOINT_FILES:
+        expected, got = load_file(runs[1] / last / name), load_file(runs[per_stage] / last / name)
+        assert set(got) == set(expected) and all(torch.equal(got[k], expected[k]) for k in expected), name
+    expected = torch.load(runs[1] / last / "optimizer.pt", weights_only=True)["state"]
+    got = torch.load(runs[per_stage] / last / "optimizer.pt", weights_only=True)["state"]
+    assert all(torch.equal(got[i][k], expected[i][k]) for i in expected for k in expected[i])
+    trainer_state = json.loads((runs[per_stage] / last / "trainer_state.json").read_text())
+    assert trainer_state == json.loads((runs[1] / last / "trainer_state.json").read_text())
+    assert trainer_state["round"] == N_ROUNDS
+
+
+def test_a_chunk_killed_before_its_end_reruns_alone_to_the_same_tables(runs):
+    """The state a chunk killed during its first run leaves: no outputs, no dvc.lock entry (DVC writes it
+    when a stage ends) and no run-cache entry (--no-run-cache). Deleted outputs of a chunk that did
+    finish come back from DVC's cache instead ("is cached - skipping run")."""
+    project = runs[4]
+    for table in ROUND_TABLES:
+        shutil.rmtree(project / "data" / table / "chunk=0005")
+    shutil.rmtree(project / "metrics" / "ppo" / "chunk=0005")
+    shutil.rmtree(project / "models" / f"round={N_ROUNDS:04d}")
+    lock = yaml.safe_load((project / "dvc.lock").read_text())
+    del lock["stages"]["chunk@0005"]
+    (project / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
+    again = dvc(["repro", "--no-run-cache"], project).stdout
+    assert "Running stage 'chunk@0005'" in again and "Running stage 'chunk@0001'" not in again, again
+    assert round_tables(project) == round_tables(runs[1])
