@@ -9,8 +9,9 @@ critic (the offline lexicon critic through the local server, prompts/toxicity.md
   learnt on four fifths, scored on the fifth, scores pooled over the five).
 
 Each audit is run twice on one fresh cache; the second run must send 0 requests.
-The SmolLM2-135M self-critic is not measured here (a later issue); its place in the
-results is ``null``.
+The SmolLM2-135M self-critic is not run here (an hour of CPU): it was measured with
+`drlc critic eval` on a seeded 340-post trial sample (README, "Auditing a critic"; result in
+benchmarks/results/critic_eval_smollm2_trial340.json); its place in this file's results is ``null``.
 
 Run: ``python benchmarks/critic_eval.py [--out benchmarks/results/critic_eval.json]``
 (about two minutes on two cores, most of it the 7,939 lexicon requests).
