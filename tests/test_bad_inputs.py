@@ -69,20 +69,22 @@ def test_template_without_its_placeholder(workdir):
 def test_stage_with_bad_params_stops_before_writing(workdir):
     edit_params(workdir, lambda r: r["score"].update(scale="big"))
     out = workdir / "data" / "scores" / "round=0001"
-    result = stage("score", ["--round", "0001", "--rollouts", "data/rollouts/round=0001", "--out", str(out)], workdir)
+    result = stage("score", ["--round", "0001", "--rollouts", "data/rollouts/round=0001", "--out", str(out),
+                             "--metrics", str(out) + ".json"], workdir)
     assert_clean_failure(result, "score.scale", "'big'")
     assert not out.exists()
 
 
 def test_stage_with_a_missing_input_table(workdir):
     out = workdir / "data" / "scores" / "round=0001"
-    result = stage("score", ["--round", "0001", "--rollouts", "data/rollouts/round=0001", "--out", str(out)], workdir)
+    result = stage("score", ["--round", "0001", "--rollouts", "data/rollouts/round=0001", "--out", str(out),
+                             "--metrics", str(out) + ".json"], workdir)
     assert_clean_failure(result, "data/rollouts/round=0001/part-0.parquet", "not found")
     assert not out.exists()
 
 
 def test_stage_with_an_unknown_round(workdir):
-    result = stage("score", ["--round", "0042", "--rollouts", "x", "--out", "y"], workdir)
+    result = stage("score", ["--round", "0042", "--rollouts", "x", "--out", "y", "--metrics", "m.json"], workdir)
     assert_clean_failure(result, "0042", "0001")
 
 
@@ -175,6 +177,7 @@ def test_stage_with_a_corrupt_input_table(workdir):
     table.parent.mkdir(parents=True)
     table.write_bytes(b"PAR1 half-written")
     out = workdir / "data" / "scores" / "round=0001"
-    result = stage("score", ["--round", "0001", "--rollouts", str(table.parent), "--out", str(out)], workdir)
+    result = stage("score", ["--round", "0001", "--rollouts", str(table.parent), "--out", str(out),
+                             "--metrics", str(out) + ".json"], workdir)
     assert_clean_failure(result, "rollouts/round=0001/part-0.parquet", "not a readable Parquet file", "dvc repro")
     assert not out.exists()

@@ -28,6 +28,8 @@ from tests.test_distributed import (KEY_BIAS, ROOT, WEIGHT_ATOL, assert_two_proc
                                     write_round)
 from tests.test_resume import PARAMS, SEED
 
+pytestmark = pytest.mark.slow  # each test starts a 2-process accelerate launch (about 45 s)
+
 FSDP2 = ROOT / "configs" / "accelerate" / "fsdp2.yaml"
 KEY_BIAS_NAME = "lm.transformer.h.0.attn.c_attn.bias"
 

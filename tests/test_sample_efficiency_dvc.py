@@ -18,6 +18,7 @@ from benchmarks import sample_efficiency_dvc as se  # noqa: E402
 def test_rounds_overrides_and_arm_settings():
     assert se.rounds_overrides(None) == []
     assert se.rounds_overrides(2) == ["~rounds", "+rounds={0001: {prev: base}, 0002: {prev: 'round=0001'}}",
+                                      "~chunks", "+chunks={}", "run.rounds_per_stage=1",
                                       "evaluate.policy='round=0002'"]
     assert se.arm_settings("dense_selective", selective_threshold=0.25)["critic.threshold"] == 0.25
     assert se.arm_settings("dense_zero_mean", selective_threshold=0.0)["critic.zero_mean"] is True

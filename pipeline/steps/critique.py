@@ -205,7 +205,7 @@ def _error_kind(annotation: dict) -> str:
 
 _HINTS = {
     "api_error": "every good answer is cached, re-run to retry only the failures",
-    "truncated": "raise critic.max_tokens (truncated answers are not cached)",
+    "truncated": "raise critic.max_tokens (a truncated answer is cached under its max_tokens)",
     "parse_error": "parse errors come from cached answers: check critic.template and critic.model",
 }
 
