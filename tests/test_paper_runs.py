@@ -58,7 +58,8 @@ def paper_params(name: str, project_data: dict, **sections) -> dict:
     raw["ppo"].update(mini_batch_size=8 // raw["ppo"]["gradient_accumulation_steps"])
     raw["evaluate"].update(policy="round=0001", prompts=["world"], n_prompts=2, samples_per_prompt=2,
                            max_new_tokens=6, batch_size=8)
-    raw["rounds"] = {"0001": {"prev": "base"}}
+    raw["rounds"], raw["chunks"] = {"0001": {"prev": "base"}}, {}  # one per-round stage set (the configs chunk)
+    raw["run"]["rounds_per_stage"] = 1
     for section, values in sections.items():
         raw[section].update(values)
     return raw
