@@ -65,7 +65,7 @@ def check_conversion_and_critic_cache(project, n_rollouts: int = 8) -> None:
     assert "quantization_config" not in json.loads((base / "config.json").read_text())
     lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]["base"]
     assert lock["params"]["params.yaml"]["base"]["model"] == "tiny-smol.gguf"
-    assert [o["path"] for o in lock["outs"]] == ["models/base"]  # the conversion is a DVC output
+    assert {o["path"] for o in lock["outs"]} == {"models/base", "metrics/base.json"}  # the conversion is a DVC output
 
     first = json.loads((project / "metrics/critique/round=0001.json").read_text())
     assert first["critiqued"] == n_rollouts and first["critic_requests"] == n_rollouts
