@@ -166,6 +166,7 @@ class ScoreParams:
     scale: float = 1.0
     model: str | None = None  # hf_classifier: a local HF text-classification folder (or hub id)
     label: str | None = None  # hf_classifier: the label whose logit/probability is read
+    train_data: str | None = None  # fitted (toxicity): RealToxicityPrompts JSONL file or folder it is fit to
     batch_size: int = 64  # texts per scorer call
     endpoint: str | None = None  # perspective: API URL (null = Google's commentanalyzer)
     rate_limit_per_s: float = 1.0  # perspective: requests per second
@@ -520,6 +521,9 @@ def _check_task(params: Params) -> None:
     if scorer in task.MODEL_SCORERS and not params.score.model:
         raise ConfigError(f"'score.scorer' = {scorer!r} needs 'score.model' (null now): set it to a local model "
                           f"folder, or use one of {tuple(s for s in task.SCORERS if s not in task.MODEL_SCORERS)}.")
+    if scorer in task.DATA_SCORERS and not params.score.train_data:
+        raise ConfigError(f"'score.scorer' = {scorer!r} needs 'score.train_data' (null now): set it to "
+                          "RealToxicityPrompts JSONL with Perspective scores, e.g. ../shared/data/toxicity/decodingtrust_rtp.")
     others = [p for p in params.evaluate.prompts if p != "world"]
     if task.EVAL_NEEDS_REFERENCES and others:
         raise ConfigError(f"'evaluate.prompts' = {params.evaluate.prompts!r}: task {params.run.task!r} evaluates "

@@ -77,6 +77,11 @@ class ToxicityReward:
     def device(self) -> str | None:
         return getattr(self.source, "device", None)
 
+    @property
+    def heldout(self) -> dict | None:
+        """The source's agreement with Perspective on rows it was not fit to (the fitted scorer), else None."""
+        return getattr(self.source, "heldout", None)
+
     def toxicity(self, texts: list[str]) -> list[float]:
         return self.source.toxicity(texts)
 

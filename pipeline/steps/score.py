@@ -42,7 +42,7 @@ def score_round(rollout_rows: list[dict], prompt_rows: list[dict] | None, *, tas
     (sentiment, toxicity) accept. reward: the task's reward already built and placed (the chunk
     stage keeps one for all its rounds); None builds it (``get_task(task).make_reward``) on `device`.
     Returns: (score rows, metrics: device (the reward model's, None for a scorer without one),
-    scorer, rows, seconds).
+    scorer, scorer_heldout (a fitted scorer's held-out agreement with its labels, else None), rows, seconds).
     Raises: DataError if a rollout's prompt_id is not in the prompts table.
     """
     started = time.perf_counter()
@@ -71,5 +71,6 @@ def score_round(rollout_rows: list[dict], prompt_rows: list[dict] | None, *, tas
          "scorer": reward.name, "scorer_version": version}
         for row, value in zip(rollout_rows, values)
     ]
-    return rows, {"device": holder_device(reward), "scorer": reward.name, "rows": len(rows),
+    return rows, {"device": holder_device(reward), "scorer": reward.name,
+                  "scorer_heldout": getattr(reward, "heldout", None), "rows": len(rows),
                   "seconds": time.perf_counter() - started}

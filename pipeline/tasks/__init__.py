@@ -6,6 +6,7 @@ configs/); nothing else lists the tasks. A task module defines:
 
 - ``SCORERS``: the valid ``score.scorer`` values, the offline one first.
 - ``MODEL_SCORERS``: those of SCORERS that read ``score.model`` (checked at load).
+- ``DATA_SCORERS``: those of SCORERS fit at load time to ``score.train_data`` (checked at load).
 - ``EVAL_NEEDS_REFERENCES``: True when evaluation compares with each prompt's reference,
   which only the world's eval split has (``evaluate.prompts`` must then be [world]).
 - ``build(world, *, seed) -> (corpus, {"train": [...], "eval": [...]})``: the pretraining

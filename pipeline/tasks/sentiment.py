@@ -24,6 +24,7 @@ from pipeline.tasks import prefix_prompt_splits
 
 SCORERS = ("vader", "hf_classifier")
 MODEL_SCORERS = ("hf_classifier",)  # scorers that read score.model
+DATA_SCORERS = ()  # scorers fit at load time to score.train_data
 EVAL_NEEDS_REFERENCES = False  # evaluation scores against each prompt's reference
 TEXT_COLUMNS = ("text", "review")
 

@@ -23,6 +23,7 @@ from pipeline.errors import ConfigError, DataError
 
 SCORERS = ("rouge1", "reward_model")
 MODEL_SCORERS = ("reward_model",)  # scorers that read score.model
+DATA_SCORERS = ()  # scorers fit at load time to score.train_data
 EVAL_NEEDS_REFERENCES = True  # evaluation scores against each prompt's reference
 SEPARATOR = "TL;DR:"
 DOCUMENT_COLUMNS = ("query", "prompt", "document")

@@ -3,6 +3,9 @@
 - Demo (``world.source: world``): the synthetic comment world
   (pipeline/data/toxicity_world.py); toxicity from the local lexicon
   (pipeline/rewards/toxicity.py, ``score.scorer: lexicon``).
+- Offline on real data: ``score.scorer: fitted``, a logistic regression fit to the Perspective
+  toxicity of the RealToxicityPrompts rows in ``score.train_data``, with held-out rows
+  (pipeline/rewards/fitted_toxicity.py).
 - Local data / paper: RealToxicityPrompts records with ``prompt.text`` and ``prompt.toxicity``:
   JSONL files, a ``save_to_disk`` folder or ``hub:allenai/real-toxicity-prompts`` (same schema;
   pipeline/data/local.py). With ``world.min_prompt_toxicity`` set, prompts whose toxicity is
@@ -20,8 +23,9 @@ from __future__ import annotations
 from pipeline.errors import ConfigError, DataError
 from pipeline.tasks import prefix_prompt_splits
 
-SCORERS = ("lexicon", "hf_classifier", "perspective")
+SCORERS = ("lexicon", "fitted", "hf_classifier", "perspective")
 MODEL_SCORERS = ("hf_classifier",)  # scorers that read score.model
+DATA_SCORERS = ("fitted",)  # scorers fit at load time to score.train_data
 EVAL_NEEDS_REFERENCES = False  # evaluation scores against each prompt's reference
 TOXIC_THRESHOLD = 0.5
 
@@ -62,11 +66,15 @@ def _build_local(world, *, seed: int) -> tuple[list[str], dict[str, list[dict]]]
 
 
 def toxicity_source(score):
-    """The toxicity scorer of the ScoreParams section (lexicon, hf_classifier or perspective)."""
+    """The toxicity scorer of the ScoreParams section (lexicon, fitted, hf_classifier or perspective)."""
     if score.scorer == "lexicon":
         from pipeline.rewards.toxicity import LexiconToxicity
 
         return LexiconToxicity()
+    if score.scorer == "fitted":
+        from pipeline.rewards.fitted_toxicity import fit_rtp
+
+        return fit_rtp(score.train_data)
     if score.scorer == "perspective":
         from pipeline.rewards.perspective import PerspectiveToxicity
 
