@@ -71,7 +71,7 @@ def answer(messages: list[dict], answer_format: str = "drlc") -> str:
     task = _task_of(messages)
     user = _last_user_text(messages)
     if task == "sentiment":
-        spans = _sentiment_spans(_delimited(user, "response"))
+        spans = sentiment_spans(_delimited(user, "response"))
     elif task == "toxicity":
         spans = _toxic_spans(_delimited(user, "response"))
     else:
@@ -127,7 +127,7 @@ def _is_negation(word: str, negations: frozenset) -> bool:
     return word in negations or word.replace("’", "'").endswith("n't")
 
 
-def _sentiment_spans(text: str) -> list[tuple[str, str]]:
+def sentiment_spans(text: str) -> list[tuple[str, str]]:
     lexicon, boosters, negations = _vader()
     words = [(m.start(), m.end(), m.group().lower()) for m in _WORD.finditer(text)]
 

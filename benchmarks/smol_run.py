@@ -1,0 +1,153 @@
+"""Run a smol profile end to end and report it: stage times, the real critic's answers, rewards, evaluation.
+
+    python benchmarks/smol_run.py --run DIR --repro --log LOG --out RESULT.json
+
+DIR is a checkout whose params.yaml is the profile (e.g. `cp configs/smol-sentiment.yaml
+params.yaml`). `--repro` runs `dvc repro` there and writes LOG: every output line prefixed with
+the Unix time it was read, so each stage's wall time is the gap between its "Running stage" line
+and the next one. Without `--repro` an existing LOG (or none) is read. The report reads only the
+run's own outputs (Parquet through DuckDB, metrics JSON):
+
+- ``stage_seconds``: wall seconds per stage, and their total (stages DVC skipped take none);
+- ``critic_rounds``: per round, the status shares of the critiqued answers, spans proposed and
+  kept per answer, and the share of proposed spans that occur in the response (alignment's
+  matching: ``pipeline.critic.align.find_occurrences``); for sentiment also the micro span
+  precision / recall (IoU >= 0.5, same label; ``pipeline.critic.span_metrics``) of the kept
+  spans against a silver standard, the VADER-lexicon spans of drlc's lexicon critic
+  (``pipeline.critic.lexicon.sentiment_spans``, negations included);
+- ``reward_curve``: metrics/rounds.json (the evaluate stage's per-round means);
+- ``evaluation``: metrics/eval.json, base against the final policy;
+- ``samples``: the first sample of the first N eval prompts, base and final side by side.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pipeline.critic.align import find_occurrences
+from pipeline.critic.lexicon import sentiment_spans
+from pipeline.critic.span_metrics import score_post, span_precision_recall
+from pipeline.store import connect
+
+_RUNNING = re.compile(r"^(\d+) Running stage '([^']+)'")
+
+
+def repro(run: Path, log: Path) -> int:
+    """`dvc repro` in `run`, each output line written to `log` after the Unix time it was read."""
+    env = os.environ | {"PYTHONPATH": str(run)}
+    with log.open("w") as out:
+        out.write(f"{int(time.time())} START loadavg {os.getloadavg()}\n")
+        process = subprocess.Popen(["dvc", "repro"], cwd=run, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, bufsize=1)
+        for line in process.stdout:
+            out.write(f"{int(time.time())} {line}")
+            out.flush()
+        code = process.wait()
+        out.write(f"{int(time.time())} END rc={code} loadavg {os.getloadavg()}\n")
+    return code
+
+
+def stage_seconds(log: Path) -> dict:
+    """{stage: wall seconds} from a timestamped repro log; the last stage ends at the last line."""
+    lines = [line for line in log.read_text().splitlines() if re.match(r"^\d+ ", line)]
+    starts = [(int(m[1]), m[2]) for m in map(_RUNNING.match, lines) if m]
+    end = int(lines[-1].split()[0])
+    seconds = {name: (starts[i + 1][0] if i + 1 < len(starts) else end) - t for i, (t, name) in enumerate(starts)}
+    return {"stages": seconds, "total": sum(seconds.values())}
+
+
+def _silver_scores(row: dict) -> object:
+    """score_post of a critiqued answer's kept spans against the VADER-lexicon spans of its response."""
+    predicted = [(s["label"], s["start"], s["end"]) for s in row["spans"] if s["start"] >= 0]
+    silver = [(label, start, end) for label, span in sentiment_spans(row["response"])
+              for start, end in find_occurrences(row["response"], span)]
+    return score_post(predicted, silver)
+
+
+def critic_rounds(data: Path, task: str) -> list[dict]:
+    """Per-round critic answer statistics (see the module docstring)."""
+    con = connect(data)
+    rows = con.execute(
+        "SELECT a.round, a.status, a.items, a.spans, r.response FROM annotations a "
+        "JOIN rollouts r USING (run_id, round, rollout_id) WHERE a.critiqued ORDER BY a.round, a.rollout_id"
+    ).fetch_df().to_dict("records")
+    out = []
+    for round_ in sorted({r["round"] for r in rows}):
+        answers = [r for r in rows if r["round"] == round_]
+        proposed = [bool(find_occurrences(r["response"], item["text"])) for r in answers for item in r["items"]
+                    if item["text"].strip()]
+        statuses = sorted({r["status"] for r in answers})
+        entry = {
+            "round": int(round_), "critiqued": len(answers),
+            "status_share": {s: sum(r["status"] == s for r in answers) / len(answers) for s in statuses},
+            "proposed_per_answer": len(proposed) / len(answers),
+            "kept_spans_per_answer": sum(len(r["spans"]) for r in answers) / len(answers),
+            "in_response_share": sum(proposed) / len(proposed) if proposed else None,
+        }
+        if task == "sentiment":
+            scores = [_silver_scores(r) for r in answers]
+            entry["vader_silver"] = span_precision_recall(scores) | {
+                "kept_spans": sum(s.n_pred_spans for s in scores), "silver_spans": sum(s.n_gold_spans for s in scores)}
+        out.append(entry)
+    return out
+
+
+def samples(data: Path, final: str, n: int) -> list[dict]:
+    """The first sample of the first `n` eval prompts (by prompt id), base and `final` policy."""
+    con = connect(data)
+    rows = con.execute(
+        "SELECT prompt_id, policy, query, response, env_reward FROM eval_samples WHERE sample = 0 "
+        "AND prompt_id IN (SELECT DISTINCT prompt_id FROM eval_samples ORDER BY prompt_id LIMIT ?) "
+        "ORDER BY prompt_id, policy", [n]).fetch_df().to_dict("records")
+    by_prompt: dict[str, dict] = {}
+    for r in rows:
+        side = "base" if r["policy"] == "base" else "final"
+        by_prompt.setdefault(r["prompt_id"], {"prompt_id": r["prompt_id"], "query": r["query"]})[side] = {
+            "policy": r["policy"], "response": r["response"], "env_reward": r["env_reward"]}
+    return list(by_prompt.values())
+
+
+def report(run: Path, log: Path | None, n_samples: int) -> dict:
+    import yaml
+
+    params = yaml.safe_load((run / "params.yaml").read_text())
+    metrics = run / "metrics"
+    return {
+        "run_id": params["run"]["run_id"], "task": params["run"]["task"],
+        "critic_enabled": params["critic"]["enabled"], "seed": params["run"]["seed"],
+        "rollouts_per_round": params["rollout"]["batch_size"], "rounds": len(params["rounds"] or {}),
+        "stage_seconds": stage_seconds(log) if log and log.exists() else None,
+        "critic_rounds": critic_rounds(run / "data", params["run"]["task"]) if params["critic"]["enabled"] else [],
+        "reward_curve": json.loads((metrics / "rounds.json").read_text()),
+        "evaluation": json.loads((metrics / "eval.json").read_text()),
+        "samples": samples(run / "data", params["evaluate"]["policy"], n_samples),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", required=True, type=Path, help="checkout with the profile as params.yaml")
+    parser.add_argument("--log", type=Path, help="timestamped dvc repro log (written with --repro)")
+    parser.add_argument("--repro", action="store_true", help="run dvc repro first, writing --log")
+    parser.add_argument("--samples", type=int, default=5)
+    parser.add_argument("--out", required=True, type=Path)
+    args = parser.parse_args()
+    if args.repro:
+        if args.log is None:
+            parser.error("--repro needs --log")
+        code = repro(args.run.resolve(), args.log)
+        if code:
+            sys.exit(f"dvc repro failed (exit {code}); see {args.log}")
+    result = report(args.run, args.log, args.samples)
+    args.out.write_text(json.dumps(result, indent=2, default=float) + "\n")
+    print(json.dumps({k: result[k] for k in ("run_id", "stage_seconds", "evaluation")}, indent=2, default=float))
+
+
+if __name__ == "__main__":
+    main()

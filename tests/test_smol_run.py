@@ -1,0 +1,58 @@
+"""benchmarks/smol_run.py's report: stage times from a timestamped log, critic answer statistics by hand."""
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.smol_run import critic_rounds, stage_seconds  # noqa: E402
+from pipeline.store import SCHEMAS, partition_dir, write_table  # noqa: E402
+
+
+def test_stage_seconds_are_the_gaps_between_running_lines(tmp_path):
+    log = tmp_path / "repro.log"
+    log.write_text("100 START\n100 Stage 'prepare' didn't change, skipping\n105 Running stage 'rollout@0001':\n"
+                   "106 > python stages/rollout.py\n130 Running stage 'critique@0001':\n131 progress\n"
+                   "200 Running stage 'ppo@0001':\n290 END rc=0\n")
+    assert stage_seconds(log) == {"stages": {"rollout@0001": 25, "critique@0001": 70, "ppo@0001": 90},
+                                  "total": 185}
+
+
+def _row(table: str, **values) -> dict:
+    empty = {"string": "", "int32": 0, "int64": 0, "double": 0.0, "float": 0.0, "bool": False}
+    row = {f.name: empty.get(str(f.type), []) for f in SCHEMAS[table]}
+    return row | {"run_id": "t", "round": 1} | values
+
+
+def _span(label, text, response):
+    start = response.find(text)
+    return {"label": label, "text": text, "start": start, "end": start + len(text) if start >= 0 else -1,
+            "reward": 0.5}
+
+
+def test_critic_rounds_by_hand(tmp_path):
+    responses = {"a": "The acting was great but the plot was awful.", "b": "It was a film.", "c": "So boring."}
+    rollouts = [_row("rollouts", rollout_id=k, response=v) for k, v in responses.items()]
+    a = responses["a"]
+    annotations = [
+        # proposes 3 spans, 2 in the response; keeps "great" (matches VADER's "great") and "the plot" (no match)
+        _row("annotations", rollout_id="a", critiqued=True, status="ok",
+             items=[{"label": "positive", "text": "great"}, {"label": "negative", "text": "the plot"},
+                    {"label": "positive", "text": "lovely"}],
+             spans=[_span("positive", "great", a), _span("negative", "the plot", a)]),
+        _row("annotations", rollout_id="b", critiqued=True, status="truncated"),
+        _row("annotations", rollout_id="c", critiqued=False, status="skipped"),
+    ]
+    write_table(rollouts, "rollouts", partition_dir(tmp_path, "rollouts", 1))
+    write_table(annotations, "annotations", partition_dir(tmp_path, "annotations", 1))
+    (entry,) = critic_rounds(tmp_path, "sentiment")
+    assert entry["critiqued"] == 2
+    assert entry["status_share"] == {"ok": 0.5, "truncated": 0.5}
+    assert entry["proposed_per_answer"] == 1.5 and entry["kept_spans_per_answer"] == 1.0
+    assert entry["in_response_share"] == pytest.approx(2 / 3)
+    silver = entry["vader_silver"]  # VADER spans of a: "great" (positive), "awful" (negative); b: none
+    assert silver["silver_spans"] == 2 and silver["kept_spans"] == 2
+    assert silver["span_precision"] == 0.5 and silver["span_recall"] == 0.5
+    assert "vader_silver" not in critic_rounds(tmp_path, "toxicity")[0]
