@@ -3,8 +3,8 @@
 Each test keeps the profile's method settings (a GGUF base.model converted by the base stage,
 token prefixes, the base model as its own critic through the hf backend, LoRA for the
 self-critique run) and replaces only the 93 MB SmolLM2 file by a tiny Llama GGUF written with
-the gguf package (tests/tiny_gguf.py; crafted so its critic answers stop, as the client caches only
-complete answers) and the sizes (1 round x 8 rollouts, short answers).
+the gguf package (tests/tiny_gguf.py; crafted so its critic answers stop: a complete answer,
+not one cut at max_tokens) and the sizes (1 round x 8 rollouts, short answers).
 It then checks the run's own facts: the conversion, the critic's cache, a re-run that sends
 the critic nothing, and (self-critique) saved adapters whose disabled state is the base model.
 """
@@ -45,6 +45,8 @@ def smol_params(name: str, gguf_file: str) -> dict:
     raw["critic"]["max_error_rate"] = 1.0
     raw["ppo"].update(mini_batch_size=8, learning_rate=1e-3)
     raw["evaluate"].update(policy="round=0001", n_prompts=2, samples_per_prompt=2, max_new_tokens=6, batch_size=8)
+    if raw["score"]["train_data"]:  # the self-critique profile's fitted toxicity scorer
+        raw["score"]["train_data"] = str(SHARED_DATA / raw["score"]["train_data"].removeprefix("../shared/data/"))
     if raw["evaluate"]["classifier_data"] != "world":
         raw["evaluate"]["classifier_data"] = str(SHARED_DATA / "sentiment/sst2_stsa/stsa.binary.train")
     raw["rounds"] = {"0001": {"prev": "base"}}
