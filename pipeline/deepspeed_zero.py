@@ -12,8 +12,8 @@ its DeepSpeedPlugin); drlc fills in what its loop owns before that:
 torch's Adam stays the optimizer: ZeRO steps it over flat fp32 partitions, so its state is
 gathered per parameter (deepspeed.utils.safe_get_full_optimizer_state) into the one-process
 `optimizer.state_dict()` layout for the checkpoint, and a previous round's state is set back
-per parameter after prepare. Offloading, ZeRO-3's zero.Init and DeepSpeed's own fp16/bf16 are
-refused: drlc has not run them (docs/scale-out.md), and its precision is ppo.mixed_precision.
+per parameter after prepare. Offloading, ZeRO-3's zero.Init (zero3_init_flag) and DeepSpeed's
+own fp16/bf16 are refused: drlc has not run them (docs/scale-out.md), and its precision is ppo.mixed_precision.
 """
 from __future__ import annotations
 
@@ -67,11 +67,28 @@ def prepare_zero(dp, policy, optimizer, reference, separate: bool, *, max_grad_n
     return engine, optimizer, reference
 
 
+def load_models_whole(plugin) -> None:
+    """Let transformers load the policy and reference whole under ZeRO-3, as drlc's prepare expects.
+
+    accelerate 1.15 registers the ZeRO-3 config with transformers (HfDeepSpeedConfig) whatever
+    zero3_init_flag says, and transformers 5 then builds every from_pretrained model inside
+    deepspeed.zero.Init, already partitioned: the reference's deep copy and the checkpoint's meta
+    copy of such a model have empty parameters. drlc unregisters it; deepspeed.initialize
+    partitions the whole models in prepare.
+    Raises ConfigError for zero3_init_flag: true (partitioned loading, which drlc does not do).
+    """
+    from transformers.integrations import unset_hf_deepspeed_config
+
+    if plugin.zero3_init_flag:
+        raise ConfigError("DeepSpeed zero3_init_flag: true is not supported by drlc's PPO loop (it loads the "
+                          "policy whole, then prepares it): set zero3_init_flag: false in the accelerate config.")
+    unset_hf_deepspeed_config()
+
+
 def _configure(plugin, *, max_grad_norm: float | None, micro_batch_size: int, world_size: int) -> int:
     """Write drlc's part of the engine config into the plugin's; return the ZeRO stage.
 
-    Raises ConfigError for what drlc has not run under DeepSpeed: offloading, zero3_init_flag,
-    DeepSpeed's fp16/bf16.
+    Raises ConfigError for what drlc has not run under DeepSpeed: offloading, DeepSpeed's fp16/bf16.
     """
     config = plugin.deepspeed_config
     zero = config.setdefault("zero_optimization", {})
@@ -79,9 +96,6 @@ def _configure(plugin, *, max_grad_norm: float | None, micro_batch_size: int, wo
         if (zero.get(key) or {}).get("device", "none") not in (None, "none"):
             raise ConfigError(f"DeepSpeed {key} = {zero[key]['device']!r} is not supported by drlc's PPO loop "
                               f"(untested): set {key}_device: none in the accelerate config.")
-    if plugin.zero3_init_flag:
-        raise ConfigError("DeepSpeed zero3_init_flag: true is not supported by drlc's PPO loop (it loads the "
-                          "policy whole, then prepares it): set zero3_init_flag: false in the accelerate config.")
     for precision in ("fp16", "bf16"):
         if (config.get(precision) or {}).get("enabled") in (True, "true", "auto"):
             raise ConfigError(f"The DeepSpeed config enables {precision}; drlc's precision is ppo.mixed_precision "
@@ -179,7 +193,8 @@ def _inference_engine(reference: torch.nn.Module, policy_config: dict):
               "train_batch_size": policy_config["train_batch_size"], "gradient_accumulation_steps": 1,
               "zero_optimization": zero, "steps_per_print": policy_config.get("steps_per_print", float("inf"))}
     engine, *_ = deepspeed.initialize(model=reference, config=config)
-    return engine.eval()
+    engine.eval()  # DeepSpeedEngine.eval returns None
+    return engine
 
 
 def _adam_summary(engine) -> str:

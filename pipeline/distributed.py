@@ -93,6 +93,10 @@ class DataParallel:
         from accelerate import Accelerator  # imported only by multi-process runs
 
         accelerator = Accelerator(mixed_precision="no", **_accelerator_options(sharding))
+        if sharding == "deepspeed":
+            from pipeline.deepspeed_zero import load_models_whole
+
+            load_models_whole(accelerator.state.deepspeed_plugin)
         if accelerator.num_processes != world_size:
             raise ConfigError(f"The launcher started {world_size} processes but accelerate sees "
                               f"{accelerator.num_processes} ({accelerator.distributed_type}): each would train "

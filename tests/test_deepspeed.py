@@ -41,6 +41,7 @@ def zero3_unpersisted(tmp_path):
     ds_config = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
                  "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}
     (tmp_path / "ds_zero3.json").write_text(json.dumps(ds_config))
+    launch.pop("mixed_precision")  # accelerate refuses it beside a DeepSpeed config file
     launch["deepspeed_config"] = {"deepspeed_config_file": str(tmp_path / "ds_zero3.json"), "zero3_init_flag": False}
     (tmp_path / "zero3.yaml").write_text(yaml.safe_dump(launch))
     return tmp_path / "zero3.yaml"
