@@ -206,10 +206,12 @@ def _adam_summary(engine) -> str:
 
 
 def _partition_summary(module: torch.nn.Module) -> str:
-    """"k of n parameter tensors partitioned, x of y elements here": ZeRO-3 frees a partitioned
-    parameter's data outside the forward and keeps its partition (ds_tensor); ZeRO-1/2 partition none."""
+    """"k of n parameter tensors partitioned, x of y elements here": ZeRO-3 keeps only a partitioned
+    parameter's shard (ds_tensor) outside the modules' forwards; a persistent one (at most
+    stage3_param_persistence_threshold elements) stays whole once gathered; ZeRO-1/2 partition none."""
     params = list(module.parameters())
-    partitioned = {id(p) for p in params if hasattr(p, "ds_tensor") and p.data.numel() < p.ds_numel}
-    local = sum(p.ds_tensor.numel() if id(p) in partitioned else p.numel() for p in params)
-    total = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in params)
+    partitioned = {id(p) for p in params if hasattr(p, "ds_tensor") and not p.ds_persist}
+    whole = {id(p): p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in params}
+    local = sum(p.ds_tensor.numel() if id(p) in partitioned else whole[id(p)] for p in params)
+    total = sum(whole.values())
     return f"{len(partitioned)} of {len(params)} parameter tensors partitioned, {local} of {total} elements here"
