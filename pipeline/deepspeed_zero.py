@@ -135,7 +135,28 @@ def _set_adam_state(engine, state: dict) -> None:
     for name, param in engine.module.named_parameters():
         if name in state:
             for key in MOMENTS:
-                safe_set_full_optimizer_state(param, state[name][key].to(param.device, torch.float32), key)
+                value = state[name][key].to(param.device, torch.float32)
+                if hasattr(param, "ds_id"):
+                    _set_zero3_partition(zero, param, value, key)
+                else:
+                    safe_set_full_optimizer_state(param, value, key)
+
+
+def _set_zero3_partition(zero, param, value: torch.Tensor, key: str) -> None:
+    """This process's part of `value` (a full Adam moment of `param`) into ZeRO-3's flat state.
+
+    deepspeed 0.19.8's safe_set_full_optimizer_state fails here on a padded partition: a
+    1-element bias over 2 processes has a 1-element partition on each, and the last process's
+    slice starts past the end ("start (1) + length (1) exceeds dimension size (1)"). The slice is
+    cut here with the padding left at 0, as ZeRO-3 pads the parameter itself.
+    """
+    import torch.distributed as dist
+
+    partition, _ = zero._get_fp32_opt_state_partition(param, release_swap_buffers=False, optim_state_key=key)
+    start = partition.numel() * dist.get_rank(param.ds_process_group)
+    mine = value.flatten()[start : start + partition.numel()]
+    partition.zero_()
+    partition[: mine.numel()].copy_(mine)
 
 
 def full_zero_state(dp, engine) -> tuple[torch.nn.Module | None, dict | None]:

@@ -5,7 +5,7 @@ deepspeed is an optional extra (`pip install -e '.[deepspeed]'`); without it the
 The launches check that ZeRO really partitions (the stage's "DeepSpeed ZeRO-k over 2 processes"
 line: Adam's state over about half of the trainable elements on rank 0; under ZeRO-3 with
 `stage3_param_persistence_threshold: 0` every parameter of the policy and of the separate
-reference partitioned), that the update is the one-process update at the DDP test's tolerance
+reference partitioned, about half of its elements on rank 0), that the update is the one-process update at the DDP test's tolerance
 (tests/test_distributed.py), and that the gathered checkpoint has the one-process layout and
 resumes in one process and under ZeRO.
 """
@@ -47,10 +47,10 @@ def zero3_unpersisted(tmp_path):
     return tmp_path / "zero3.yaml"
 
 
-def assert_partitioned(stderr: str, stage: int, policy: bool, reference: str | None) -> None:
-    """Rank 0 holds Adam's state for about half of the trainable elements; with `policy`, every
-    policy parameter is partitioned with about half of its elements here; `reference`: "sharded" (the
-    same), "replicated", "the policy with adapters off" or None (not checked)."""
+def assert_partitioned(stderr: str, stage: int, policy: str, reference: str | None) -> None:
+    """Rank 0 holds Adam's state for about half of the trainable elements. policy: "partitioned" (every
+    parameter, about half of its elements here) or "whole" (none partitioned, all elements here);
+    reference: "partitioned", "replicated", "the policy with adapters off" or None (not checked)."""
     held = r"(\d+) of (\d+) parameter tensors partitioned, (\d+) of (\d+) elements here"
     found = re.search(rf"DeepSpeed ZeRO-{stage} over 2 processes: Adam state over (\d+) of (\d+) elements here; "
                       rf"policy {held}; reference (?:{held}|replicated|the policy with adapters off)", stderr)
@@ -59,13 +59,16 @@ def assert_partitioned(stderr: str, stage: int, policy: bool, reference: str | N
     counts = [int(n) if n is not None else None for n in found.groups()]
     adam_here, adam_total = counts[:2]
     assert 0.4 * adam_total < adam_here < 0.6 * adam_total
-    units = [counts[2:6]] if policy else []
-    if reference == "sharded":
-        units.append(counts[6:10])
+    units = {"policy": (policy, counts[2:6])}
+    if reference == "partitioned":
+        units["reference"] = (reference, counts[6:10])
     elif reference is not None:
         assert counts[6] is None and found.group(0).endswith(reference), found.group(0)
-    for partitioned, tensors, local, total in units:
-        assert partitioned == tensors > 0 and 0.4 * total < local < 0.6 * total
+    for name, (kind, (partitioned, tensors, local, total)) in units.items():
+        if kind == "partitioned":
+            assert partitioned == tensors > 0 and 0.4 * total < local < 0.6 * total, name
+        else:
+            assert partitioned == 0 and local == total > 0, name
 
 
 def assert_one_process_layout(tmp_path) -> None:
@@ -83,10 +86,10 @@ def assert_one_process_layout(tmp_path) -> None:
             torch.testing.assert_close(adam_two["state"][index][key], value, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("stage", [2, 1])
+@pytest.mark.parametrize("stage", [2, 1, 3])
 def test_zero_makes_the_one_process_update_and_a_checkpoint_one_process_resumes(tmp_path, stage):
     _, launch = assert_two_processes_match_one(tmp_path, PARAMS, config=ZERO[stage])
-    assert_partitioned(launch.stderr, stage, policy=False, reference="replicated")
+    assert_partitioned(launch.stderr, stage, policy="whole", reference="replicated" if stage < 3 else None)
     assert_one_process_layout(tmp_path)
 
     # round 2 in this process from the ZeRO checkpoint and from the one-process checkpoint, and
@@ -115,7 +118,7 @@ def test_zero_makes_the_one_process_update_and_a_checkpoint_one_process_resumes(
 
 def test_zero3_partitions_policy_and_reference_and_makes_the_one_process_update(tmp_path):
     _, launch = assert_two_processes_match_one(tmp_path, PARAMS, config=zero3_unpersisted(tmp_path))
-    assert_partitioned(launch.stderr, 3, policy=True, reference="sharded")
+    assert_partitioned(launch.stderr, 3, policy="partitioned", reference="partitioned")
     assert_one_process_layout(tmp_path)
 
 
@@ -124,5 +127,23 @@ def test_zero3_matches_one_process_when_the_ratio_guard_skips_minibatches(tmp_pa
     guarded = PARAMS.__class__(**{**PARAMS.__dict__, "ratio_threshold": 1.0005})
     rows, launch = assert_two_processes_match_one(tmp_path, guarded, config=ZERO[3])
     assert [row["skipped"] for row in rows] == [False, True, True, True]
-    assert "policy 0 of 18 parameter tensors partitioned, 16897 of 16897 elements here" in launch.stderr
-    assert_partitioned(launch.stderr, 3, policy=False, reference=None)  # tiny: below the persistence threshold
+    # the tiny model's parameters are below DeepSpeed's persistence threshold: gathered once, kept whole
+    assert_partitioned(launch.stderr, 3, policy="whole", reference=None)
+
+
+def test_zero3_matches_one_process_with_a_lora_policy(tmp_path):
+    """Adapters and value head train partitioned; the reference is the partitioned policy with adapters off."""
+    lora = {"lora_r": 4, "lora_alpha": 8.0, "lora_target_modules": ["c_attn"]}
+    rows, launch = assert_two_processes_match_one(tmp_path, PARAMS, lora, config=zero3_unpersisted(tmp_path))
+    assert not any(row["skipped"] for row in rows)
+    assert_partitioned(launch.stderr, 3, policy="partitioned", reference="the policy with adapters off")
+    assert_one_process_layout(tmp_path)
+
+
+def test_zero3_matches_one_process_with_shared_lower_layers(tmp_path):
+    """ppo.num_shared_layers: the frozen shared embeddings, partitioned by the policy's engine, serve the
+    reference's engine too."""
+    shared = PARAMS.__class__(**{**PARAMS.__dict__, "num_shared_layers": 0})
+    rows, launch = assert_two_processes_match_one(tmp_path, shared, config=zero3_unpersisted(tmp_path))
+    assert not any(row["skipped"] for row in rows)
+    assert_partitioned(launch.stderr, 3, policy="partitioned", reference="partitioned")
