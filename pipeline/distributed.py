@@ -226,7 +226,7 @@ class DataParallel:
                 if isinstance(module, FSDPModule):
                     module.reshard()
         elif last:
-            self.backward(sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0)
+            self.backward(model, sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0)
 
     def backward(self, model: torch.nn.Module, loss: torch.Tensor) -> None:
         """Backward of this process's loss. DDP, FSDP2 and ZeRO average the processes' gradients, so
