@@ -150,3 +150,12 @@ def test_zero3_matches_one_process_with_shared_lower_layers(tmp_path):
     rows, launch = assert_two_processes_match_one(tmp_path, shared, config=zero3_unpersisted(tmp_path))
     assert not any(row["skipped"] for row in rows)
     assert_partitioned(launch.stderr, 3, policy="partitioned", reference="partitioned")
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_clips_at_ppo_max_grad_norm_as_one_process(tmp_path, stage):
+    """The engine clips in its step at ppo.max_grad_norm (not the launch file's gradient_clipping: 1.0)
+    with the global norm, and reports the norm before clipping, as torch.nn.utils.clip_grad_norm_."""
+    clipped = PARAMS.__class__(**{**PARAMS.__dict__, "max_grad_norm": 0.5})
+    rows, _ = assert_two_processes_match_one(tmp_path, clipped, config=ZERO[stage])
+    assert all(row["grad_norm"] > clipped.max_grad_norm for row in rows)  # every step was clipped
