@@ -12,7 +12,8 @@ advantages and losses are fp32 (see pipeline.scoring.score_responses).
 Data parallel: with a `DataParallel` (pipeline.distributed, an accelerate.Accelerator) each process
 scores its share of the rows and of every minibatch; per-token tensors are gathered, minibatch
 statistics summed with token weights, and gradients averaged by the prepared model (DDP all-reduce,
-FSDP2 reduce-scatter, DeepSpeed ZeRO's reduction in its step) with token-weighted losses, so N processes make the update one process makes
+FSDP2 reduce-scatter, the DeepSpeed ZeRO engine's reduction) with token-weighted losses, so N
+processes make the update one process makes
 on the whole batch.
 """
 from __future__ import annotations

@@ -5,8 +5,8 @@ deepspeed is an optional extra (`pip install -e '.[deepspeed]'`); without it the
 The launches check that ZeRO really partitions (the stage's "DeepSpeed ZeRO-k over 2 processes"
 line: Adam's state over about half of the trainable elements on rank 0; under ZeRO-3 with
 `stage3_param_persistence_threshold: 0` every parameter of the policy and of the separate
-reference partitioned, about half of its elements on rank 0), that the update is the one-process update at the DDP test's tolerance
-(tests/test_distributed.py), and that the gathered checkpoint has the one-process layout and
+reference partitioned, about half of its elements on rank 0), that the update is the one-process
+update at the DDP test's tolerance (tests/test_distributed.py), and that the gathered checkpoint has the one-process layout and
 resumes in one process and under ZeRO.
 """
 from __future__ import annotations
@@ -26,9 +26,9 @@ from tests.test_distributed import ROOT, WEIGHT_ATOL, assert_two_processes_match
 from tests.test_fsdp import max_weight_diff
 from tests.test_resume import PARAMS, SEED
 
-pytestmark = [pytest.mark.slow,  # each test starts a 2-process accelerate launch (about a minute)
-              pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
-                                 reason="deepspeed is not installed (optional: pip install -e '.[deepspeed]')")]
+NOT_INSTALLED = "deepspeed is not installed (optional: pip install -c constraints.txt -e '.[deepspeed]')"
+pytestmark = [pytest.mark.slow,  # each test starts a 2-process accelerate launch (20-60 s)
+              pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason=NOT_INSTALLED)]
 
 ZERO = {stage: ROOT / "configs" / "accelerate" / f"zero{stage}.yaml" for stage in (1, 2, 3)}
 
