@@ -1,13 +1,15 @@
 """DeepSpeed ZeRO PPO: the `ppo` stage under `accelerate launch --config_file configs/accelerate/zero{1,2,3}.yaml`,
 2 CPU processes (gloo; deepspeed's CPU accelerator, its shared-memory comm op built on first use).
 
-deepspeed is an optional extra (`pip install -e '.[deepspeed]'`); without it these tests skip.
+deepspeed is an optional extra (`pip install -c constraints.txt -e '.[deepspeed]'`, not in CI);
+without it these tests skip. The first launch on a machine builds the comm op (about 150 s here).
 The launches check that ZeRO really partitions (the stage's "DeepSpeed ZeRO-k over 2 processes"
 line: Adam's state over about half of the trainable elements on rank 0; under ZeRO-3 with
 `stage3_param_persistence_threshold: 0` every parameter of the policy and of the separate
 reference partitioned, about half of its elements on rank 0), that the update is the one-process
-update at the DDP test's tolerance (tests/test_distributed.py), and that the gathered checkpoint has the one-process layout and
-resumes in one process and under ZeRO.
+update at the DDP test's tolerance (tests/test_distributed.py), also with skipped minibatches,
+clipping, LoRA and shared layers, and that the gathered checkpoint has the one-process layout and
+resumes in one process and under ZeRO. Measured numbers: docs/scale-out.md, "DeepSpeed ZeRO-1/2/3".
 """
 from __future__ import annotations
 
