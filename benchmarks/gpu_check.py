@@ -350,7 +350,8 @@ def step_sharded(name: str, config: dict) -> dict:
     if not accelerate_file.is_file():
         raise StepFailed(f"{accelerate_file.relative_to(ROOT)} does not exist in this tree.")
     if name == "zero3" and subprocess.run([sys.executable, "-c", "import deepspeed"], capture_output=True).returncode:
-        raise StepFailed("deepspeed is not importable: ZeRO-3 cannot run (pip install deepspeed).")
+        raise StepFailed("deepspeed is not importable: ZeRO-3 cannot run "
+                         "(pip install -c constraints.txt -e '.[deepspeed]').")
     tmp = Path(config["workdir"]) / name
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -10,7 +10,12 @@ PPO round `prepare`s the policy, optimizer and reference with it:
   block and for the whole policy, and for a separate reference; each backward reduce-scatters
   into sharded gradients. On GPUs accelerate's prepare applies it; on CPU accelerate 1.15 does
   not (see DataParallel._prepare_fsdp2), so drlc calls fully_shard itself.
-- DeepSpeed ZeRO is refused (DEEPSPEED_REFUSAL).
+- DeepSpeed ZeRO-1/2/3 (configs/accelerate/zero{1,2,3}.yaml): accelerate's prepare builds the
+  engine from the launch config's DeepSpeedPlugin, with what drlc owns filled in: no managed
+  accumulation (`managed_gradient_accumulation: false`, so drlc's backwards only accumulate and
+  the engine's step is the boundary that reduces, clips at ppo.max_grad_norm and steps), no loss
+  scaling by accumulation steps. ZeRO-3 shards a separate reference in its own inference engine.
+  On CPU drlc passes accelerate the gloo backend itself (see DataParallel.from_environment).
 Every process then calls `full_state`, which gathers the full weights and Adam state for the
 checkpoint, in the layout of a single process. A plain `python stages/ppo.py` has no
 WORLD_SIZE: it gets None, and neither accelerate nor torch.distributed is touched, so a
@@ -58,14 +63,6 @@ def sharding_from_environment() -> str:
     return "ddp"
 
 
-DEEPSPEED_REFUSAL = (
-    "DeepSpeed ZeRO (ACCELERATE_USE_DEEPSPEED, configs/accelerate/zero*.yaml) is not wired into drlc's PPO loop "
-    "yet: its engine steps inside accelerator.backward and owns the accumulation boundary, the loss scaling by "
-    "gradient_accumulation_steps and the clipping, which drlc's skipped minibatches and token-weighted losses "
-    "need to control, and it cannot be tested without CUDA. Shard with configs/accelerate/fsdp2.yaml "
-    "(docs/scale-out.md).")
-
-
 @dataclass(frozen=True)
 class DataParallel:
     """This process's place among `world_size` data-parallel processes, and its Accelerator."""
@@ -74,7 +71,7 @@ class DataParallel:
     world_size: int
     device: torch.device
     accelerator: object  # accelerate.Accelerator (imported only by multi-process runs)
-    sharding: str = "ddp"  # "ddp" or "fsdp2"
+    sharding: str = "ddp"  # "ddp", "fsdp2" or "deepspeed"
     _plain: dict = field(default_factory=dict, repr=False)  # id(prepared model) -> its plain meta-device copy
 
     @classmethod
@@ -83,18 +80,23 @@ class DataParallel:
 
         drlc's precision is ppo.mixed_precision (its own autocast in pipeline.scoring), so the
         Accelerator runs with mixed_precision "no" whatever the launch config says.
-        Raises ConfigError for a DeepSpeed launch (DEEPSPEED_REFUSAL), for FSDP version 1, and when
-        accelerate sees another process count than the launcher started.
+        DeepSpeed: accelerate 1.15 selects it only with cpu=False, and then, without CUDA, finds no
+        backend and counts one process; passing gloo makes it start DeepSpeed's comm over gloo
+        (deepspeed's CPU accelerator picks gloo when oneCCL is not installed).
+        Raises ConfigError for FSDP version 1, for a DeepSpeed launch without deepspeed installed,
+        and when accelerate sees another process count than the launcher started.
         """
         sharding = sharding_from_environment()
-        if sharding == "deepspeed":
-            raise ConfigError(DEEPSPEED_REFUSAL)
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         if world_size <= 1:
             return None
         from accelerate import Accelerator  # imported only by multi-process runs
 
-        accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="no")
+        accelerator = Accelerator(mixed_precision="no", **_accelerator_options(sharding))
+        if sharding == "deepspeed":
+            from pipeline.deepspeed_zero import load_models_whole
+
+            load_models_whole(accelerator.state.deepspeed_plugin)
         if accelerator.num_processes != world_size:
             raise ConfigError(f"The launcher started {world_size} processes but accelerate sees "
                               f"{accelerator.num_processes} ({accelerator.distributed_type}): each would train "
@@ -106,17 +108,25 @@ class DataParallel:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def prepare(self, policy: torch.nn.Module, optimizer: torch.optim.Optimizer, reference: torch.nn.Module):
-        """(model, optimizer, reference) for this launch: DDP or FSDP2.
+    def prepare(self, policy: torch.nn.Module, optimizer: torch.optim.Optimizer, reference: torch.nn.Module, *,
+                max_grad_norm: float | None = None, mini_batch_size: int | None = None):
+        """(model, optimizer, reference) for this launch: DDP, FSDP2 or a DeepSpeed engine.
 
         `optimizer` may hold the previous round's state (loaded before prepare); it is kept.
-        FSDP2 shards a separate reference for inference too; the reference of a LoRA policy (the
-        policy with adapters off) is the prepared policy itself.
+        FSDP2 and ZeRO-3 shard a separate reference for inference too; the reference of a LoRA
+        policy (the policy with adapters off) is the prepared policy itself.
+        max_grad_norm (ppo.max_grad_norm) and mini_batch_size (ppo.mini_batch_size): DeepSpeed
+        only, whose engine clips inside its step and wants a micro-batch size in its config.
         """
         separate = getattr(reference, "policy", None) is not policy  # not pipeline.reference.AdaptersDisabled
         if self.sharding == "ddp":
             model, optimizer = self.accelerator.prepare(policy, optimizer)
             return model, optimizer, reference.to(self.device)
+        if self.sharding == "deepspeed":
+            from pipeline.deepspeed_zero import prepare_zero
+
+            return prepare_zero(self, policy, optimizer, reference, separate, max_grad_norm=max_grad_norm,
+                                micro_batch_size=(mini_batch_size or self.world_size) // self.world_size)
         return self._prepare_fsdp2(policy, optimizer, reference, separate)
 
     def _prepare_fsdp2(self, policy, optimizer, reference, separate: bool):
@@ -170,6 +180,10 @@ class DataParallel:
         """
         if self.sharding == "ddp":
             return (self.accelerator.unwrap_model(model), optimizer.state_dict()) if self.is_main else (None, None)
+        if self.sharding == "deepspeed":
+            from pipeline.deepspeed_zero import full_zero_state
+
+            return full_zero_state(self, model)
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                              get_optimizer_state_dict)
 
@@ -185,8 +199,10 @@ class DataParallel:
 
         FSDP2 always syncs: each backward reduce-scatters into the sharded gradients, which then
         accumulate, so a step whose last minibatch is skipped has nothing left to finish.
+        DeepSpeed: the engine's step is the boundary (unmanaged accumulation); ZeRO-1 reduces
+        there, ZeRO-2/3 reduce-scatter in every backward, and no_sync is not allowed.
         """
-        if sync or self.sharding == "fsdp2":
+        if sync or self.sharding in ("fsdp2", "deepspeed"):
             return contextlib.nullcontext()
         return self.accelerator.no_sync(model)
 
@@ -198,7 +214,11 @@ class DataParallel:
         add NaN, 0·inf, in the very case the ratio guard exists for). FSDP2: the forward left the
         root's parameters unsharded (it reshards after backward), and an optimizer step would not
         reach them; reshard every unit so the next forward all-gathers the updated shards.
+        DeepSpeed: nothing; the engine's step reduces whatever the backwards accumulated, and a
+        ZeRO-3 forward releases its gathered parameters after each module.
         """
+        if self.sharding == "deepspeed":
+            return
         if self.sharding == "fsdp2":
             from torch.distributed.fsdp import FSDPModule
 
@@ -206,17 +226,34 @@ class DataParallel:
                 if isinstance(module, FSDPModule):
                     module.reshard()
         elif last:
-            self.backward(sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0)
+            self.backward(model, sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backward of this process's loss. DDP and FSDP2 average the processes' gradients, so the
-        trainer scales each loss by world_size · its token share (docs/ppo.md, Multi-process)."""
-        self.accelerator.backward(loss)
+    def backward(self, model: torch.nn.Module, loss: torch.Tensor) -> None:
+        """Backward of this process's loss. DDP, FSDP2 and ZeRO average the processes' gradients, so
+        the trainer scales each loss by world_size · its token share (docs/ppo.md, Multi-process).
 
-    def clip_grad_norm_(self, parameters: list, max_norm: float) -> torch.Tensor:
-        """accelerate's clip (DTensor-aware under FSDP2); the total norm as a plain tensor."""
+        DeepSpeed: the engine's own backward (accelerate's would also step), which only
+        accumulates; the loss is already divided by the accumulation steps (scale_wrt_gas=False).
+        """
+        if self.sharding == "deepspeed":
+            model.backward(loss, scale_wrt_gas=False)
+        else:
+            self.accelerator.backward(loss)
+
+    def clip_and_step(self, model: torch.nn.Module, optimizer, parameters: list, max_norm: float) -> float:
+        """Clip the gradients of `parameters` to `max_norm`, step `optimizer`; return the total norm
+        before clipping (one process: torch.nn.utils.clip_grad_norm_).
+
+        DDP and FSDP2: accelerate's clip (DTensor-aware under FSDP2). DeepSpeed: the engine's step,
+        which reduces, clips at the ppo.max_grad_norm prepare put in its config and steps; its
+        norm is the global one it clipped with.
+        """
+        if self.sharding == "deepspeed":
+            model.step()
+            return float(model.get_global_grad_norm())
         norm = self.accelerator.clip_grad_norm_(parameters, max_norm)
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        optimizer.step()
+        return (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()
 
     def shard(self, rows: list) -> list:
         """This process's contiguous equal share of `rows` (len(rows) must divide by world_size)."""
@@ -245,6 +282,24 @@ class DataParallel:
 
         self.accelerator.wait_for_everyone()
         dist.destroy_process_group()
+
+
+def _accelerator_options(sharding: str) -> dict:
+    """Accelerator arguments for this launch: cpu without CUDA (DDP, FSDP2); DeepSpeed: cpu=False,
+    with gloo named without CUDA (from_environment says why)."""
+    if sharding != "deepspeed":
+        return {"cpu": not torch.cuda.is_available()}
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        raise ConfigError("The launch config asks for DeepSpeed (distributed_type: DEEPSPEED) but deepspeed is not "
+                          "installed: pip install -c constraints.txt -e '.[deepspeed]', or launch with "
+                          "configs/accelerate/fsdp2.yaml.")
+    if torch.cuda.is_available():
+        return {"cpu": False}
+    from accelerate.utils import InitProcessGroupKwargs
+
+    return {"cpu": False, "kwargs_handlers": [InitProcessGroupKwargs(backend="gloo")]}
 
 
 def _torch_optimizer(optimizer) -> torch.optim.Optimizer:

@@ -12,7 +12,8 @@ advantages and losses are fp32 (see pipeline.scoring.score_responses).
 Data parallel: with a `DataParallel` (pipeline.distributed, an accelerate.Accelerator) each process
 scores its share of the rows and of every minibatch; per-token tensors are gathered, minibatch
 statistics summed with token weights, and gradients averaged by the prepared model (DDP all-reduce,
-FSDP2 reduce-scatter) with token-weighted losses, so N processes make the update one process makes
+FSDP2 reduce-scatter, the DeepSpeed ZeRO engine's reduction) with token-weighted losses, so N
+processes make the update one process makes
 on the whole batch.
 """
 from __future__ import annotations
@@ -246,7 +247,8 @@ def _optimizer_step(policy, optimizer, batch, tensors, indices, params: PPOParam
     processes, which gives the token means over the whole minibatch, as one process computes
     them; so the ratio guard and the early stop decide the same in every process. Gradients are
     all-reduced by the prepared model in the step's last backward only (DDP), or reduce-scattered in
-    every backward (FSDP2); DataParallel.skipped_forward finishes the sync after a skipped minibatch.
+    every backward (FSDP2, ZeRO-2/3), or reduced in the DeepSpeed engine's step (ZeRO-1);
+    DataParallel.skipped_forward finishes the sync after a skipped minibatch.
     """
     started = time.perf_counter()
     sums, skipped, applied, tokens = dict.fromkeys(STEP_STATS, 0.0), 0, 0, 0
@@ -266,15 +268,17 @@ def _optimizer_step(policy, optimizer, batch, tensors, indices, params: PPOParam
             if dp is None:
                 (loss / params.gradient_accumulation_steps).backward()
             else:
-                dp.backward(loss / params.gradient_accumulation_steps)
+                dp.backward(policy, loss / params.gradient_accumulation_steps)
             applied += 1
     grad_norm = 0.0
     if applied:
         trainable = [p for p in policy.parameters() if p.requires_grad and p.grad is not None]
         max_norm = params.max_grad_norm if params.max_grad_norm is not None else float("inf")
-        clip = torch.nn.utils.clip_grad_norm_ if dp is None else dp.clip_grad_norm_
-        grad_norm = clip(trainable, max_norm).item()
-        optimizer.step()
+        if dp is None:
+            grad_norm = torch.nn.utils.clip_grad_norm_(trainable, max_norm).item()
+            optimizer.step()
+        else:
+            grad_norm = dp.clip_and_step(policy, optimizer, trainable, max_norm)
     optimizer.zero_grad(set_to_none=True)
     elapsed = time.perf_counter() - started
     step = {key: value / len(mini_batches) for key, value in sums.items()}

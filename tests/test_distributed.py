@@ -13,6 +13,7 @@ dropping the sync after a skipped last minibatch changed the guarded run's stats
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import subprocess
@@ -26,7 +27,7 @@ import yaml
 
 from pipeline import store
 from pipeline.config import load_params
-from pipeline.errors import PPOInputError
+from pipeline.errors import ConfigError, PPOInputError
 from pipeline.policy import load_policy
 from pipeline.steps.ppo_round import ppo_round
 from pipeline.trainer import validate_batch
@@ -151,13 +152,34 @@ def test_minibatch_not_divisible_by_processes_raises_before_training(tmp_path):
         validate_batch(batch, odd, world_size=2)
 
 
-def test_a_deepspeed_launch_is_refused_with_the_reason(monkeypatch):
-    """DeepSpeed's engine is not wired into drlc's loop: refuse before any process group, naming what works."""
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is not None,
+                    reason="deepspeed is installed: its launches run in tests/test_deepspeed.py")
+def test_a_deepspeed_launch_without_deepspeed_is_refused_with_the_fix(monkeypatch):
     from pipeline.distributed import DataParallel
-    from pipeline.errors import ConfigError
 
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    with pytest.raises(ConfigError, match=r"DeepSpeed ZeRO .* not wired .*fsdp2.yaml"):
+    assert DataParallel.from_environment() is None  # a plain single-process run needs no deepspeed
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"deepspeed is not installed: pip install .*'\.\[deepspeed\]'"):
         DataParallel.from_environment()
-    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "false")
-    assert DataParallel.from_environment() is None  # a plain single-process run
+
+
+def test_deepspeed_settings_drlc_has_not_run_are_refused_and_its_own_are_set():
+    """Offloading and DeepSpeed's fp16/bf16 are refused naming the key; accumulation, clipping and the
+    micro-batch come from the ppo params (accelerate's plugin, as a launch config builds it)."""
+    from accelerate.utils import DeepSpeedPlugin
+
+    from pipeline.deepspeed_zero import _configure
+
+    with pytest.raises(ConfigError, match=r"offload_optimizer = 'cpu' .* set offload_optimizer_device: none"):
+        _configure(DeepSpeedPlugin(zero_stage=2, offload_optimizer_device="cpu"), max_grad_norm=1.0,
+                   micro_batch_size=2, world_size=2)
+    bf16 = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}})
+    with pytest.raises(ConfigError, match=r"enables bf16; drlc's precision is ppo.mixed_precision"):
+        _configure(bf16, max_grad_norm=None, micro_batch_size=2, world_size=2)
+    plugin = DeepSpeedPlugin(zero_stage=3, gradient_accumulation_steps=4, gradient_clipping=1.0)
+    assert _configure(plugin, max_grad_norm=None, micro_batch_size=2, world_size=2) == 3
+    assert {key: plugin.deepspeed_config[key] for key in ("gradient_accumulation_steps", "gradient_clipping",
+                                                           "managed_gradient_accumulation", "train_batch_size")} == \
+        {"gradient_accumulation_steps": 1, "gradient_clipping": 0.0, "managed_gradient_accumulation": False,
+         "train_batch_size": 4}

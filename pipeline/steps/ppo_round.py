@@ -123,13 +123,15 @@ def train_ppo_round(state: PPOState, batch: RolloutBatch, *, params: PPOParams, 
     """
     model, optimizer, reference = state.policy, state.optimizer, state.reference  # what trains
     if data_parallel is not None:  # after the trainer state is loaded into the plain optimizer
-        model, optimizer, reference = data_parallel.prepare(state.policy, state.optimizer, state.reference)
+        model, optimizer, reference = data_parallel.prepare(state.policy, state.optimizer, state.reference,
+                                                            max_grad_norm=params.max_grad_norm,
+                                                            mini_batch_size=params.mini_batch_size)
     stats = train_round(
         policy=model, ref_model=reference, optimizer=optimizer, batch=batch, params=params,
         kl_controller=state.kl_controller, score_moments=state.score_moments, seed=round_seed(seed, round_, 4),
         progress=data_parallel is None or data_parallel.is_main, data_parallel=data_parallel,
     )
-    if data_parallel is not None:  # every rank gathers; DDP or FSDP2 alike
+    if data_parallel is not None:  # every rank gathers; DDP, FSDP2 or ZeRO alike
         state.policy, state.optimizer = data_parallel.full_state(model, optimizer)
     return stats
 
