@@ -17,7 +17,10 @@ run's own outputs (Parquet through DuckDB, metrics JSON):
   (``pipeline.critic.lexicon.sentiment_spans``, negations included);
 - ``reward_curve``: metrics/rounds.json (the evaluate stage's per-round means);
 - ``evaluation``: metrics/eval.json, base against the final policy;
-- ``samples``: the first sample of the first N eval prompts, base and final side by side.
+- ``samples``: the first sample of the first N eval prompts, base and final side by side;
+- with ``--compare RUN2`` (the same profile with ``critic.enabled: false``, say): paired
+  differences of the eval env_reward, this run's final policy minus RUN2's, and each final minus
+  base, with 95% intervals over prompts.
 """
 from __future__ import annotations
 
@@ -113,10 +116,36 @@ def samples(data: Path, final: str, n: int) -> list[dict]:
     return list(by_prompt.values())
 
 
-def report(run: Path, log: Path | None, n_samples: int) -> dict:
+def paired_difference(data_a: Path, data_b: Path, policy_a: str, policy_b: str) -> dict:
+    """Mean over eval prompts of (policy_a's - policy_b's) mean env_reward on the prompt, with a 95% interval.
+
+    Both runs sample their eval policies with the same seeds, so samples pair up by (prompt,
+    sample); the interval treats prompts, not samples, as the independent units (1.96 x the
+    standard error of the per-prompt differences).
+    """
+    def per_prompt(data: Path, policy: str) -> dict:
+        return dict(connect(data).execute(
+            "SELECT prompt_id, avg(env_reward) FROM eval_samples WHERE policy = ? GROUP BY prompt_id",
+            [policy]).fetchall())
+
+    a, b = per_prompt(data_a, policy_a), per_prompt(data_b, policy_b)
+    if set(a) != set(b) or len(a) < 2:
+        raise SystemExit(f"the two runs evaluated different prompts ({len(a)} vs {len(b)}): compare runs of one profile")
+    diffs = [a[k] - b[k] for k in sorted(a)]
+    mean = sum(diffs) / len(diffs)
+    std = (sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)) ** 0.5
+    return {"a": f"{data_a.parent.name}:{policy_a}", "b": f"{data_b.parent.name}:{policy_b}", "prompts": len(diffs), "mean": mean,
+            "ci95": 1.96 * std / len(diffs) ** 0.5}
+
+
+def yaml_params(run: Path) -> dict:
     import yaml
 
-    params = yaml.safe_load((run / "params.yaml").read_text())
+    return yaml.safe_load((run / "params.yaml").read_text())
+
+
+def report(run: Path, log: Path | None, n_samples: int) -> dict:
+    params = yaml_params(run)
     metrics = run / "metrics"
     return {
         "run_id": params["run"]["run_id"], "task": params["run"]["task"],
@@ -136,6 +165,8 @@ def main() -> None:
     parser.add_argument("--log", type=Path, help="timestamped dvc repro log (written with --repro)")
     parser.add_argument("--repro", action="store_true", help="run dvc repro first, writing --log")
     parser.add_argument("--samples", type=int, default=5)
+    parser.add_argument("--compare", type=Path, help="a second run of the profile (e.g. critic.enabled=false): "
+                        "paired eval differences final-vs-final and each final-vs-base")
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args()
     if args.repro:
@@ -145,6 +176,12 @@ def main() -> None:
         if code:
             sys.exit(f"dvc repro failed (exit {code}); see {args.log}")
     result = report(args.run, args.log, args.samples)
+    if args.compare:
+        final = result["evaluate_policy"] = yaml_params(args.run)["evaluate"]["policy"]
+        result["compare"] = {"run": str(args.compare), "differences": [
+            paired_difference(args.run / "data", args.compare / "data", final, final),
+            paired_difference(args.run / "data", args.run / "data", final, "base"),
+            paired_difference(args.compare / "data", args.compare / "data", final, "base")]}
     args.out.write_text(json.dumps(result, indent=2, default=float) + "\n")
     print(json.dumps({k: result[k] for k in ("run_id", "stage_seconds", "evaluation")}, indent=2, default=float))
 

@@ -56,3 +56,22 @@ def test_critic_rounds_by_hand(tmp_path):
     assert silver["silver_spans"] == 2 and silver["kept_spans"] == 2
     assert silver["span_precision"] == 0.5 and silver["span_recall"] == 0.5
     assert "vader_silver" not in critic_rounds(tmp_path, "toxicity")[0]
+
+
+def test_paired_difference_by_hand(tmp_path):
+    from benchmarks.smol_run import paired_difference
+
+    def samples(rewards: dict) -> list[dict]:
+        return [_row("eval_samples", policy=policy, prompt_id=prompt, sample=i, env_reward=r)
+                for (policy, prompt), values in rewards.items() for i, r in enumerate(values)]
+
+    a, b = tmp_path / "a" / "data", tmp_path / "b" / "data"
+    write_table(samples({("final", "p1"): [1.0, 0.0], ("final", "p2"): [0.5, 0.5], ("final", "p3"): [0.0, 0.0]}),
+                "eval_samples", partition_dir(a, "eval_samples", 1))
+    write_table(samples({("final", "p1"): [0.0, 0.0], ("final", "p2"): [0.5, 0.5], ("final", "p3"): [0.5, 0.5]}),
+                "eval_samples", partition_dir(b, "eval_samples", 1))
+    result = paired_difference(a, b, "final", "final")
+    # per-prompt differences 0.5, 0, -0.5: mean 0, sample std 0.5, 95% interval 1.96 * 0.5 / sqrt(3)
+    assert result["prompts"] == 3 and result["mean"] == pytest.approx(0.0)
+    assert result["ci95"] == pytest.approx(1.96 * 0.5 / 3 ** 0.5)
+    assert result["a"] == "a:final" and result["b"] == "b:final"
