@@ -23,10 +23,9 @@ import yaml
 from safetensors.torch import load_file
 
 from pipeline.policy import load_policy
-from pipeline.steps.ppo_round import ppo_round
-from tests.test_distributed import ROOT, WEIGHT_ATOL, assert_two_processes_match_one, launch_stage, write_round
-from tests.test_fsdp import max_weight_diff
-from tests.test_resume import PARAMS, SEED
+from tests.test_distributed import ROOT, WEIGHT_ATOL, assert_two_processes_match_one
+from tests.test_fsdp import max_weight_diff, resume_round_two
+from tests.test_resume import PARAMS
 
 NOT_INSTALLED = "deepspeed is not installed (optional: pip install -c constraints.txt -e '.[deepspeed]')"
 pytestmark = [pytest.mark.slow,  # each test starts a 2-process accelerate launch (20-60 s)
@@ -96,18 +95,7 @@ def test_zero_makes_the_one_process_update_and_a_checkpoint_one_process_resumes(
 
     # round 2 in this process from the ZeRO checkpoint and from the one-process checkpoint, and
     # round 2 under ZeRO from the one-process checkpoint (its Adam state set into the partitions)
-    _, tables = write_round(tmp_path / "again")
-    for start in ("one", "two"):
-        ppo_round(tables["rollouts"], tables["scores"], tables["annotations"], policy_dir=str(tmp_path / start),
-                  reference_dir=str(tmp_path / "base"), out_dir=str(tmp_path / f"{start}-2"), params=PARAMS,
-                  run_id="dp", round_=2, seed=SEED)
-    raw = yaml.safe_load((tmp_path / "params.yaml").read_text())
-    raw["rounds"]["0002"] = {"prev": "round=0001"}
-    raw["evaluate"]["policy"] = "round=0002"
-    (tmp_path / "params-2.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    launch = launch_stage(tmp_path, tmp_path / "params-2.yaml", "zero-2", config=ZERO[stage], policy="one",
-                          round_="0002")
-    assert launch.returncode == 0, launch.stderr[-3000:]
+    resume_round_two(tmp_path, "zero", config=ZERO[stage])
     after = {s: load_policy(tmp_path / f"{s}-2", seed=0)[0].state_dict() for s in ("one", "two", "zero")}
     moved = max_weight_diff(after["one"], load_policy(tmp_path / "one", seed=0)[0].state_dict())
     print(f"round 2: max |w1 - w| from the ZeRO-{stage} checkpoint {max_weight_diff(after['one'], after['two']):.2e}, "

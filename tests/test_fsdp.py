@@ -70,17 +70,7 @@ def test_fsdp2_makes_the_one_process_update_and_a_checkpoint_one_process_resumes
 
     # round 2 in this process from the FSDP2 checkpoint and from the one-process checkpoint, and
     # round 2 under FSDP2 from the one-process checkpoint (its Adam state loaded into the shards)
-    _, tables = write_round(tmp_path / "again")
-    for start in ("one", "two"):
-        ppo_round(tables["rollouts"], tables["scores"], tables["annotations"], policy_dir=str(tmp_path / start),
-                  reference_dir=str(tmp_path / "base"), out_dir=str(tmp_path / f"{start}-2"), params=PARAMS,
-                  run_id="dp", round_=2, seed=SEED)
-    raw = yaml.safe_load((tmp_path / "params.yaml").read_text())
-    raw["rounds"]["0002"] = {"prev": "round=0001"}
-    raw["evaluate"]["policy"] = "round=0002"
-    (tmp_path / "params-2.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    launch = launch_stage(tmp_path, tmp_path / "params-2.yaml", "fsdp-2", config=FSDP2, policy="one", round_="0002")
-    assert launch.returncode == 0, launch.stderr[-3000:]
+    resume_round_two(tmp_path, "fsdp", config=FSDP2)
     after = {s: load_policy(tmp_path / f"{s}-2", seed=0)[0].state_dict() for s in ("one", "two", "fsdp")}
     moved = max_weight_diff(after["one"], load_policy(one, seed=0)[0].state_dict())
     print(f"round 2: max |w1 - w| from the FSDP2 checkpoint {max_weight_diff(after['one'], after['two']):.2e}, "
@@ -125,3 +115,19 @@ def test_fsdp2_matches_one_process_with_shared_lower_layers(tmp_path):
     rows, launch = assert_two_processes_match_one(tmp_path, shared, config=FSDP2)
     assert not any(row["skipped"] for row in rows)
     assert_sharded(launch.stderr)
+
+
+def resume_round_two(tmp_path, name: str, *, config: str) -> None:
+    """Round 2 in this process from the one- and the two-process checkpoints (into one-2, two-2),
+    and round 2 launched with the accelerate `config` from the one-process checkpoint (into <name>-2)."""
+    _, tables = write_round(tmp_path / "again")
+    for start in ("one", "two"):
+        ppo_round(tables["rollouts"], tables["scores"], tables["annotations"], policy_dir=str(tmp_path / start),
+                  reference_dir=str(tmp_path / "base"), out_dir=str(tmp_path / f"{start}-2"), params=PARAMS,
+                  run_id="dp", round_=2, seed=SEED)
+    raw = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    raw["rounds"]["0002"] = {"prev": "round=0001"}
+    raw["evaluate"]["policy"] = "round=0002"
+    (tmp_path / "params-2.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    launch = launch_stage(tmp_path, tmp_path / "params-2.yaml", f"{name}-2", config=config, policy="one", round_="0002")
+    assert launch.returncode == 0, launch.stderr[-3000:]
