@@ -20,11 +20,10 @@ import re
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file
 
 from pipeline.policy import load_policy
 from tests.test_distributed import ROOT, WEIGHT_ATOL, assert_two_processes_match_one
-from tests.test_fsdp import max_weight_diff, resume_round_two
+from tests.test_fsdp import assert_one_process_layout, max_weight_diff, resume_round_two
 from tests.test_resume import PARAMS
 
 NOT_INSTALLED = "deepspeed is not installed (optional: pip install -c constraints.txt -e '.[deepspeed]')"
@@ -70,21 +69,6 @@ def assert_partitioned(stderr: str, stage: int, policy: str, reference: str | No
             assert partitioned == tensors > 0 and 0.4 * total < local < 0.6 * total, name
         else:
             assert partitioned == 0 and local == total > 0, name
-
-
-def assert_one_process_layout(tmp_path) -> None:
-    """The 2-process checkpoint has the one-process files, tensor names and Adam state."""
-    one, two = tmp_path / "one", tmp_path / "two"
-    assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in two.iterdir())
-    for name in (p.name for p in one.iterdir() if p.suffix == ".safetensors"):
-        assert sorted(load_file(one / name)) == sorted(load_file(two / name)), name  # one tied head, not two
-    adam_one, adam_two = (torch.load(folder / "optimizer.pt", weights_only=True) for folder in (one, two))
-    assert adam_one["param_groups"] == adam_two["param_groups"]
-    assert sorted(adam_one["state"]) == sorted(adam_two["state"])
-    for index, state in adam_one["state"].items():
-        assert sorted(state) == sorted(adam_two["state"][index])
-        for key, value in state.items():
-            torch.testing.assert_close(adam_two["state"][index][key], value, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("stage", [2, 1, 3])

@@ -58,15 +58,8 @@ def max_weight_diff(a: dict, b: dict) -> float:
 def test_fsdp2_makes_the_one_process_update_and_a_checkpoint_one_process_resumes(tmp_path):
     one_rows, launch = assert_two_processes_match_one(tmp_path, PARAMS, config=FSDP2)
     assert_sharded(launch.stderr)
-    one, two = tmp_path / "one", tmp_path / "two"
-    assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in two.iterdir())
-    for name in (p.name for p in one.iterdir() if p.suffix == ".safetensors"):
-        assert sorted(load_file(one / name)) == sorted(load_file(two / name)), name  # one tied head, not two
-    adam_one, adam_two = (torch.load(folder / "optimizer.pt", weights_only=True) for folder in (one, two))
-    assert adam_one["param_groups"] == adam_two["param_groups"]
-    for index, state in adam_one["state"].items():
-        for key, value in state.items():
-            torch.testing.assert_close(adam_two["state"][index][key], value, rtol=1e-4, atol=1e-6)
+    assert_one_process_layout(tmp_path)
+    one = tmp_path / "one"
 
     # round 2 in this process from the FSDP2 checkpoint and from the one-process checkpoint, and
     # round 2 under FSDP2 from the one-process checkpoint (its Adam state loaded into the shards)
@@ -131,3 +124,18 @@ def resume_round_two(tmp_path, name: str, *, config: str) -> None:
     (tmp_path / "params-2.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     launch = launch_stage(tmp_path, tmp_path / "params-2.yaml", f"{name}-2", config=config, policy="one", round_="0002")
     assert launch.returncode == 0, launch.stderr[-3000:]
+
+
+def assert_one_process_layout(tmp_path) -> None:
+    """The 2-process checkpoint has the one-process files, tensor names and Adam state."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in two.iterdir())
+    for name in (p.name for p in one.iterdir() if p.suffix == ".safetensors"):
+        assert sorted(load_file(one / name)) == sorted(load_file(two / name)), name  # one tied head, not two
+    adam_one, adam_two = (torch.load(folder / "optimizer.pt", weights_only=True) for folder in (one, two))
+    assert adam_one["param_groups"] == adam_two["param_groups"]
+    assert sorted(adam_one["state"]) == sorted(adam_two["state"])
+    for index, state in adam_one["state"].items():
+        assert sorted(state) == sorted(adam_two["state"][index])
+        for key, value in state.items():
+            torch.testing.assert_close(adam_two["state"][index][key], value, rtol=1e-4, atol=1e-6)
