@@ -22,13 +22,13 @@ import threading
 import time
 from pathlib import Path
 
-import pandas as pd
 import torch
 
 from pipeline.config import BaseParams
 from pipeline.critic.hf_backend import HFBackend
 from pipeline.critic.parse import parse_answer
 from pipeline.critic.templates import load_template
+from pipeline.rewards.fitted_toxicity import PARTS, rtp_rows, spearman
 from pipeline.rewards.toxicity import LexiconToxicity
 from pipeline.steps.base_model import build_base_model
 
@@ -82,16 +82,16 @@ def answers_per_s(backend: HFBackend, requests: list[dict], concurrent: bool) ->
     return answers, {"answers_per_s": round(len(requests) / wall, 4), "wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
 
 
-def spearman(path: Path) -> dict:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def lexicon_vs_perspective(path: Path) -> dict:
+    """Spearman of the lexicon's toxicity with the Perspective toxicity of each RTP part (fitted_toxicity.spearman)."""
+    rows = rtp_rows(str(path))
     lexicon = LexiconToxicity()
     out = {}
-    for part in ("prompt", "continuation"):
-        kept = [r[part] for r in rows if r[part].get("toxicity") is not None]
-        frame = pd.DataFrame({"lexicon": lexicon.toxicity([k["text"] for k in kept]),
-                              "perspective": [k["toxicity"] for k in kept]})
-        out[part] = {"n": len(frame), "spearman": round(float(frame.corr(method="spearman").iloc[0, 1]), 3),
-                     "lexicon_nonzero_share": round(float((frame.lexicon > 0).mean()), 3)}
+    for part in PARTS:
+        kept = [row[part] for row in rows if part in row]
+        scores = lexicon.toxicity([text for text, _ in kept])
+        out[part] = {"n": len(kept), "spearman": round(spearman(scores, [tox for _, tox in kept]), 3),
+                     "lexicon_nonzero_share": round(sum(s > 0 for s in scores) / len(scores), 3)}
     return out
 
 
@@ -124,7 +124,7 @@ def main() -> None:
         result["same_answers_batch1_vs_8"] = [a.text for a in singles] == [a.text for a in batched]
         result["completion_tokens_batch1"] = [a.completion_tokens for a in singles]
         result["answers"] = [_answer(t, a) for t, a in list(zip(texts, singles))[:args.raw_answers]]
-    result["lexicon_vs_perspective"] = {name: spearman(RTP / f"{name}.jsonl") for name in ("toxic", "nontoxic")}
+    result["lexicon_vs_perspective"] = {name: lexicon_vs_perspective(RTP / f"{name}.jsonl") for name in ("toxic", "nontoxic")}
     result["loadavg_1_5_15_end"] = [round(x, 2) for x in os.getloadavg()]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -59,6 +59,9 @@ def repro(run: Path, log: Path) -> int:
 def stage_seconds(log: Path) -> dict:
     """{stage: wall seconds} from a timestamped repro log; the last stage ends at the last line."""
     lines = [line for line in log.read_text().splitlines() if re.match(r"^\d+ ", line)]
+    if not lines:
+        raise SystemExit(f"{log} has no timestamped lines: write it with --repro (or a wrapper that prefixes "
+                         "each dvc repro line with the Unix time)")
     starts = [(int(m[1]), m[2]) for m in map(_RUNNING.match, lines) if m]
     end = int(lines[-1].split()[0])
     seconds = {name: (starts[i + 1][0] if i + 1 < len(starts) else end) - t for i, (t, name) in enumerate(starts)}

@@ -75,3 +75,10 @@ def test_paired_difference_by_hand(tmp_path):
     assert result["prompts"] == 3 and result["mean"] == pytest.approx(0.0)
     assert result["ci95"] == pytest.approx(1.96 * 0.5 / 3 ** 0.5)
     assert result["a"] == "a:final" and result["b"] == "b:final"
+
+
+def test_stage_seconds_names_a_log_without_timestamps(tmp_path):
+    log = tmp_path / "plain.log"
+    log.write_text("Running stage 'rollout@0001':\n")
+    with pytest.raises(SystemExit, match="plain.log has no timestamped lines"):
+        stage_seconds(log)
