@@ -21,6 +21,27 @@ def _at_least_fp32(tensor: torch.Tensor) -> torch.dtype:
     return torch.promote_types(tensor.dtype, torch.float32)  # bf16 -> fp32, fp64 stays fp64
 
 
+def _softmax_terms(logits, tokens, with_entropy: bool):
+    """(probs (B, T, V), logprobs (B, T), entropy (B, T) or None) from one softmax pass, in fp32 or wider.
+
+    One pass over the vocabulary where log_softmax-then-exp takes two: the log-normalizer
+    log Σ_v exp z_v comes from the softmax itself, because its largest probability is exactly
+    1 / Σ_v exp(z_v − max z), so log Σ_v exp z_v = max z − log max p. Then
+    log p_token = z_token − log Σ_v exp z_v (no underflow for unlikely tokens) and
+    H = −Σ_v p_v log p_v = log Σ_v exp z_v − Σ_v p_v z_v (one batched dot product per position).
+    """
+    dtype = _at_least_fp32(logits)
+    probs = torch.softmax(logits, dim=-1, dtype=dtype)  # (B, T, V)
+    log_normalizer = logits.amax(-1).to(dtype) - probs.amax(-1).log()  # (B, T)
+    logprobs = logits.gather(-1, tokens[..., None])[..., 0].to(dtype) - log_normalizer  # (B, T)
+    entropy = None
+    if with_entropy:
+        vocab = probs.shape[-1]
+        expected_logit = torch.bmm(probs.reshape(-1, 1, vocab), logits.to(dtype).reshape(-1, vocab, 1))
+        entropy = log_normalizer - expected_logit.reshape(tokens.shape)  # (B, T)
+    return probs, logprobs, entropy
+
+
 class _TokenLogProbs(torch.autograd.Function):
     """log_softmax(z)[token] with a hand-written backward: d/dz = g · (onehot(token) − softmax(z)).
 
@@ -31,17 +52,11 @@ class _TokenLogProbs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, tokens, with_entropy: bool):
-        log_p = torch.log_softmax(logits, dim=-1, dtype=_at_least_fp32(logits))  # (B, T, V)
-        logprobs = log_p.gather(-1, tokens[..., None])  # (B, T, 1)
-        probs = log_p.exp()  # (B, T, V)
-        entropy = None
-        if with_entropy:  # H = −Σ p log p as one batched dot product per position
-            flat = probs.shape[-1]
-            entropy = -torch.bmm(probs.reshape(-1, 1, flat), log_p.reshape(-1, flat, 1)).reshape(tokens.shape)
+        probs, logprobs, entropy = _softmax_terms(logits, tokens, with_entropy)
         ctx.save_for_backward(probs, tokens)
         ctx.logits_dtype = logits.dtype
         ctx.mark_non_differentiable(*(t for t in (entropy,) if t is not None))
-        return logprobs[..., 0], entropy
+        return logprobs, entropy
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -56,19 +71,15 @@ def token_logprobs(*, logits: torch.Tensor, tokens: torch.Tensor, with_entropy: 
     """Log-prob of `tokens` under softmax(`logits`) and, if asked, the entropy at each position.
 
     logprobs = log_softmax(logits)[token] (differentiable); entropy = −Σ_v p_v log p_v (no grad).
-    logits (B, T, V) fp32 or bf16 (upcast to fp32 inside the log-softmax), tokens (B, T) long.
+    logits (B, T, V) fp32 or bf16 (upcast to fp32 inside the softmax), tokens (B, T) long.
     Returns (logprobs (B, T), entropy (B, T) or None), in fp32 (fp64 for fp64 logits).
     """
     if torch.is_grad_enabled() and logits.requires_grad:
         return _TokenLogProbs.apply(logits, tokens, with_entropy)
-    return _no_grad_token_logprobs(logits, tokens, with_entropy)
-
-
-def _no_grad_token_logprobs(logits, tokens, with_entropy):
-    log_p = torch.log_softmax(logits, dim=-1, dtype=_at_least_fp32(logits))  # (B, T, V)
-    logprobs = log_p.gather(-1, tokens[..., None])[..., 0]  # (B, T)
-    entropy = -(log_p.exp() * log_p).sum(-1) if with_entropy else None  # (B, T)
-    return logprobs, entropy
+    if with_entropy:
+        return _softmax_terms(logits, tokens, with_entropy)[1:]
+    log_p = torch.log_softmax(logits, dim=-1, dtype=_at_least_fp32(logits))  # (B, T, V): one pass, no probs needed
+    return log_p.gather(-1, tokens[..., None])[..., 0], None
 
 
 def cpu_has_native_bf16() -> bool:

@@ -223,3 +223,21 @@ def test_token_logprobs_gradient_equals_autograd_log_softmax_gather():
     theirs, = torch.autograd.grad((expected * weights).sum(), logits)
     torch.testing.assert_close(ours, theirs, atol=1e-12, rtol=0)
     assert torch.autograd.gradcheck(lambda z: token_logprobs(logits=z, tokens=tokens)[0], (logits,))
+
+
+def test_token_logprobs_of_very_unlikely_tokens_stay_finite_and_exact_in_fp32():
+    """log p_token = z_token − (max z − log max p): no underflow where softmax(z)[token] is 0 in fp32."""
+    generator = torch.Generator().manual_seed(1)
+    logits = torch.randn(2, 3, 50, dtype=torch.float64, generator=generator) * 3
+    logits[..., 0] += 200.0  # token 0 dominates: every other token has p < e^-150, below fp32's range
+    tokens = torch.randint(1, 50, (2, 3), generator=generator)
+    expected = torch.log_softmax(logits, -1).gather(-1, tokens[..., None])[..., 0]  # float64 reference
+    assert (expected < -150).all()
+    fp32 = logits.float().requires_grad_()
+    for logprobs, entropy in (token_logprobs(logits=fp32, tokens=tokens, with_entropy=True),
+                              token_logprobs(logits=fp32.detach(), tokens=tokens, with_entropy=True),
+                              (token_logprobs(logits=fp32.detach(), tokens=tokens)[0], None)):
+        assert torch.isfinite(logprobs).all()
+        torch.testing.assert_close(logprobs.double(), expected, atol=1e-4, rtol=1e-6)
+        if entropy is not None:
+            torch.testing.assert_close(entropy.double(), entropy_from_logits(logits).double(), atol=1e-4, rtol=0)

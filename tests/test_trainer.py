@@ -14,7 +14,8 @@ from pipeline.policy import PolicyWithValueHead, _fresh_value_head, frozen_copy
 from pipeline.sampling import sample_responses
 from pipeline.scoring import score_responses
 from pipeline.ppo import AdaptiveKLController, FixedKLController, RunningMoments
-from pipeline.trainer import RolloutBatch, load_trainer_state, make_optimizer, save_trainer_state, train_round
+from pipeline.trainer import (RolloutBatch, clip_grad_norm, load_trainer_state, make_optimizer, save_trainer_state,
+                              train_round)
 
 torch.set_num_threads(1)
 EOS, PAD = 1, 0
@@ -243,3 +244,62 @@ def test_every_function_named_in_docs_exists():
         for attr in parts[split:]:
             assert hasattr(obj, attr), f"docs/ppo.md names {name}, but {attr} does not exist"
             obj = getattr(obj, attr)
+
+
+@pytest.mark.parametrize("max_norm", [float("inf"), 1e9, 0.05])
+def test_clip_grad_norm_equals_torch_clip_grad_norm_bit_for_bit(max_norm):
+    """Same norm and same gradients as torch.nn.utils.clip_grad_norm_, clipping or not."""
+    generator = torch.Generator().manual_seed(0)
+    ours = [torch.zeros(5, 3, requires_grad=True), torch.zeros(7, requires_grad=True)]
+    theirs = [torch.zeros_like(p, requires_grad=True) for p in ours]
+    for p, q in zip(ours, theirs):
+        p.grad = torch.randn(p.shape, generator=generator)
+        q.grad = p.grad.clone()
+    before = [p.grad.clone() for p in ours]
+    norm = clip_grad_norm(ours, max_norm)
+    assert norm == torch.nn.utils.clip_grad_norm_(theirs, max_norm).item()
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(ours, theirs))
+    clipped = not all(torch.equal(p.grad, b) for p, b in zip(ours, before))
+    assert clipped == (norm > max_norm)
+    assert clipped == (max_norm == 0.05)
+
+
+def _adam_by_hand(params, grads_per_step, lr, betas=(0.9, 0.999), eps=1e-8):
+    """Kingma & Ba's Adam with bias correction, one parameter tensor at a time, in float64."""
+    params = [p.detach().double().clone() for p in params]
+    m = [torch.zeros_like(p) for p in params]
+    v = [torch.zeros_like(p) for p in params]
+    for t, grads in enumerate(grads_per_step, start=1):
+        for i, g in enumerate(grads):
+            g = g.double()
+            m[i] = betas[0] * m[i] + (1 - betas[0]) * g
+            v[i] = betas[1] * v[i] + (1 - betas[1]) * g * g
+            m_hat, v_hat = m[i] / (1 - betas[0] ** t), v[i] / (1 - betas[1] ** t)
+            params[i] -= lr * m_hat / (v_hat.sqrt() + eps)
+    return params
+
+
+def test_make_optimizer_is_adam_by_hand_and_stays_fused_after_loading_an_unfused_checkpoint(tmp_path):
+    policy = tiny_policy()
+    optimizer = make_optimizer(policy, 3e-3)
+    assert optimizer.defaults["fused"]
+    trainable = [p for p in policy.parameters() if p.requires_grad]
+    start = [p.detach().clone() for p in trainable]
+    generator = torch.Generator().manual_seed(0)
+    grads_per_step = [[torch.randn(p.shape, generator=generator) for p in trainable] for _ in range(3)]
+    for grads in grads_per_step:
+        for p, g in zip(trainable, grads):
+            p.grad = g.clone()
+        optimizer.step()
+    expected = _adam_by_hand(start, grads_per_step, 3e-3)
+    for p, e in zip(trainable, expected):
+        torch.testing.assert_close(p.detach().double(), e, atol=1e-7, rtol=1e-6)
+    # a checkpoint written by torch's default (per-parameter loop) Adam, as drlc wrote them before
+    unfused = torch.optim.Adam(trainable, lr=3e-3)
+    unfused.load_state_dict(optimizer.state_dict())
+    unfused.param_groups[0].update(fused=None)
+    save_trainer_state(tmp_path, unfused, FixedKLController(0.1), RunningMoments())
+    reloaded = make_optimizer(policy, 3e-3)
+    load_trainer_state(tmp_path, reloaded, FixedKLController(0.1), RunningMoments())
+    assert reloaded.param_groups[0]["fused"] is True
+    assert int(reloaded.state_dict()["state"][0]["step"]) == 3
