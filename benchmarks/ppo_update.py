@@ -272,8 +272,7 @@ def summarise(results: list[dict], peak: dict) -> dict:
 
 
 def bench_shape(shape: str, args) -> dict:
-    specs = [(sys.executable, "drlc", "fp32"), (sys.executable, "drlc", "bf16"),
-             (sys.executable, "floor", "fp32"), (sys.executable, "floor", "bf16")]
+    specs = [(sys.executable, kind, precision) for precision in args.precisions for kind in ("drlc", "floor")]
     if args.trl_python:
         specs.append((args.trl_python, "trl", "fp32"))
     workers = [Worker(python, kind, shape, precision, args.threads, args.device) for python, kind, precision in specs]
@@ -289,12 +288,18 @@ def bench_shape(shape: str, args) -> dict:
     row = {"loadavg_before": load_before, "loadavg_after": os.getloadavg()}
     for worker in workers:
         row[worker.name.replace("-", "_")] = summarise(worker.results, worker.close())
-    for precision in ("fp32", "bf16"):
+    for precision in args.precisions:
         drlc = row[f"drlc_{precision}"]["median_s"]
         row[f"drlc_over_floor_{precision}"] = drlc / row[f"floor_{precision}"]["median_s"]
         if "trl_fp32" in row:
             row[f"drlc_{precision}_over_trl_fp32"] = drlc / row["trl_fp32"]["median_s"]
     return row
+
+
+def default_precisions(device: str) -> str:
+    from pipeline.scoring import cpu_has_native_bf16
+
+    return "fp32,bf16" if device.startswith("cuda") or cpu_has_native_bf16() else "fp32"
 
 
 def trl_status(trl_python: str | None) -> tuple[str | None, str | None]:
@@ -340,14 +345,19 @@ def main() -> None:
     parser.add_argument("--shape", choices=tuple(SHAPES))
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N (the workers' device)")
+    parser.add_argument("--precisions", default=None,
+                        help="fp32,bf16 (default), or fp32 alone on a CPU without native bf16 (emulated bf16 takes "
+                             "many CPU-minutes per update there)")
     args = parser.parse_args()
     if args.worker:
         worker_main(args.worker, args.shape, args.precision, args.threads, args.device)
         return
+    args.precisions = default_precisions(args.device).split(",") if args.precisions is None else \
+        args.precisions.split(",")
     trl_python, trl_missing = trl_status(args.trl_python)
     args.trl_python = trl_python
     result = {
-        "settings": {"device": args.device, "batch": BATCH, "query_len": QUERY_LEN, "response_len": RESPONSE_LEN, "ppo_epochs": PPO_EPOCHS,
+        "settings": {"device": args.device, "precisions": args.precisions, "batch": BATCH, "query_len": QUERY_LEN, "response_len": RESPONSE_LEN, "ppo_epochs": PPO_EPOCHS,
                      "mini_batch": MINI_BATCH, "vocab": VOCAB, "repeats": args.repeats, "warmup": args.warmup,
                      "large_repeats": args.large_repeats,
                      "shapes": {name: dict(zip(("n_layer", "n_embd", "n_head"), SHAPES[name]))
