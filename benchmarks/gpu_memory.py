@@ -57,7 +57,7 @@ def memory_estimate(model: str, *, lora_r: int = 0, lora_target_modules: tuple =
     16 bits per trained transformer block (doubled in fp32), b = mini_batch, s = query + response
     tokens (Korthikanti et al. 2022, eq. 1, without its 5·a·s²·b attention-matrix term, which the
     fused SDPA attention kernels do not keep), plus 3 copies of the fp32 response logits (logits,
-    log-softmax, their grad). Left out: the CUDA context and allocator slack (about 1 GB) and the
+    the softmax kept for backward, their grad). Left out: the CUDA context and allocator slack (about 1 GB) and the
     no-grad passes (smaller than the training forward). DDP: every process holds all of it;
     ZeRO-3 / FSDP2 over N processes divide weights, grads and Adam by N (`sharded_2_gb`: N = 2).
     """

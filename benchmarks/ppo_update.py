@@ -11,6 +11,8 @@ Each measured thing lives in its own persistent worker process (so peak RSS is p
                           forward + backward of a scalar loss on the full logits; the Adam steps are
                           timed apart (`adam_s`)
   trl-fp32                trl 0.11.4 PPOTrainer.step, run with --trl-python (its own venv)
+  drlc-baseline-<p>       train_round of another drlc checkout (--baseline-tree), to show a change
+                          made the update no slower in the same interleaved repeats
 
 Repeats are interleaved (one repeat of every worker, in a rotating order, then the next), so
 machine load hits all alike. Medians over --repeats after --warmup discarded repeats.
@@ -76,11 +78,12 @@ def _synchronize(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _drlc_worker(shape: str, precision: str, device):
+def _drlc_worker(shape: str, precision: str, device, root: Path = ROOT):
+    """root: the drlc tree whose pipeline is timed (another checkout for --baseline-tree)."""
     import torch
     from transformers import GPT2LMHeadModel
 
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(root))
     from pipeline.config import PPOParams
     from pipeline.policy import PolicyWithValueHead, _fresh_value_head, frozen_copy
     from pipeline.scoring import score_responses
@@ -197,7 +200,8 @@ def _trl_worker(shape: str, precision: str, device):
     return run
 
 
-def worker_main(kind: str, shape: str, precision: str, threads: int, device: str = "cpu") -> None:
+def worker_main(kind: str, shape: str, precision: str, threads: int, device: str = "cpu",
+                root: Path = ROOT) -> None:
     """Serve `run` / `stats` commands on stdin, one JSON line per answer on stdout.
 
     On a CUDA device each `run` answer carries `peak_gpu_mb`, the peak allocated memory of that
@@ -207,7 +211,10 @@ def worker_main(kind: str, shape: str, precision: str, threads: int, device: str
 
     torch.set_num_threads(threads)
     device = torch.device(device)
-    run = {"drlc": _drlc_worker, "floor": _floor_worker, "trl": _trl_worker}[kind](shape, precision, device)
+    if kind == "drlc":
+        run = _drlc_worker(shape, precision, device, root)
+    else:
+        run = {"floor": _floor_worker, "trl": _trl_worker}[kind](shape, precision, device)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         if line.strip() == "run":
@@ -229,10 +236,12 @@ def worker_main(kind: str, shape: str, precision: str, threads: int, device: str
 class Worker:
     """A persistent worker subprocess answering one JSON line per command."""
 
-    def __init__(self, python: str, kind: str, shape: str, precision: str, threads: int, device: str = "cpu"):
-        self.name = f"{kind}-{precision}"
+    def __init__(self, python: str, kind: str, shape: str, precision: str, threads: int, device: str = "cpu",
+                 root: Path | None = None):
+        self.name = f"{kind}-{precision}" if root is None else f"{kind}-baseline-{precision}"
         cmd = [python, str(Path(__file__).resolve()), "--worker", kind, "--shape", shape,
-               "--precision", precision, "--threads", str(threads), "--device", device]
+               "--precision", precision, "--threads", str(threads), "--device", device,
+               "--root", str(root or ROOT)]
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error",
                "PYTHONWARNINGS": "ignore"}
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
@@ -276,6 +285,9 @@ def bench_shape(shape: str, args) -> dict:
     if args.trl_python:
         specs.append((args.trl_python, "trl", "fp32"))
     workers = [Worker(python, kind, shape, precision, args.threads, args.device) for python, kind, precision in specs]
+    if args.baseline_tree:
+        workers += [Worker(sys.executable, "drlc", shape, precision, args.threads, args.device, args.baseline_tree)
+                    for precision in args.precisions]
     load_before = os.getloadavg()
     repeats = args.large_repeats if shape in ("gpt2-small-12x768", "gpt2-large-36x1280") else args.repeats
     for repeat in range(args.warmup + repeats):
@@ -293,6 +305,8 @@ def bench_shape(shape: str, args) -> dict:
         row[f"drlc_over_floor_{precision}"] = drlc / row[f"floor_{precision}"]["median_s"]
         if "trl_fp32" in row:
             row[f"drlc_{precision}_over_trl_fp32"] = drlc / row["trl_fp32"]["median_s"]
+        if f"drlc_baseline_{precision}" in row:
+            row[f"drlc_over_baseline_{precision}"] = drlc / row[f"drlc_baseline_{precision}"]["median_s"]
     return row
 
 
@@ -312,6 +326,17 @@ def trl_status(trl_python: str | None) -> tuple[str | None, str | None]:
     if probe.returncode != 0:
         return None, f"importing trl with {trl_python} failed: {probe.stderr.strip().splitlines()[-1:]}"
     return trl_python, None
+
+
+def baseline_info(tree: Path | None) -> dict | None:
+    """The --baseline-tree and the commit checked out there."""
+    if tree is None:
+        return None
+    if not (tree / "pipeline" / "trainer.py").is_file():
+        raise SystemExit(f"--baseline-tree {tree} is not a drlc checkout (no pipeline/trainer.py): "
+                         f"make one with `git worktree add {tree} <commit>`.")
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tree, capture_output=True, text=True).stdout.strip()
+    return {"tree": str(tree), "commit": commit or None}
 
 
 def machine_info(args, trl_python) -> dict:
@@ -341,7 +366,11 @@ def main() -> None:
     parser.add_argument("--trl-python", default="/tmp/trl-venv/bin/python")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ppo_update.json"))
+    parser.add_argument("--baseline-tree", type=Path, default=None,
+                        help="another drlc checkout (e.g. `git worktree add /tmp/base HEAD~1`): its train_round is "
+                             "timed in the same interleaved repeats as drlc_baseline_<precision>")
     parser.add_argument("--worker", choices=("drlc", "floor", "trl"))
+    parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     parser.add_argument("--shape", choices=tuple(SHAPES))
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N (the workers' device)")
@@ -350,14 +379,15 @@ def main() -> None:
                              "many CPU-minutes per update there)")
     args = parser.parse_args()
     if args.worker:
-        worker_main(args.worker, args.shape, args.precision, args.threads, args.device)
+        worker_main(args.worker, args.shape, args.precision, args.threads, args.device, args.root)
         return
     args.precisions = default_precisions(args.device).split(",") if args.precisions is None else \
         args.precisions.split(",")
     trl_python, trl_missing = trl_status(args.trl_python)
     args.trl_python = trl_python
     result = {
-        "settings": {"device": args.device, "precisions": args.precisions, "batch": BATCH, "query_len": QUERY_LEN, "response_len": RESPONSE_LEN, "ppo_epochs": PPO_EPOCHS,
+        "settings": {"device": args.device, "precisions": args.precisions, "batch": BATCH, "query_len": QUERY_LEN,
+                     "response_len": RESPONSE_LEN, "ppo_epochs": PPO_EPOCHS,
                      "mini_batch": MINI_BATCH, "vocab": VOCAB, "repeats": args.repeats, "warmup": args.warmup,
                      "large_repeats": args.large_repeats,
                      "shapes": {name: dict(zip(("n_layer", "n_embd", "n_head"), SHAPES[name]))
@@ -365,6 +395,7 @@ def main() -> None:
         "machine": machine_info(args, trl_python),
         "trl": None if trl_missing else {"python": trl_python},
         "trl_missing_reason": trl_missing,
+        "baseline": baseline_info(args.baseline_tree),
         "trl_measured_by_issue_author_s": TRL_MEASURED_BY_ISSUE_AUTHOR,
         "results": {},
         "loadavg_start": os.getloadavg(),
@@ -380,7 +411,8 @@ def main() -> None:
 def print_table(result: dict) -> None:
     print(f"{'shape':20} {'what':11} {'median s':>9} {'tok/s':>8} {'peak MB':>8}")
     for shape, row in result["results"].items():
-        for name in ("drlc_fp32", "drlc_bf16", "floor_fp32", "floor_bf16", "trl_fp32"):
+        for name in ("drlc_fp32", "drlc_bf16", "drlc_baseline_fp32", "drlc_baseline_bf16", "floor_fp32", "floor_bf16",
+                     "trl_fp32"):
             if name in row:
                 r = row[name]
                 print(f"{shape:20} {name:11} {r['median_s']:9.3f} {r['response_tokens_per_s']:8.0f} "
