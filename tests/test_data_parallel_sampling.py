@@ -37,7 +37,9 @@ def launch(args: list[str], processes: int) -> subprocess.CompletedProcess:
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
         "--main_process_port", str(free_port())]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TQDM_DISABLE="1", CUDA_VISIBLE_DEVICES="")
+    # one thread per process in both: torchrun gives each process 1, and on some CPUs (an AVX2 EPYC)
+    # a matmul's float rounding changes with the thread count, which no sharding scheme can undo
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TQDM_DISABLE="1", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     result = subprocess.run(launcher + args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
