@@ -7,7 +7,9 @@ top_k=0, top_p=1.0), KV cache on, and behaviour log-probs of the sampled tokens 
 output_logits=True, then log_softmax + gather, the work drlc's sampler does inline). The model has
 no EOS (config eos_token_id=None; drlc gets eos_id=-1, an id never sampled), so both always
 generate exactly `max_new_tokens` tokens per row. tokens/s counts new tokens (batch *
-max_new_tokens) over the wall time of the whole call, prompt pass included.
+max_new_tokens) over the wall time of the whole call, prompt pass included. Three cases: the demo's
+tiny GPT-2 and GPT-2 small at batch 64 with 8-token prompts, and GPT-2 small at batch 16 with
+200-token prompts (summarization-length posts, where the prompt pass weighs most).
 
 Repeats are interleaved (drlc, generate, drlc, generate, ...) after one untimed warm-up each;
 medians are reported. Before timing, a cheap agreement check: both samplers' behaviour log-probs
@@ -46,6 +48,8 @@ SHAPES = {
     "demo": dict(vocab_size=1024, n_layer=2, n_head=4, n_embd=128, n_positions=64),
     "gpt2_small": dict(vocab_size=50257, n_layer=12, n_head=12, n_embd=768, n_positions=1024),
 }
+SHAPES["gpt2_small_long_prompt"] = SHAPES["gpt2_small"]  # a summarization-length prompt (LONG_PROMPT)
+LONG_PROMPT = {"query_len": 200, "batch": 16}  # the prompt pass dominates: logits there cost the most
 
 
 # Init std well above GPT-2's 0.02, so next-token distributions are far from uniform (entropy ~4.4
@@ -150,15 +154,19 @@ def bench_shape(name: str, shape: dict, *, batch: int, query_len: int, max_new_t
     }
 
 
-def run_benchmark(shapes: dict[str, dict], *, batch: int, query_len: int, max_new_tokens: dict[str, int] | int,
-                  repeats: int, threads: int = 2) -> dict:
+def run_benchmark(shapes: dict[str, dict], *, batch: dict[str, int] | int, query_len: dict[str, int] | int,
+                  max_new_tokens: dict[str, int] | int, repeats: int, threads: int = 2) -> dict:
+    """batch, query_len and max_new_tokens: one value for every shape, or one per shape name."""
     torch.set_num_threads(threads)
     load_before = os.getloadavg()
     results = {}
+
+    def per_shape(value, name):
+        return value[name] if isinstance(value, dict) else value
+
     for name, shape in shapes.items():
-        n_new = max_new_tokens[name] if isinstance(max_new_tokens, dict) else max_new_tokens
-        results[name] = bench_shape(name, shape, batch=batch, query_len=query_len, max_new_tokens=n_new,
-                                    repeats=repeats)
+        results[name] = bench_shape(name, shape, batch=per_shape(batch, name), query_len=per_shape(query_len, name),
+                                    max_new_tokens=per_shape(max_new_tokens, name), repeats=repeats)
     return {
         "results": results,
         "threads": torch.get_num_threads(),
@@ -180,8 +188,11 @@ def main() -> None:
     parser.add_argument("--small-new-tokens", type=int, default=24)
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/sampler_speed.json"))
     args = parser.parse_args()
-    report = run_benchmark(SHAPES, batch=args.batch, query_len=args.query_len,
-                           max_new_tokens={"demo": args.demo_new_tokens, "gpt2_small": args.small_new_tokens},
+    long_name = "gpt2_small_long_prompt"
+    report = run_benchmark(SHAPES, batch={**dict.fromkeys(SHAPES, args.batch), long_name: LONG_PROMPT["batch"]},
+                           query_len={**dict.fromkeys(SHAPES, args.query_len), long_name: LONG_PROMPT["query_len"]},
+                           max_new_tokens={"demo": args.demo_new_tokens, "gpt2_small": args.small_new_tokens,
+                                           long_name: args.small_new_tokens},
                            repeats=args.repeats)
     Path(args.out).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     for name, r in report["results"].items():

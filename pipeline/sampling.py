@@ -7,11 +7,23 @@ can split the batches and gather the same samples as one process (pipeline/shard
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 from tqdm.auto import tqdm
 
 from pipeline.policy import PolicyWithValueHead
 from pipeline.shard import Shard, batch_seed
+
+
+def _last_logits_only(lm) -> dict:
+    """{"logits_to_keep": 1} when the LM's forward takes it (as `generate` checks), else {}.
+
+    The prompt pass then runs the LM head on the last position only: the (B, Q, V) logits of a
+    long prompt (a summarization post) are never built.
+    """
+    causal_lm = lm.get_base_model() if hasattr(lm, "get_base_model") else lm  # inside a LoRA wrapper
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(causal_lm.forward).parameters else {}
 
 
 def _sample_chunk(policy, queries, *, eos_id, pad_id, max_new_tokens, generator):
@@ -21,7 +33,8 @@ def _sample_chunk(policy, queries, *, eos_id, pad_id, max_new_tokens, generator)
     input_ids = torch.tensor([[pad_id] * (width - len(q)) + list(q) for q in queries], device=device)  # (B, Q)
     attention = torch.tensor([[0] * (width - len(q)) + [1] * len(q) for q in queries], device=device)  # (B, Q)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (B, Q)
-    out = policy.lm(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
+    out = policy.lm(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
+                    **_last_logits_only(policy.lm))
     cache, logits = out.cache, out.logits[:, -1]  # (B, V)
     next_pos = positions[:, -1:] + 1  # (B, 1)
     done = torch.zeros(len(queries), dtype=torch.bool, device=device)  # (B,)

@@ -241,3 +241,19 @@ def test_token_logprobs_of_very_unlikely_tokens_stay_finite_and_exact_in_fp32():
         torch.testing.assert_close(logprobs.double(), expected, atol=1e-4, rtol=1e-6)
         if entropy is not None:
             torch.testing.assert_close(entropy.double(), entropy_from_logits(logits).double(), atol=1e-4, rtol=0)
+
+
+def test_the_prompt_pass_builds_last_position_logits_only_with_the_same_samples(monkeypatch):
+    """logits_to_keep=1 (as generate sets it) for GPT-2 and through a LoRA wrapper; samples unchanged."""
+    import pipeline.sampling
+    from peft import LoraConfig, get_peft_model
+
+    policy = tiny_policy(n_layer=2)
+    assert pipeline.sampling._last_logits_only(policy.lm) == {"logits_to_keep": 1}
+    lora = get_peft_model(tiny_policy().lm, LoraConfig(r=2, target_modules=["c_attn"], fan_in_fan_out=True))
+    assert pipeline.sampling._last_logits_only(lora) == {"logits_to_keep": 1}
+    queries = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]  # left padding in the prompt pass
+    kwargs = dict(queries=queries, eos_id=EOS, pad_id=PAD, max_new_tokens=6, seed=3, batch_size=3, progress=False)
+    last_only = sample_responses(policy, **kwargs)
+    monkeypatch.setattr(pipeline.sampling, "_last_logits_only", lambda lm: {})
+    assert sample_responses(policy, **kwargs) == last_only
