@@ -39,7 +39,7 @@ def _sample_chunk(policy, queries, *, eos_id, pad_id, max_new_tokens, generator)
     next_pos = positions[:, -1:] + 1  # (B, 1)
     done = torch.zeros(len(queries), dtype=torch.bool, device=device)  # (B,)
     tokens, logprobs = [], []
-    for _ in range(max_new_tokens):
+    for step in range(max_new_tokens):
         log_p = torch.log_softmax(logits.float(), dim=-1)  # (B, V)
         token = torch.multinomial(log_p.exp(), 1, generator=generator)  # (B, 1)
         token = torch.where(done[:, None], torch.full_like(token, pad_id), token)  # (B, 1)
@@ -47,7 +47,7 @@ def _sample_chunk(policy, queries, *, eos_id, pad_id, max_new_tokens, generator)
         logprobs.append(log_p.gather(1, token)[:, 0])
         attention = torch.cat([attention, (~done).long()[:, None]], dim=1)  # (B, Q + t)
         done = done | (token[:, 0] == eos_id)
-        if bool(done.all()):
+        if step == max_new_tokens - 1 or bool(done.all()):  # no forward pass whose logits nobody samples
             break
         out = policy.lm(input_ids=token, attention_mask=attention, position_ids=next_pos, cache=cache, use_cache=True)
         cache, logits, next_pos = out.cache, out.logits[:, -1], next_pos + 1

@@ -257,3 +257,14 @@ def test_the_prompt_pass_builds_last_position_logits_only_with_the_same_samples(
     last_only = sample_responses(policy, **kwargs)
     monkeypatch.setattr(pipeline.sampling, "_last_logits_only", lambda lm: {})
     assert sample_responses(policy, **kwargs) == last_only
+
+
+def test_the_sampler_runs_one_forward_pass_per_sampled_token(monkeypatch):
+    """The prompt pass gives token 1's logits and each decode pass the next one's: R tokens, R passes."""
+    policy = tiny_policy()
+    calls = []
+    forward = policy.lm.forward
+    monkeypatch.setattr(policy.lm, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    rows = sample_responses(policy, queries=[[5, 6], [7, 8]], eos_id=-1, pad_id=PAD, max_new_tokens=5, seed=0,
+                            batch_size=2, progress=False)
+    assert [len(r["response_ids"]) for r in rows] == [5, 5] and len(calls) == 5
