@@ -381,8 +381,9 @@ def main() -> None:
     if args.worker:
         worker_main(args.worker, args.shape, args.precision, args.threads, args.device, args.root)
         return
-    args.precisions = default_precisions(args.device).split(",") if args.precisions is None else \
-        args.precisions.split(",")
+    args.precisions = (args.precisions or default_precisions(args.device)).split(",")
+    if not set(args.precisions) <= {"fp32", "bf16"}:
+        parser.error(f"--precisions {','.join(args.precisions)}: use fp32, bf16 or fp32,bf16")
     trl_python, trl_missing = trl_status(args.trl_python)
     args.trl_python = trl_python
     result = {

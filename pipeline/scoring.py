@@ -135,7 +135,7 @@ def score_responses(
     Builds input = query + response per row. For response token j of row b (at input
     position p = len(query_b) + j) it uses the logits at p − 1 and the value at p − 1 (the
     state before the token), as TRL aligned them; the LM head runs on those positions only.
-    The model runs under bf16 autocast when mixed_precision == "bf16"; the log-softmax,
+    The model runs under bf16 autocast when mixed_precision == "bf16"; the softmax,
     log-probs, values and entropy are computed from fp32 logits outside autocast.
     width: number of response positions T (default: the longest response).
     Gradients flow through logprobs and values unless the caller disables them.

@@ -36,3 +36,11 @@ def test_a_baseline_worker_imports_the_baseline_trees_pipeline(tmp_path, capfd):
     with pytest.raises(RuntimeError, match="drlc-baseline-fp32 died"):
         ppo_update.Worker(sys.executable, "drlc", "gpt2-2x128", "fp32", 1, "cpu", tmp_path)
     assert "the baseline tree was imported" in capfd.readouterr().err
+
+
+def test_an_unknown_precision_is_refused_before_any_worker_starts():
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ppo_update.py"), "--precisions", "fp16",
+                           "--trl-python", ""], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--precisions fp16: use fp32, bf16 or fp32,bf16" in done.stderr
