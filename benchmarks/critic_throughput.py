@@ -35,7 +35,7 @@ import openai  # noqa: E402
 
 from pipeline.critic.cache import CriticCache  # noqa: E402
 from pipeline.critic.client import CriticClient  # noqa: E402
-from pipeline.critic.server import serve_in_background  # noqa: E402
+from pipeline.critic.offline.server import serve_in_background  # noqa: E402
 from pipeline.critic.templates import load_template  # noqa: E402
 
 N_REQUESTS = 256

@@ -1,7 +1,7 @@
 """The README's "Query the run" outputs, made by running its queries on a finished demo run.
 
 The SQL lives here, once: `run_queries` runs every query of `QUERIES` against a project's
-tables (`pipeline.store.connect` over `<project>/data`) and records queries, column names and
+tables (`pipeline.core.store.connect` over `<project>/data`) and records queries, column names and
 rows with the run's provenance (git commit, sha256 of its dvc.lock, torch thread count,
 machine). `render` turns that JSON, and only that JSON, into the Markdown that sits in
 README.md between `README_START` and `README_END`; tests/test_readme_queries.py regenerates
@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.errors import DataError  # noqa: E402
+from pipeline.core.errors import DataError  # noqa: E402
 
 README_START = "<!-- demo-queries:begin -->"
 README_END = "<!-- demo-queries:end -->"
@@ -146,7 +146,7 @@ def run_queries(project: Path) -> dict:
 
     Raises DataError if the project has no annotations table (run `dvc repro` there first).
     """
-    from pipeline.store import connect
+    from pipeline.core.store import connect
 
     con = connect(project / "data")
     if not con.sql("SELECT 1 FROM duckdb_views() WHERE view_name = 'annotations'").fetchall():

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 def build_demo_model(out_dir: Path, params) -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from pipeline.base import train_tokenizer
+    from pipeline.model.pretrain import train_tokenizer
     from pipeline.data.world import generate_reviews
 
     tokenizer = train_tokenizer(generate_reviews(2000, seed=0), vocab_size=params.base.vocab_size, out_dir=out_dir)
@@ -55,7 +55,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.config import load_params
+    from pipeline.core.config import load_params
     from pipeline.data.world import review_prefixes
     from pipeline.evaluate.classifier import train_sentiment_classifier
     from pipeline.evaluate.decode import sample_continuations

@@ -152,9 +152,9 @@ def demo_params(device: str, tiny: bool, rounds: int) -> dict:
 
 
 def read_stage_devices(metrics_dir: Path) -> dict:
-    """{stage@round: device} from pipeline.device.stage_devices, or read from metrics/**/*.json's `device`."""
+    """{stage@round: device} from pipeline.core.device.stage_devices, or read from metrics/**/*.json's `device`."""
     try:
-        from pipeline.device import stage_devices
+        from pipeline.core.device import stage_devices
     except ImportError:
         stage_devices = None
     return dict(stage_devices(metrics_dir)) if stage_devices else devices_from_metrics(metrics_dir)
@@ -178,7 +178,7 @@ def check_devices(devices: dict, expected: str) -> dict:
     expected: "cuda" or "cpu"; "cuda" accepts any cuda:N.
     """
     if not devices:
-        raise StepFailed("No stage recorded a device in metrics/**/*.json (pipeline/device.py stage_devices): "
+        raise StepFailed("No stage recorded a device in metrics/**/*.json (pipeline/core/device.py stage_devices): "
                          "this tree predates run.device, so where the models ran is unknown.")
     stages = {STAGE_ALIASES.get(key.split("@")[0], key.split("@")[0]) for key, d in devices.items() if d not in NO_MODEL}
     missing = [s for s in MODEL_STAGES if s not in stages]
@@ -308,8 +308,8 @@ def compare_runs(tmp: Path) -> dict:
     """How far the 2-process round ("two") is from the 1-process one ("one"), with test_distributed's bounds."""
     import torch
 
-    from pipeline import store
-    from pipeline.policy import load_policy
+    from pipeline.core import store
+    from pipeline.model.policy import load_policy
     from tests import test_distributed as td
 
     one, two = (store.read_table(tmp / f"{name}-steps", "ppo_steps") for name in ("one", "two"))

@@ -23,7 +23,7 @@ MODELS = {
 }
 # Longest query a PPO minibatch pads to, per task (an assumption, not read from data): sentiment =
 # world.prefix_max_words tokens; RealToxicityPrompts prompts are sentence halves (32 tokens taken);
-# TL;DR prompts are a whole post (512 tokens taken; the mean post is pipeline.estimate's 352).
+# TL;DR prompts are a whole post (512 tokens taken; the mean post is pipeline.commands.estimate's 352).
 QUERY_TOKENS = {"toxicity": 32, "summarization": 512}
 
 
@@ -61,7 +61,7 @@ def memory_estimate(model: str, *, lora_r: int = 0, lora_target_modules: tuple =
     no-grad passes (smaller than the training forward). DDP: every process holds all of it;
     ZeRO-3 / FSDP2 over N processes divide weights, grads and Adam by N (`sharded_2_gb`: N = 2).
     """
-    from pipeline.reference import shared_parameter_names
+    from pipeline.model.reference import shared_parameter_names
 
     lm, weight_bytes = _meta_model(model), MODELS[model][2]
     config = lm.config
@@ -106,6 +106,6 @@ def params_memory_estimate(params) -> dict:
 
 def paper_memory_table() -> dict:
     """{config file name: memory_estimate} for every configs/paper/*.yaml."""
-    from pipeline.config import load_params
+    from pipeline.core.config import load_params
 
     return {path.name: params_memory_estimate(load_params(path)) for path in sorted((ROOT / "configs" / "paper").glob("*.yaml"))}

@@ -4,7 +4,7 @@ Settings (the issue's): batch 16, query 8 tokens, response 20 tokens, ppo_epochs
 GPT-2 shapes built from GPT2Config (vocab 50257, dropout at its defaults), random token ids.
 Each measured thing lives in its own persistent worker process (so peak RSS is per thing):
 
-  drlc-fp32 / drlc-bf16   pipeline.trainer.train_round (the policy is reset to its start weights
+  drlc-fp32 / drlc-bf16   pipeline.train.trainer.train_round (the policy is reset to its start weights
                           before each repeat, outside the timer, so every repeat does the same work)
   floor-fp32 / floor-bf16 the model work any PPO round must do, nothing else: 2 no-grad forwards
                           over the batch (policy, reference) + ppo_epochs × minibatches of
@@ -84,11 +84,11 @@ def _drlc_worker(shape: str, precision: str, device, root: Path = ROOT):
     from transformers import GPT2LMHeadModel
 
     sys.path.insert(0, str(root))
-    from pipeline.config import PPOParams
-    from pipeline.policy import PolicyWithValueHead, _fresh_value_head, frozen_copy
-    from pipeline.scoring import score_responses
-    from pipeline.ppo import AdaptiveKLController, RunningMoments
-    from pipeline.trainer import RolloutBatch, make_optimizer, train_round
+    from pipeline.core.config import PPOParams
+    from pipeline.model.policy import PolicyWithValueHead, _fresh_value_head, frozen_copy
+    from pipeline.model.logprobs import score_responses
+    from pipeline.train.ppo import AdaptiveKLController, RunningMoments
+    from pipeline.train.trainer import RolloutBatch, make_optimizer, train_round
 
     torch.manual_seed(0)
     with device:  # built where it runs: a gpt2-large random init on the CPU alone takes many seconds
@@ -311,7 +311,7 @@ def bench_shape(shape: str, args) -> dict:
 
 
 def default_precisions(device: str) -> str:
-    from pipeline.scoring import cpu_has_native_bf16
+    from pipeline.model.logprobs import cpu_has_native_bf16
 
     return "fp32,bf16" if device.startswith("cuda") or cpu_has_native_bf16() else "fp32"
 
@@ -333,14 +333,14 @@ def baseline_info(tree: Path | None) -> dict | None:
     if tree is None:
         return None
     if not (tree / "pipeline" / "trainer.py").is_file():
-        raise SystemExit(f"--baseline-tree {tree} is not a drlc checkout (no pipeline/trainer.py): "
+        raise SystemExit(f"--baseline-tree {tree} is not a drlc checkout (no pipeline/train/trainer.py): "
                          f"make one with `git worktree add {tree} <commit>`.")
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tree, capture_output=True, text=True).stdout.strip()
     return {"tree": str(tree), "commit": commit or None}
 
 
 def machine_info(args, trl_python) -> dict:
-    from pipeline.scoring import cpu_has_native_bf16  # recorded: bf16 is emulated, and slow, without it
+    from pipeline.model.logprobs import cpu_has_native_bf16  # recorded: bf16 is emulated, and slow, without it
     import torch
 
     info = {"cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": args.threads,

@@ -45,7 +45,7 @@ def _timed(fn) -> float:
 
 
 def _replay(project: Path, out: str, overrides: list[str], *, evaluate: bool) -> dict:
-    code = ("import sys; from pipeline.replay import replay; "
+    code = ("import sys; from pipeline.commands.replay import replay; "
             "replay('.', sys.argv[2], overrides=sys.argv[3:], evaluate=sys.argv[1] == 'eval', progress=False)")
     wall = _timed(lambda: run([sys.executable, "-c", code, "eval" if evaluate else "train", out, *overrides], project))
     recorded = json.loads((project / out / "replay.json").read_text())
@@ -54,7 +54,7 @@ def _replay(project: Path, out: str, overrides: list[str], *, evaluate: bool) ->
 
 
 def _same_ppo_steps(project: Path, out: str, rounds: list[str]) -> bool:
-    from pipeline import store
+    from pipeline.core import store
 
     def steps(root: Path, key: str) -> list[dict]:
         rows = store.read_table(store.partition_dir(root / "data", "ppo_steps", int(key)))

@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.sample_efficiency_lib.analysis import (  # noqa: E402
     mean, mean_std, scale_factor, seed_mean_curve, sparse_target, steps_to_reach)
 from benchmarks.sample_efficiency_lib.arms import ALL, study_arms  # noqa: E402
-from pipeline.errors import ConfigError, DataError  # noqa: E402
-from pipeline.rounds import exp_run_overrides  # noqa: E402
+from pipeline.core.errors import ConfigError, DataError  # noqa: E402
+from pipeline.commands.rounds import exp_run_overrides  # noqa: E402
 
 PHASE_1 = ("sparse", "dense_all", "dense_selective", "dense_zero_mean")
 ARMS = PHASE_1 + ("sparse_scaled",)
@@ -63,7 +63,7 @@ def arm_settings(arm: str, *, selective_threshold: float, k: float | str | None 
 
 
 def rounds_overrides(n_rounds: int | None) -> list[str]:
-    """-S values replacing the `rounds` section with n rounds (pipeline.rounds.exp_run_overrides); None keeps it."""
+    """-S values replacing the `rounds` section with n rounds (pipeline.commands.rounds.exp_run_overrides); None keeps it."""
     return [] if n_rounds is None else exp_run_overrides(n_rounds)
 
 

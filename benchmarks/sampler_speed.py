@@ -1,4 +1,4 @@
-"""Speed of drlc's sampler (pipeline.sampling.sample_responses) vs transformers' `generate`.
+"""Speed of drlc's sampler (pipeline.model.sampling.sample_responses) vs transformers' `generate`.
 
 Both run on the SAME randomly initialised GPT-2 (built from a config, nothing downloaded), the same
 batch of queries (all `query_len` tokens, so no padding), the same `max_new_tokens` and the same
@@ -39,8 +39,8 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
-from pipeline.policy import PolicyWithValueHead  # noqa: E402
-from pipeline.sampling import sample_responses  # noqa: E402
+from pipeline.model.policy import PolicyWithValueHead  # noqa: E402
+from pipeline.model.sampling import sample_responses  # noqa: E402
 
 PAD_ID = 0
 # name -> GPT-2 shape; "demo" is params.yaml's base model, "gpt2_small" GPT-2 small's shape.

@@ -37,7 +37,7 @@ def workloads(n: int) -> dict:
 
 
 def time_scorer(task: str, scorer: str, texts: list[str], references, repeats: int) -> dict:
-    from pipeline.config import ScoreParams
+    from pipeline.core.config import ScoreParams
     from pipeline.tasks import get_task
 
     reward = get_task(task).make_reward(ScoreParams(scorer=scorer))

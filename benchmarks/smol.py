@@ -24,13 +24,13 @@ from pathlib import Path
 
 import torch
 
-from pipeline.config import BaseParams
-from pipeline.critic.hf_backend import HFBackend
+from pipeline.core.config import BaseParams
+from pipeline.critic.offline.hf_backend import HFBackend
 from pipeline.critic.parse import parse_answer
 from pipeline.critic.templates import load_template
 from pipeline.rewards.fitted_toxicity import PARTS, rtp_rows, spearman
 from pipeline.rewards.toxicity import LexiconToxicity
-from pipeline.steps.base_model import build_base_model
+from pipeline.steps.base import build_base_model
 
 SHARED = Path(__file__).resolve().parents[2] / "shared/data"
 RTP = SHARED / "toxicity/decodingtrust_rtp"

@@ -12,9 +12,9 @@ run's own outputs (Parquet through DuckDB, metrics JSON):
 - ``critic_rounds``: per round, the status shares of the critiqued answers, spans proposed and
   kept per answer, and the share of proposed spans that occur in the response (alignment's
   matching: ``pipeline.critic.align.find_occurrences``); for sentiment also the micro span
-  precision / recall (IoU >= 0.5, same label; ``pipeline.critic.span_metrics``) of the kept
+  precision / recall (IoU >= 0.5, same label; ``pipeline.audit.span_metrics``) of the kept
   spans against a silver standard, the VADER-lexicon spans of drlc's lexicon critic
-  (``pipeline.critic.lexicon.sentiment_spans``, negations included);
+  (``pipeline.critic.offline.lexicon.sentiment_spans``, negations included);
 - ``reward_curve``: metrics/rounds.json (the evaluate stage's per-round means);
 - ``evaluation``: metrics/eval.json, base against the final policy;
 - ``samples``: the first sample of the first N eval prompts, base and final side by side;
@@ -34,9 +34,9 @@ import time
 from pathlib import Path
 
 from pipeline.critic.align import find_occurrences
-from pipeline.critic.lexicon import sentiment_spans
-from pipeline.critic.span_metrics import score_post, span_precision_recall
-from pipeline.store import connect
+from pipeline.critic.offline.lexicon import sentiment_spans
+from pipeline.audit.span_metrics import score_post, span_precision_recall
+from pipeline.core.store import connect
 
 _RUNNING = re.compile(r"^(\d+) Running stage '([^']+)'")
 

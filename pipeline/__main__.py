@@ -1,4 +1,4 @@
 """`python -m pipeline` is the `drlc` command."""
-from pipeline.cli import main
+from pipeline.commands.cli import main
 
 main()

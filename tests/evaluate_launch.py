@@ -7,8 +7,8 @@ import json
 import math
 import sys
 
-from pipeline.config import EvaluateParams
-from pipeline.shard import Shard
+from pipeline.core.config import EvaluateParams
+from pipeline.parallel.shard import Shard
 from pipeline.steps.evaluate import evaluate_models
 
 PROMPTS = [{"prompt_id": f"p{i}", "split": "eval", "text": text, "reference": ""}

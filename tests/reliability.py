@@ -26,9 +26,9 @@ import pyarrow.parquet as pq
 import yaml
 
 from e2e import make_project, tiny_params
-from pipeline.critic import lexicon
-from pipeline.critic.server import make_server
-from pipeline.store import VOLATILE_COLUMNS
+from pipeline.critic.offline import lexicon
+from pipeline.critic.offline.server import make_server
+from pipeline.core.store import VOLATILE_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = f"sk-drlc-test-{secrets.token_hex(20)}"
@@ -43,7 +43,7 @@ def free_port() -> int:
 
 @contextmanager
 def critic_server(port: int = 0, **options):
-    """A drlc critic server (pipeline.critic.server.make_server options) in a thread of this process."""
+    """A drlc critic server (pipeline.critic.offline.server.make_server options) in a thread of this process."""
     server = make_server(port=port, **options)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()

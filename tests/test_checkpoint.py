@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.checkpoint import atomic_folder, stale_folders
-from pipeline.policy import VALUE_HEAD_FILE, load_policy, save_policy
+from pipeline.core.checkpoint import atomic_folder, stale_folders
+from pipeline.model.policy import VALUE_HEAD_FILE, load_policy, save_policy
 from tests.test_resume import save_tiny_base
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,8 +24,8 @@ WRITER = """
 import sys, time
 from pathlib import Path
 import torch
-import pipeline.policy as policy_module
-from pipeline.policy import load_policy, save_policy
+import pipeline.model.policy as policy_module
+from pipeline.model.policy import load_policy, save_policy
 base, target, marker = sys.argv[1:]
 policy, tokenizer = load_policy(base, seed=0)
 with torch.no_grad():

@@ -1,6 +1,6 @@
 """Checkpoint contents and bytes: what the ppo stage writes, against `drlc estimate`'s disk model.
 
-- The bytes of a real checkpoint (pipeline.steps.ppo_round) match pipeline.estimate.estimate_disk,
+- The bytes of a real checkpoint (pipeline.steps.ppo_round) match pipeline.commands.estimate.estimate_disk,
   counted from the tiny base's config.json: full policy with shared lower layers, and LoRA.
 - A LoRA checkpoint holds the adapters, their optimizer state, value head and tokenizer only:
   no base weight file; adapter_config.json references the base folder.
@@ -18,13 +18,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline.config import BaseParams, load_params
-from pipeline.estimate import estimate_disk, model_size
-from pipeline.policy import load_policy, load_reference
-from pipeline.ppo import RunningMoments
-from pipeline.seeding import round_seed
+from pipeline.core.config import BaseParams, load_params
+from pipeline.commands.estimate import estimate_disk, model_size
+from pipeline.model.policy import load_policy, load_reference
+from pipeline.train.ppo import RunningMoments
+from pipeline.core.seeding import round_seed
 from pipeline.steps.ppo_round import new_kl_controller, ppo_round
-from pipeline.trainer import make_optimizer, train_round
+from pipeline.train.trainer import make_optimizer, train_round
 from test_resume import PARAMS, SEED, as_batch, round_tables, save_tiny_base
 
 torch.set_num_threads(1)

@@ -17,8 +17,8 @@ import yaml
 from safetensors.torch import load_file
 
 from e2e import dump_params, dvc, make_project, tiny_params
-from pipeline.rounds import chunk_chain
-from pipeline.store import VOLATILE_COLUMNS, round_partition
+from pipeline.commands.rounds import chunk_chain
+from pipeline.core.store import VOLATILE_COLUMNS, round_partition
 
 pytestmark = pytest.mark.slow  # three 8-round `dvc repro` runs
 

@@ -9,11 +9,11 @@ import pytest
 import yaml
 
 from e2e import dvc, make_project, run
-from pipeline import store
-from pipeline.config import load_params, params_from_dict, read_yaml
-from pipeline.errors import ConfigError
-from pipeline.estimate import measured_critique_rate, planned_stages
-from pipeline.rounds import chunk_chain, set_rounds
+from pipeline.core import store
+from pipeline.core.config import load_params, params_from_dict, read_yaml
+from pipeline.core.errors import ConfigError
+from pipeline.commands.estimate import measured_critique_rate, planned_stages
+from pipeline.commands.rounds import chunk_chain, set_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -149,7 +149,7 @@ def test_readers_see_both_layouts(tmp_path):
 
 
 def test_replay_reads_the_rounds_of_a_chunked_run(tmp_path):
-    from pipeline.replay import raw_params, read_inputs
+    from pipeline.commands.replay import raw_params, read_inputs
 
     params = params_from_dict(chunked_raw(3, 2))
     (tmp_path / "models" / "base").mkdir(parents=True)

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import SECTIONS, Params, load_params, params_from_dict
-from pipeline.errors import ConfigError
+from pipeline.core.config import SECTIONS, Params, load_params, params_from_dict
+from pipeline.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerFast
 from conftest import train_bpe
 
 from pipeline.critic.align import align_spans, find_occurrences, match_items, token_char_ranges
-from pipeline.errors import ConfigError, DataError
+from pipeline.core.errors import ConfigError, DataError
 
 REWARDS = {"positive": 1.0, "negative": -1.0}
 WORDS = ("the movie was good bad not very great terrible acting plot but and café naïve fine really "

@@ -10,9 +10,9 @@ from conftest import train_bpe
 
 from pipeline.critic.annotate import ANNOTATION_FIELDS, annotate_round
 from pipeline.critic.client import CriticClient, CriticResult
-from pipeline.critic.server import serve_in_background
+from pipeline.critic.offline.server import serve_in_background
 from pipeline.critic.templates import load_template
-from pipeline.errors import DataError
+from pipeline.core.errors import DataError
 
 TEMPLATE = load_template(Path(__file__).resolve().parents[1] / "prompts" / "sentiment.md")
 REWARDS = {"positive": 1.0, "negative": -1.0}
@@ -156,7 +156,7 @@ def test_zero_mean_rewards_by_hand():
 
 
 def test_zero_mean_is_a_replay_setting(tmp_path):
-    from pipeline.replay import effective_params
+    from pipeline.commands.replay import effective_params
 
     (tmp_path / "params.yaml").write_text((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
     params = effective_params(tmp_path, ["critic.zero_mean=true"])
@@ -182,6 +182,6 @@ def test_truncated_answers_are_passed_through_unparsed(cache):
 
 
 def test_annotation_fields_and_the_store_schema_are_in_step():
-    from pipeline.store import SCHEMAS
+    from pipeline.core.store import SCHEMAS
 
     assert SCHEMAS["annotations"].names == ["run_id", "round", *ANNOTATION_FIELDS]

@@ -5,11 +5,11 @@ import json
 import pytest
 import yaml
 
-from pipeline import store
-from pipeline.cli import main
-from pipeline.config import load_params
-from pipeline.critic.audit import audit_critic, read_answer, write_audit
-from pipeline.critic.server import serve_in_background
+from pipeline.core import store
+from pipeline.commands.cli import main
+from pipeline.core.config import load_params
+from pipeline.audit.critic_eval import audit_critic, read_answer, write_audit
+from pipeline.critic.offline.server import serve_in_background
 from pipeline.critic.templates import load_template
 from tests.e2e import ROOT
 
@@ -131,8 +131,8 @@ def test_cli_writes_outputs_and_fails_in_one_line(tmp_path, capsys, monkeypatch)
 
 
 def test_report_shows_every_status_column_and_the_shares_sum_to_one():
-    from pipeline.critic.audit import STATUSES
-    from pipeline.critic.audit_report import render_report
+    from pipeline.audit.critic_eval import STATUSES
+    from pipeline.audit.report import render_report
 
     shares = {"ok": 0.25, "none": 0.05, "no_match": 0.2, "parse_error": 0.0, "api_error": 0.05, "truncated": 0.45}
     critic = {"critic_model": "m", "char_f1": 0.1, "span_precision": 0.2, "span_recall": 0.3,

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from e2e import dvc, make_project, run, tiny_params
-from pipeline.cli import main
+from pipeline.commands.cli import main
 
 
 @pytest.mark.slow

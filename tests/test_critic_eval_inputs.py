@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from pipeline.critic.audit import sample_posts
-from pipeline.critic.labelled import read_labelled
-from pipeline.errors import ConfigError, DataError
+from pipeline.audit.critic_eval import sample_posts
+from pipeline.audit.labelled import read_labelled
+from pipeline.core.errors import ConfigError, DataError
 
 SEMEVAL = "/work/shared/data/toxicity/semeval2021_toxic_spans/tsd_trial.csv"
 

@@ -11,9 +11,9 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient
-from pipeline.critic.hf_backend import MAX_NEW_TOKENS_CAP, _max_new_tokens
-from pipeline.critic.server import make_server, serve_in_background
-from pipeline.errors import CriticError
+from pipeline.critic.offline.hf_backend import MAX_NEW_TOKENS_CAP, _max_new_tokens
+from pipeline.critic.offline.server import make_server, serve_in_background
+from pipeline.core.errors import CriticError
 
 torch.set_num_threads(1)
 
@@ -155,7 +155,7 @@ def test_bad_model_dirs_fail_naming_the_flag(tmp_path):
 def test_self_critique_serves_the_runs_base_model(tmp_path):
     """critic.model_dir 'base' serves the run's base model: with a LoRA policy, the policy with
     adapters disabled (the paper's self-critique)."""
-    from pipeline.config import CriticParams
+    from pipeline.core.config import CriticParams
     from pipeline.steps.critique import critic_endpoint, critic_model_id
 
     base_dir = save_checkpoint(tmp_path / "base", crafted=True)
@@ -208,7 +208,7 @@ def answer_concurrently(backend, requests):
 
 
 def test_concurrent_requests_decode_in_one_padded_batch_with_the_answers_of_batch_size_one(tmp_path):
-    from pipeline.critic.hf_backend import HFBackend
+    from pipeline.critic.offline.hf_backend import HFBackend
 
     model_dir = tiny_llama_checkpoint(tmp_path / "llama")
     alone = HFBackend(model_dir, max_batch_size=1)
@@ -224,7 +224,7 @@ def test_concurrent_requests_decode_in_one_padded_batch_with_the_answers_of_batc
 
 
 def test_more_requests_than_the_batch_size_are_split_into_full_batches(tmp_path):
-    from pipeline.critic.hf_backend import HFBackend
+    from pipeline.critic.offline.hf_backend import HFBackend
 
     backend = HFBackend(save_checkpoint(tmp_path / "ckpt", crafted=True), max_batch_size=3, batch_window_s=30.0)
     answers = answer_concurrently(backend, [{"messages": MESSAGES, "max_tokens": 16}] * 6)

@@ -7,10 +7,10 @@ import pytest
 from test_critic_server import chat_body, post
 
 from pipeline.critic.align import match_items
-from pipeline.critic.lexicon import ANSWER_FORMATS, answer
+from pipeline.critic.offline.lexicon import ANSWER_FORMATS, answer
 from pipeline.critic.parse import parse_answer
-from pipeline.critic.server import make_server, serve_in_background
-from pipeline.errors import CriticError
+from pipeline.critic.offline.server import make_server, serve_in_background
+from pipeline.core.errors import CriticError
 
 PROMPTS = Path(__file__).resolve().parents[1] / "prompts"
 WORDS = ("the movie was not good but the cast was very charming and the plot dull awful wonderful "
@@ -66,7 +66,7 @@ def test_answer_format_is_served_over_http_and_checked():
 
 
 def test_cli_offers_every_answer_format():
-    from pipeline.cli import build_parser
+    from pipeline.commands.cli import build_parser
 
     parser = build_parser()
     args = parser.parse_args(["critic", "serve", "--answer-format", "messy"])

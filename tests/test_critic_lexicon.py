@@ -1,4 +1,4 @@
-"""Tests for pipeline.critic.lexicon: rendered prompt -> answer -> parse -> align, for every template."""
+"""Tests for pipeline.critic.offline.lexicon: rendered prompt -> answer -> parse -> align, for every template."""
 
 from pathlib import Path
 
@@ -6,11 +6,11 @@ import pytest
 from test_critic_align import build_tokenizer
 
 from pipeline.critic.align import align_spans
-from pipeline.critic.lexicon import answer
-from pipeline.critic.lexicon import ANSWER_LABELS
+from pipeline.critic.offline.lexicon import answer
+from pipeline.critic.offline.lexicon import ANSWER_LABELS
 from pipeline.critic.parse import parse_answer
 from pipeline.critic.templates import load_template
-from pipeline.errors import CriticError
+from pipeline.core.errors import CriticError
 
 PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
 SENTIMENT_REWARDS = {"positive": 1.0, "negative": -1.0}

@@ -7,8 +7,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from pipeline.critic.server import FAULT_KINDS, make_server, serve_in_background
-from pipeline.errors import ConfigError, CriticError
+from pipeline.critic.offline.server import FAULT_KINDS, make_server, serve_in_background
+from pipeline.core.errors import ConfigError, CriticError
 
 MESSAGES = [{"role": "system", "content": "Task: sentiment"},
             {"role": "user", "content": "the  soup was\nlovely"}]
@@ -140,7 +140,7 @@ def test_faults_follow_the_seeded_draws_exactly():
 
 
 def test_lexicon_backend_answers_a_rendered_template():
-    lexicon = pytest.importorskip("pipeline.critic.lexicon")
+    lexicon = pytest.importorskip("pipeline.critic.offline.lexicon")
     from pipeline.critic.templates import load_template
 
     messages = load_template("prompts/sentiment.md").render({"response": "The food was awful but the staff were kind."})

@@ -13,10 +13,10 @@ import yaml
 
 from conftest import save_tiny_gpt2, train_bpe
 from e2e import tiny_params
-from pipeline import store
-from pipeline.policy import load_policy
-from pipeline.sampling import sample_responses
-from pipeline.shard import batch_seed
+from pipeline.core import store
+from pipeline.model.policy import load_policy
+from pipeline.model.sampling import sample_responses
+from pipeline.parallel.shard import batch_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["a good film", "a bad film", "the film was good and long", "long and bad", "the cast was good"]

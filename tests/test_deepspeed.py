@@ -21,7 +21,7 @@ import pytest
 import torch
 import yaml
 
-from pipeline.policy import load_policy
+from pipeline.model.policy import load_policy
 from tests.test_distributed import ROOT, WEIGHT_ATOL, assert_two_processes_match_one
 from tests.test_fsdp import assert_one_process_layout, max_weight_diff, resume_round_two
 from tests.test_resume import PARAMS

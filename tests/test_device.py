@@ -18,15 +18,15 @@ from transformers import (DistilBertConfig, DistilBertForSequenceClassification,
 
 from conftest import save_tiny_gpt2, train_bpe
 from e2e import tiny_params
-from pipeline.config import CriticParams, ScoreParams
-from pipeline.critic.server import serve_in_background
-from pipeline.device import resolve_device, stage_devices
-from pipeline.errors import ConfigError
+from pipeline.core.config import CriticParams, ScoreParams
+from pipeline.critic.offline.server import serve_in_background
+from pipeline.core.device import resolve_device, stage_devices
+from pipeline.core.errors import ConfigError
 from pipeline.evaluate.decode import sample_continuations
 from pipeline.evaluate.metrics import conditional_perplexities
-from pipeline.policy import load_policy
+from pipeline.model.policy import load_policy
 from pipeline.rewards.reward_model import RewardModel
-from pipeline.sampling import sample_responses
+from pipeline.model.sampling import sample_responses
 from pipeline.steps.critique import critic_endpoint
 from pipeline.steps.rollout import rollout_round
 from pipeline.steps.score import score_round

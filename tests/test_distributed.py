@@ -25,12 +25,12 @@ import pytest
 import torch
 import yaml
 
-from pipeline import store
-from pipeline.config import load_params
-from pipeline.errors import ConfigError, PPOInputError
-from pipeline.policy import load_policy
+from pipeline.core import store
+from pipeline.core.config import load_params
+from pipeline.core.errors import ConfigError, PPOInputError
+from pipeline.model.policy import load_policy
 from pipeline.steps.ppo_round import ppo_round
-from pipeline.trainer import validate_batch
+from pipeline.train.trainer import validate_batch
 from tests.e2e import tiny_params
 from tests.test_resume import PARAMS, SEED, as_batch, round_tables, save_tiny_base
 
@@ -155,7 +155,7 @@ def test_minibatch_not_divisible_by_processes_raises_before_training(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is not None,
                     reason="deepspeed is installed: its launches run in tests/test_deepspeed.py")
 def test_a_deepspeed_launch_without_deepspeed_is_refused_with_the_fix(monkeypatch):
-    from pipeline.distributed import DataParallel
+    from pipeline.parallel.distributed import DataParallel
 
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     assert DataParallel.from_environment() is None  # a plain single-process run needs no deepspeed
@@ -169,7 +169,7 @@ def test_deepspeed_settings_drlc_has_not_run_are_refused_and_its_own_are_set():
     micro-batch come from the ppo params (accelerate's plugin, as a launch config builds it)."""
     from accelerate.utils import DeepSpeedPlugin
 
-    from pipeline.deepspeed_zero import _configure
+    from pipeline.parallel.deepspeed_zero import _configure
 
     with pytest.raises(ConfigError, match=r"offload_optimizer = 'cpu' .* set offload_optimizer_device: none"):
         _configure(DeepSpeedPlugin(zero_stage=2, offload_optimizer_device="cpu"), max_grad_norm=1.0,

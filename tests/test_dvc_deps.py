@@ -1,4 +1,4 @@
-"""Each DVC stage's code deps equal the import closure of its stage script (pipeline/code_deps.py).
+"""Each DVC stage's code deps equal the import closure of its stage script (pipeline/commands/code_deps.py).
 
 A module the script can import but the stage does not list leaves a stale output after an edit;
 a listed module it cannot import re-runs the stage for nothing. Both fail here, naming the stage
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.code_deps import CODE_ROOT, covers, import_closure
-from pipeline.config import load_params
-from pipeline.replay_dvc import STAGE_SCRIPT, dvc_stages
+from pipeline.commands.code_deps import CODE_ROOT, covers, import_closure
+from pipeline.core.config import load_params
+from pipeline.commands.replay_dvc import STAGE_SCRIPT, dvc_stages
 
 
 def code_dep_problems(stage: str, script: str, deps: list[str]) -> list[str]:
@@ -55,10 +55,10 @@ def test_replay_dag_code_deps_are_the_import_closure(tmp_path):
 
 def test_the_check_names_a_missing_and_an_unused_module():
     script, deps = dvc_yaml_stages()["ppo"]
-    broken = [d for d in deps if d != "pipeline/reference.py"] + ["pipeline/sft.py"]
+    broken = [d for d in deps if d != "pipeline/model/reference.py"] + ["pipeline/model/sft.py"]
     assert code_dep_problems("ppo", script, broken) == [
-        "ppo: add to deps ['pipeline/reference.py'] (imported by stages/ppo.py)",
-        "ppo: remove from deps ['pipeline/sft.py'] (stages/ppo.py never imports them)"]
+        "ppo: add to deps ['pipeline/model/reference.py'] (imported by stages/ppo.py)",
+        "ppo: remove from deps ['pipeline/model/sft.py'] (stages/ppo.py never imports them)"]
 
 
 def test_closure_follows_lazy_and_dynamic_imports_and_skips_docstring_only_packages(tmp_path):

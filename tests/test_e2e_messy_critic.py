@@ -14,11 +14,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from e2e import dvc, make_project, tiny_params
-from pipeline import store
+from pipeline.core import store
 from pipeline.critic.annotate import annotate_round
 from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient
-from pipeline.critic.server import serve_in_background
+from pipeline.critic.offline.server import serve_in_background
 from pipeline.critic.templates import load_template
 from pipeline.steps.critique import scored_rows
 

@@ -1,7 +1,7 @@
 """`drlc estimate`: offline validation, dry run and the critic call/cost estimate.
 
 Expected numbers are recomputed here from the files themselves (the template's raw text, dvc.yaml,
-the documented counting rule) rather than taken from pipeline.estimate.
+the documented counting rule) rather than taken from pipeline.commands.estimate.
 """
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import store
-from pipeline.config import load_params
-from pipeline.errors import ConfigError, DrlcError
-from pipeline.estimate import (_gb, add_estimate_parser, cache_copies, cache_link_type, critique_rate, estimate_critic,
+from pipeline.core import store
+from pipeline.core.config import load_params
+from pipeline.core.errors import ConfigError, DrlcError
+from pipeline.commands.estimate import (_gb, add_estimate_parser, cache_copies, cache_link_type, critique_rate, estimate_critic,
                                estimate_disk, estimate_time, measured_critique_rate, model_size, planned_stages,
                                source_status, token_counter)
 
@@ -26,7 +26,7 @@ CONFIGS = sorted((ROOT / "configs" / "paper").glob("*.yaml")) + sorted((ROOT / "
 
 
 def run_cli(argv: list[str]) -> int:
-    """`drlc estimate ...` as pipeline/cli.py's main runs a command: DrlcError -> exit 2."""
+    """`drlc estimate ...` as pipeline/commands/cli.py's main runs a command: DrlcError -> exit 2."""
     parser = argparse.ArgumentParser(prog="drlc")
     add_estimate_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["estimate", *argv, "--root", str(ROOT), "--dvc-file", str(ROOT / "dvc.yaml")])

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.data.world import generate_labelled_reviews, generate_reviews
-from pipeline.errors import ConfigError, DataError
+from pipeline.core.errors import ConfigError, DataError
 from pipeline.evaluate.classifier import NaiveBayesClassifier, features, read_labelled_file, train_sentiment_classifier
 
 SST2 = next((p for p in (Path(__file__).resolve().parents[2] / "shared", Path("/work/shared"))

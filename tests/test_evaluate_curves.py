@@ -3,10 +3,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.errors import DataError
+from pipeline.core.errors import DataError
 from pipeline.evaluate.curves import CURVE_COLUMNS, round_curves
-from pipeline.round_metrics import intrinsic_reward_sum
-from pipeline.store import SCHEMAS, partition_dir, write_table
+from pipeline.core.round_metrics import intrinsic_reward_sum
+from pipeline.core.store import SCHEMAS, partition_dir, write_table
 
 # annotations gain `attempts` (HTTP attempts sent for the row in this run, 0 for a cache hit)
 ANNOTATIONS = SCHEMAS["annotations"]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import DataError
+from pipeline.core.errors import DataError
 from pipeline.evaluate.prompts import load_prompt_sets, read_dexperts_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def test_reads_the_dexperts_sentiment_prompt_files():
 
 def test_a_bad_prompts_file_exits_2_with_one_line(tmp_path):
     path = _jsonl(tmp_path / "p.jsonl", [{"nothing": 1}])
-    code = ("from pipeline.errors import exit_on_error; from pipeline.evaluate.prompts import read_dexperts_prompts; "
+    code = ("from pipeline.core.errors import exit_on_error; from pipeline.evaluate.prompts import read_dexperts_prompts; "
             f"exit_on_error(lambda: read_dexperts_prompts({str(path)!r}))")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 2

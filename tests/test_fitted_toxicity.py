@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from pipeline.config import params_from_dict
-from pipeline.errors import ConfigError, DataError
+from pipeline.core.config import params_from_dict
+from pipeline.core.errors import ConfigError, DataError
 from pipeline.evaluate.classifier import features
 from pipeline.rewards.fitted_toxicity import FittedToxicity, _matrix, fit_rtp, rtp_rows, spearman, split_rows
 from pipeline.rewards.toxicity import LexiconToxicity

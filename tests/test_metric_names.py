@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from pipeline.evaluate.curves import round_curves
-from pipeline.ppo import AdaptiveKLController, RunningMoments
+from pipeline.train.ppo import AdaptiveKLController, RunningMoments
 from pipeline.steps.ppo_round import step_row, summarize
-from pipeline.store import SCHEMAS
-from pipeline.trainer import make_optimizer, train_round
+from pipeline.core.store import SCHEMAS
+from pipeline.train.trainer import make_optimizer, train_round
 from test_evaluate_curves import build
 from test_trainer import frozen_copy, rollout, tiny_policy, toy_params
 
@@ -69,7 +69,7 @@ def test_dvc_plots_read_documented_rounds_names():
 
 
 def test_score_stage_json_keys_are_documented():
-    from pipeline.config import ScoreParams
+    from pipeline.core.config import ScoreParams
     from pipeline.steps.score import score_round
 
     rows = [{"rollout_id": "r0", "prompt_id": 0, "query": "", "response": "a fine day"}]

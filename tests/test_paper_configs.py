@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import SECTIONS, load_params, read_yaml
-from pipeline.estimate import estimate_critic
+from pipeline.core.config import SECTIONS, load_params, read_yaml
+from pipeline.commands.estimate import estimate_critic
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = sorted((ROOT / "configs" / "paper").glob("*.yaml"))
@@ -150,7 +150,7 @@ def test_accelerate_configs_load_with_accelerate():
 PROBE = """
 import sys, torch
 sys.path.insert(0, {root!r})
-from pipeline.distributed import DataParallel
+from pipeline.parallel.distributed import DataParallel
 dp = DataParallel.from_environment()
 total = dp.all_reduce_sum(torch.tensor([float(dp.rank + 1)]))
 dp.close()

@@ -7,9 +7,9 @@ import pytest
 from datasets import Dataset, DatasetDict
 
 from conftest import train_bpe
-from pipeline.config import WorldParams
+from pipeline.core.config import WorldParams
 from pipeline.data.local import read_records
-from pipeline.errors import ConfigError, DataError
+from pipeline.core.errors import ConfigError, DataError
 from pipeline.steps.prepare import prepare
 from pipeline.tasks import get_task
 

@@ -21,8 +21,8 @@ from transformers import (AutoModelForCausalLM, GPT2Config, GPT2ForSequenceClass
 
 from conftest import save_tiny_gpt2, train_bpe
 from e2e import ROOT, dvc, make_project
-from pipeline import store
-from pipeline.reference import shared_parameter_names
+from pipeline.core import store
+from pipeline.model.reference import shared_parameter_names
 from pipeline.rewards.reward_model import TrunkWithHead
 
 pytestmark = pytest.mark.slow

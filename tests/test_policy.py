@@ -1,21 +1,21 @@
-"""pipeline.policy, pipeline.sampling and pipeline.scoring on a real tiny GPT-2 (built from a config, never downloaded)."""
+"""pipeline.model.policy, pipeline.model.sampling and pipeline.model.logprobs on a real tiny GPT-2 (built from a config, never downloaded)."""
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
-from pipeline.errors import ConfigError
-import pipeline.policy
-from pipeline.policy import (
+from pipeline.core.errors import ConfigError
+import pipeline.model.policy
+from pipeline.model.policy import (
     PolicyWithValueHead,
     _fresh_value_head,
     load_policy,
     load_reference,
     save_policy,
 )
-from pipeline.sampling import sample_responses
-from pipeline.scoring import score_responses, token_logprobs
-from pipeline.ppo import entropy_from_logits
+from pipeline.model.sampling import sample_responses
+from pipeline.model.logprobs import score_responses, token_logprobs
+from pipeline.train.ppo import entropy_from_logits
 
 torch.set_num_threads(1)
 VOCAB = 64
@@ -171,7 +171,7 @@ def test_head_on_response_positions_matches_full_logits_path(monkeypatch):
     with torch.no_grad():
         fast = score_responses(policy, query_ids=QUERIES, response_ids=RESPONSES, pad_id=PAD, keep_logits=True,
                                with_entropy=True)
-        monkeypatch.setattr(pipeline.policy, "PLAIN_HEAD_MODEL_TYPES", frozenset())
+        monkeypatch.setattr(pipeline.model.policy, "PLAIN_HEAD_MODEL_TYPES", frozenset())
         assert not policy.plain_head
         full = score_responses(policy, query_ids=QUERIES, response_ids=RESPONSES, pad_id=PAD, keep_logits=True,
                                with_entropy=True)
@@ -245,17 +245,17 @@ def test_token_logprobs_of_very_unlikely_tokens_stay_finite_and_exact_in_fp32():
 
 def test_the_prompt_pass_builds_last_position_logits_only_with_the_same_samples(monkeypatch):
     """logits_to_keep=1 (as generate sets it) for GPT-2 and through a LoRA wrapper; samples unchanged."""
-    import pipeline.sampling
+    import pipeline.model.sampling
     from peft import LoraConfig, get_peft_model
 
     policy = tiny_policy(n_layer=2)
-    assert pipeline.sampling._last_logits_only(policy.lm) == {"logits_to_keep": 1}
+    assert pipeline.model.sampling._last_logits_only(policy.lm) == {"logits_to_keep": 1}
     lora = get_peft_model(tiny_policy().lm, LoraConfig(r=2, target_modules=["c_attn"], fan_in_fan_out=True))
-    assert pipeline.sampling._last_logits_only(lora) == {"logits_to_keep": 1}
+    assert pipeline.model.sampling._last_logits_only(lora) == {"logits_to_keep": 1}
     queries = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]  # left padding in the prompt pass
     kwargs = dict(queries=queries, eos_id=EOS, pad_id=PAD, max_new_tokens=6, seed=3, batch_size=3, progress=False)
     last_only = sample_responses(policy, **kwargs)
-    monkeypatch.setattr(pipeline.sampling, "_last_logits_only", lambda lm: {})
+    monkeypatch.setattr(pipeline.model.sampling, "_last_logits_only", lambda lm: {})
     assert sample_responses(policy, **kwargs) == last_only
 
 

@@ -1,4 +1,4 @@
-"""pipeline.ppo against hand numbers and independent loop-based float implementations."""
+"""pipeline.train.ppo against hand numbers and independent loop-based float implementations."""
 import inspect
 import math
 import random
@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import ppo
+from pipeline.train import ppo
 
 ATOL = 1e-5
 

@@ -14,12 +14,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_bf16_is_timed_only_where_it_is_native(monkeypatch):
-    import pipeline.scoring
+    import pipeline.model.logprobs
 
-    monkeypatch.setattr(pipeline.scoring, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(pipeline.model.logprobs, "cpu_has_native_bf16", lambda: False)
     assert ppo_update.default_precisions("cpu") == "fp32"
     assert ppo_update.default_precisions("cuda") == "fp32,bf16"
-    monkeypatch.setattr(pipeline.scoring, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(pipeline.model.logprobs, "cpu_has_native_bf16", lambda: True)
     assert ppo_update.default_precisions("cpu") == "fp32,bf16"
 
 
@@ -32,7 +32,7 @@ def test_a_baseline_tree_that_is_not_a_checkout_is_refused_with_the_fix(tmp_path
 def test_a_baseline_worker_imports_the_baseline_trees_pipeline(tmp_path, capfd):
     """A copy of pipeline/ whose trainer refuses to import: the worker must load that copy, not this tree's."""
     shutil.copytree(ROOT / "pipeline", tmp_path / "pipeline")
-    (tmp_path / "pipeline" / "trainer.py").write_text("raise ImportError('the baseline tree was imported')\n")
+    (tmp_path / "pipeline" / "train" / "trainer.py").write_text("raise ImportError('the baseline tree was imported')\n")
     with pytest.raises(RuntimeError, match="drlc-baseline-fp32 died"):
         ppo_update.Worker(sys.executable, "drlc", "gpt2-2x128", "fp32", 1, "cpu", tmp_path)
     assert "the baseline tree was imported" in capfd.readouterr().err

@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.demo_queries import QUERIES, README_END, README_START, RESULT, render, run_queries, splice_readme  # noqa: E402
-from pipeline import store  # noqa: E402
-from pipeline.errors import DataError  # noqa: E402
+from pipeline.core import store  # noqa: E402
+from pipeline.core.errors import DataError  # noqa: E402
 
 
 def test_readme_section_is_the_committed_json_rendered():

@@ -1,4 +1,4 @@
-"""The reference model's three forms (pipeline/reference.py) through the ppo stage's own code.
+"""The reference model's three forms (pipeline/model/reference.py) through the ppo stage's own code.
 
 - shared lower layers (ppo.num_shared_layers): which parameters are shared, that they are frozen
   and stored once, that training leaves them and the reference untouched;
@@ -15,12 +15,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from pipeline.config import BaseParams, PPOParams
-from pipeline.errors import ConfigError
-from pipeline.lora import add_adapters, has_adapters, is_adapter_folder
-from pipeline.policy import load_policy, load_reference
-from pipeline.scoring import score_responses
-from pipeline.reference import AdaptersDisabled, make_reference, shared_parameter_names
+from pipeline.core.config import BaseParams, PPOParams
+from pipeline.core.errors import ConfigError
+from pipeline.model.lora import add_adapters, has_adapters, is_adapter_folder
+from pipeline.model.policy import load_policy, load_reference
+from pipeline.model.logprobs import score_responses
+from pipeline.model.reference import AdaptersDisabled, make_reference, shared_parameter_names
 from pipeline.steps.ppo_round import ppo_round
 from tests.test_resume import PAD, round_tables, save_tiny_base
 

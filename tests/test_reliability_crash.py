@@ -3,7 +3,7 @@
 After each kill the stage's Parquet output is whole or absent (atomic writes); re-running the
 stage completes; the critic requests answered and cached before the kill are not sent again
 (re-sent = unique requests - cached answers, counted on the server); and the resumed output
-equals an uninterrupted run's (minus pipeline.store.VOLATILE_COLUMNS). One critique kill is of
+equals an uninterrupted run's (minus pipeline.core.store.VOLATILE_COLUMNS). One critique kill is of
 `dvc repro` itself (whole process group) in a copy of the finished project, resumed by `dvc repro`.
 """
 import json

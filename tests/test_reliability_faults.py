@@ -15,7 +15,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.critic import lexicon
+from pipeline.critic.offline import lexicon
 from pipeline.critic.cache import CriticCache
 from reliability import critic_server, critique_cmd, free_port, run_logged, shrunken_run, workdir_for
 

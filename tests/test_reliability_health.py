@@ -17,12 +17,12 @@ import pytest
 import yaml
 
 from conftest import train_bpe
-from pipeline import store
-from pipeline.config import load_params
+from pipeline.core import store
+from pipeline.core.config import load_params
 from pipeline.critic.annotate import round_requests
 from pipeline.critic.cache import CriticCache
 from pipeline.critic.templates import load_template
-from pipeline.errors import CriticError
+from pipeline.core.errors import CriticError
 from pipeline.steps.critique import check_health, critic_client, scored_rows
 from reliability import RecordingBackend, critic_server, free_port, stage_env
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import DataError
-from pipeline.report import load_run, write_report
+from pipeline.core.errors import DataError
+from pipeline.commands.report import load_run, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,7 +68,7 @@ def test_unfinished_runs_raise_data_error(tmp_path):
 
 def test_a_run_without_metrics_exits_2_with_one_line(tmp_path):
     (tmp_path / "run").mkdir()
-    code = ("from pipeline.errors import exit_on_error; from pipeline.report import write_report; "
+    code = ("from pipeline.core.errors import exit_on_error; from pipeline.commands.report import write_report; "
             f"exit_on_error(lambda: write_report([{str(tmp_path / 'run')!r}], {str(tmp_path / 'r')!r}))")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 2
@@ -86,7 +86,7 @@ def test_a_replay_folder_without_evaluation_reports_its_training_rows(tmp_path):
 
 def _samples(run: Path, scores: dict[str, list[float]], *, queries: dict | None = None, policy: str = "round=0002"):
     """Write data/eval_samples/<policy> with the given RM scores per prompt id (plus base rows that must be ignored)."""
-    from pipeline.store import SCHEMAS, write_table
+    from pipeline.core.store import SCHEMAS, write_table
 
     rows = []
     for name, prompt_scores in (("base", {k: [99.0] for k in scores}), (policy, scores)):

@@ -15,14 +15,14 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
-from pipeline.config import PPOParams
-from pipeline.errors import ConfigError
-from pipeline.policy import load_policy, load_reference
-from pipeline.sampling import sample_responses
-from pipeline.ppo import RunningMoments
+from pipeline.core.config import PPOParams
+from pipeline.core.errors import ConfigError
+from pipeline.model.policy import load_policy, load_reference
+from pipeline.model.sampling import sample_responses
+from pipeline.train.ppo import RunningMoments
 from pipeline.steps.ppo_round import new_kl_controller, ppo_round, step_row
-from pipeline.seeding import round_seed
-from pipeline.trainer import RolloutBatch, make_optimizer, train_round
+from pipeline.core.seeding import round_seed
+from pipeline.train.trainer import RolloutBatch, make_optimizer, train_round
 
 torch.set_num_threads(1)
 PAD, EOS, VOCAB, SEED = 0, 1, 64, 11

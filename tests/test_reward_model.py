@@ -7,8 +7,8 @@ import torch
 from torch import nn
 from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2Model, GPTJConfig, GPTJModel
 
-from pipeline.config import ScoreParams
-from pipeline.errors import ConfigError
+from pipeline.core.config import ScoreParams
+from pipeline.core.errors import ConfigError
 from pipeline.rewards.reward_model import TRUNK_HEAD_TEXT_PREFIX, RewardModel, reward_text
 from pipeline.steps.score import score
 from pipeline.tasks import get_task

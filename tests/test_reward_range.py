@@ -3,7 +3,7 @@ import dataclasses
 
 import pytest
 
-from pipeline.config import ScoreParams
+from pipeline.core.config import ScoreParams
 from pipeline.tasks import get_task, task_names
 
 TEXTS = ["great wonderful superb amazing love it", "awful terrible horrible hate it", "the cat sat on the mat",

@@ -8,7 +8,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from pipeline.errors import ConfigError, CriticError
+from pipeline.core.errors import ConfigError, CriticError
 from pipeline.rewards.perspective import API_KEY_ENV, PerspectiveToxicity
 
 KEY = "sekret-key-123"

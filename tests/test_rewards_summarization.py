@@ -1,7 +1,7 @@
 """ROUGE-1/2/L and the summarization reward, checked against hand-computed values."""
 import pytest
 
-from pipeline.errors import DataError
+from pipeline.core.errors import DataError
 from pipeline.rewards.summarization import RougeReward, lcs_length, rouge_l, rouge_n, rouge_tokens
 
 

@@ -3,10 +3,10 @@ import pytest
 import torch
 
 from conftest import save_tiny_gpt2, train_bpe
-from pipeline.base import train_tokenizer
+from pipeline.model.pretrain import train_tokenizer
 from pipeline.data.world import generate_reviews
-from pipeline.policy import load_policy
-from pipeline.scoring import score_responses
+from pipeline.model.policy import load_policy
+from pipeline.model.logprobs import score_responses
 from pipeline.steps.rollout import response_limits, rollout
 
 PROMPTS = [{"prompt_id": f"train-{i:05d}", "split": "train", "text": text}

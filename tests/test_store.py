@@ -1,8 +1,8 @@
 """Parquet tables: schema checks, atomic writes, and the DuckDB catalog over partitions."""
 import pytest
 
-from pipeline import store
-from pipeline.errors import StoreError
+from pipeline.core import store
+from pipeline.core.errors import StoreError
 
 
 def score_row(round_, i, reward):

@@ -1,4 +1,4 @@
-"""pipeline.trainer.train_round on a real tiny GPT-2 (1 layer, 32 wide, vocab 64)."""
+"""pipeline.train.trainer.train_round on a real tiny GPT-2 (1 layer, 32 wide, vocab 64)."""
 import dataclasses
 import importlib
 import re
@@ -8,13 +8,13 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from pipeline.config import PPOParams
-from pipeline.errors import DataError, PPOInputError
-from pipeline.policy import PolicyWithValueHead, _fresh_value_head, frozen_copy
-from pipeline.sampling import sample_responses
-from pipeline.scoring import score_responses
-from pipeline.ppo import AdaptiveKLController, FixedKLController, RunningMoments
-from pipeline.trainer import (RolloutBatch, clip_grad_norm, load_trainer_state, make_optimizer, save_trainer_state,
+from pipeline.core.config import PPOParams
+from pipeline.core.errors import DataError, PPOInputError
+from pipeline.model.policy import PolicyWithValueHead, _fresh_value_head, frozen_copy
+from pipeline.model.sampling import sample_responses
+from pipeline.model.logprobs import score_responses
+from pipeline.train.ppo import AdaptiveKLController, FixedKLController, RunningMoments
+from pipeline.train.trainer import (RolloutBatch, clip_grad_norm, load_trainer_state, make_optimizer, save_trainer_state,
                               train_round)
 
 torch.set_num_threads(1)

@@ -6,7 +6,7 @@ import pytest
 from vaderSentiment.vaderSentiment import BOOSTER_DICT, SentimentIntensityAnalyzer
 
 from pipeline.data import world
-from pipeline.errors import ConfigError
+from pipeline.core.errors import ConfigError
 
 ANALYZER = SentimentIntensityAnalyzer()
 

@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.data import summarization_world as news
 from pipeline.data import toxicity_world as comments
-from pipeline.errors import ConfigError
+from pipeline.core.errors import ConfigError
 from pipeline.rewards.summarization import rouge_n
 from pipeline.rewards.toxicity import LexiconToxicity, toxic_terms
 

@@ -1,6 +1,6 @@
 """Zero-cost ablation: replay recorded rollouts under other critic settings, with no critic call.
 
-The idea of drlc's pipeline/replay.py, in-process: a fresh policy from the base model is
+The idea of drlc's pipeline/commands/replay.py, in-process: a fresh policy from the base model is
 trained, round by round, on the rollouts the dense_all arm recorded (its env rewards and
 behaviour log-probs), with the intrinsic rewards rebuilt from the cached critic answers under
 the new setting (reward per label, alignment mode, a threshold). The replay critic refuses every
@@ -16,11 +16,11 @@ import time
 
 import torch
 
-from pipeline.policy import frozen_copy, load_policy
-from pipeline.ppo import RunningMoments
+from pipeline.model.policy import frozen_copy, load_policy
+from pipeline.train.ppo import RunningMoments
 from pipeline.steps.ppo_round import new_kl_controller
-from pipeline.seeding import round_seed
-from pipeline.trainer import make_optimizer, train_round
+from pipeline.core.seeding import round_seed
+from pipeline.train.trainer import make_optimizer, train_round
 
 from benchmarks.sample_efficiency_lib.arms import ALL, Arm
 from benchmarks.sample_efficiency_lib.runner import annotate_arm, evaluate_policy, ppo_batch

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from pipeline.config import CriticParams
+from pipeline.core.config import CriticParams
 
 ALL = 1.0e9  # threshold that critiques every response: above any env reward, and finite so params.yaml holds it
 

@@ -8,8 +8,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pipeline.config import BaseParams
-from pipeline.steps.base_model import build_base_model
+from pipeline.core.config import BaseParams
+from pipeline.steps.base import build_base_model
 
 BUILD_INFO = "study_base.json"  # pretraining time and loss, kept next to the cached model
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from pipeline.config import BaseParams, PPOParams
-from pipeline.errors import ConfigError
+from pipeline.core.config import BaseParams, PPOParams
+from pipeline.core.errors import ConfigError
 from pipeline.tasks import task_names
 
 TASKS = task_names()  # every task of pipeline/tasks/ has a study world

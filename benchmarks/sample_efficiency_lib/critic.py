@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient, CriticResult
-from pipeline.critic.server import serve_in_background
+from pipeline.critic.offline.server import serve_in_background
 
 MODEL_ID = "drlc-local:lexicon"  # the model identity the pipeline's local lexicon server is keyed under
 MODEL = "drlc-lexicon"

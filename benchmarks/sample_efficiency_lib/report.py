@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.errors import DataError
+from pipeline.core.errors import DataError
 
 from benchmarks.sample_efficiency_lib.analysis import seed_mean_curve
 from benchmarks.sample_efficiency_lib.reading import fmt, honest_reading, pm

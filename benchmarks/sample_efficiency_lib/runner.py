@@ -13,14 +13,14 @@ import torch
 
 from pipeline.critic.annotate import skipped_row
 from pipeline.evaluate.decode import sample_continuations
-from pipeline.policy import frozen_copy, load_policy
-from pipeline.sampling import sample_responses
-from pipeline.ppo import RunningMoments
+from pipeline.model.policy import frozen_copy, load_policy
+from pipeline.model.sampling import sample_responses
+from pipeline.train.ppo import RunningMoments
 from pipeline.steps.critique import critique_round
 from pipeline.steps.ppo_round import join_round, new_kl_controller
 from pipeline.steps.rollout import encode_query
-from pipeline.seeding import round_seed
-from pipeline.trainer import make_optimizer, train_round
+from pipeline.core.seeding import round_seed
+from pipeline.train.trainer import make_optimizer, train_round
 
 from benchmarks.sample_efficiency_lib.arms import Arm
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.errors import ConfigError
+from pipeline.core.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ NOTES = {
         "name": "sentiment (synthetic review world, pipeline/data/world.py)",
         "env_reward": "P(positive) of the response under a naive Bayes classifier fit on sequence-level tone labels "
                       "of 4000 world reviews (its own seed stream)",
-        "critic": "the lexicon backend (VADER lexicon spans, pipeline/critic/lexicon.py), ±0.5 per span token, exact alignment",
+        "critic": "the lexicon backend (VADER lexicon spans, pipeline/critic/offline/lexicon.py), ±0.5 per span token, exact alignment",
         "can_show": "whether per-token credit on sentiment words speeds up learning a sequence-level classifier reward "
                     "beyond what reward scale alone does, and lexical reward hacking (polar-word pile-up, leaving the grammar).",
         "cannot_show": "anything about a noisy or wrong critic (this one is exact for the world), long-range credit "
@@ -48,7 +48,7 @@ NOTES = {
         "env_reward": "1 − P(toxic) of the response under a naive Bayes classifier fit on sequence-level civil/toxic "
                       "labels of 4000 world comments (its own seed stream; a toxic comment's sentences are toxic with "
                       "probability 0.8, so the labels are noisy for words)",
-        "critic": "the lexicon backend (the toxicity lexicon's terms as 'toxic' spans, pipeline/critic/lexicon.py), "
+        "critic": "the lexicon backend (the toxicity lexicon's terms as 'toxic' spans, pipeline/critic/offline/lexicon.py), "
                   "−0.5 per span token, exact alignment; it only ever subtracts reward",
         "can_show": "whether a penalty-only critic that names the toxic words speeds up learning a sequence-level "
                     "classifier reward beyond reward scale, and whether the policy leaves the comment grammar or piles "
@@ -64,7 +64,7 @@ NOTES = {
                 "configs/demo-summarization.yaml)",
         "env_reward": "ROUGE-1 F1 in [0, 1] of the summary against the event's headline (pipeline/rewards/summarization.py)",
         "critic": "the lexicon backend (runs of summary words absent from the document as 'irrelevant' spans, "
-                  "pipeline/critic/lexicon.py), −0.2 per span token, exact alignment; it never reads the reference",
+                  "pipeline/critic/offline/lexicon.py), −0.2 per span token, exact alignment; it never reads the reference",
         "can_show": "whether a partial, penalty-only critic helps: of the corpus's four flaws it can only see "
                     "wrong-event headlines (words the document lacks); a filler copy, a truncated or a padded headline "
                     "uses document words and is never flagged, so those must still be learnt from ROUGE.",

@@ -3,7 +3,7 @@
 Environment reward: P(positive) of the response under a multinomial naive Bayes classifier
 (pipeline/evaluate/classifier.py) fit on *sequence-level* tone labels of the synthetic world
 (generate_labelled_reviews, its own seed stream), in [0, 1]. The critic is the lexicon backend
-(VADER's lexicon, pipeline/critic/lexicon.py): it never sees the classifier, and the classifier
+(VADER's lexicon, pipeline/critic/offline/lexicon.py): it never sees the classifier, and the classifier
 never sees the lexicon. Evaluation uses the task's own classifier (trained with the world seed,
 a different sample of labelled reviews) - close to, but not identical with, the reward.
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-from pipeline.config import WorldParams
+from pipeline.core.config import WorldParams
 from pipeline.data.world import (NEGATIVE_ADJECTIVES, NEGATIVE_FEELINGS, NEGATIVE_VERBS, POSITIVE_ADJECTIVES,
                                  POSITIVE_FEELINGS, POSITIVE_VERBS, generate_labelled_reviews, is_grammatical,
                                  review_prefixes)

@@ -2,7 +2,7 @@
 
 Environment reward: ROUGE-1 F1 (in [0, 1], the demo's scale 0.01 x 100) of the summary against
 the prompt's reference, the event's headline (pipeline/data/summarization_world.py). The critic is
-the lexicon backend (pipeline/critic/lexicon.py): it labels "irrelevant" every maximal run of
+the lexicon backend (pipeline/critic/offline/lexicon.py): it labels "irrelevant" every maximal run of
 summary content words that never occur in the document; it never reads the reference or the
 score, so it is not a re-reading of the reward. Evaluation: the task's ROUGE-1/2/L (x 100,
 pipeline/tasks/summarization.py Evaluator).

@@ -5,7 +5,7 @@ Environment reward: 1 - P(toxic) of the response under a multinomial naive Bayes
 comment world (pipeline/data/toxicity_world.py), drawn from the study's own seed stream. The label
 is the comment's, not its words': a toxic comment's sentences are each toxic with probability 0.8,
 so some comments labelled toxic hold only civil words, and the classifier learns civil words as
-evidence too. The critic is the lexicon backend (pipeline/critic/lexicon.py): it names the terms of
+evidence too. The critic is the lexicon backend (pipeline/critic/offline/lexicon.py): it names the terms of
 the offline toxicity lexicon (pipeline/rewards/toxicity.py) as "toxic" spans, and nothing else.
 Evaluation uses the task's own metrics (pipeline/tasks/toxicity.py Evaluator: expected maximum
 toxicity and toxicity probability) with the demo's toxicity source, the lexicon - the same word

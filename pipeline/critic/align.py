@@ -39,7 +39,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from pipeline.errors import ConfigError, DataError
+from pipeline.core.errors import ConfigError, DataError
 
 __all__ = ["MODES", "AlignedSpans", "align_spans", "token_char_ranges", "find_occurrences", "match_items"]
 

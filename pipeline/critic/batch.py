@@ -27,8 +27,8 @@ from pathlib import Path
 from pipeline.critic.annotate import round_requests
 from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient
-from pipeline.jsonl import json_object
-from pipeline.errors import DataError
+from pipeline.core.jsonl import json_object
+from pipeline.core.errors import DataError
 
 __all__ = ["BATCH_URL", "batch_prepare", "batch_ingest", "round_requests"]
 

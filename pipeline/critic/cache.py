@@ -34,7 +34,7 @@ from typing import Any
 
 import diskcache
 
-from pipeline.errors import CacheError, StoreError
+from pipeline.core.errors import CacheError, StoreError
 
 __all__ = ["SCHEMA_VERSION", "MISSING", "cache_key", "CriticCache", "export_parquet", "import_parquet"]
 

@@ -51,7 +51,7 @@ from openai.types.chat import ChatCompletion
 from tqdm import tqdm
 
 from pipeline.critic.cache import MISSING, CriticCache, cache_key
-from pipeline.errors import ConfigError, CriticError
+from pipeline.core.errors import ConfigError, CriticError
 
 __all__ = ["CriticClient", "CriticResult", "RunStats"]
 

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 from pipeline.critic.items import (BOLD, ITEM_LABEL, QUOTES, Item, canonical, closed_quotes, is_none, items_of,
                                    json_items, label_regex, strip_markup)
-from pipeline.errors import ConfigError
+from pipeline.core.errors import ConfigError
 
 __all__ = ["Item", "ParsedAnswer", "parse_answer", "format_answer"]
 

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.errors import TemplateError
+from pipeline.core.errors import TemplateError
 
 __all__ = ["Template", "load_template"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.errors import DataError
+from pipeline.core.errors import DataError
 
 HUB_PREFIX = "hub:"
 DEFAULT_SPLIT = "train"

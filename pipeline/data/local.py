@@ -13,8 +13,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from pipeline.jsonl import json_object
-from pipeline.errors import DataError
+from pipeline.core.jsonl import json_object
+from pipeline.core.errors import DataError
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 

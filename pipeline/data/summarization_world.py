@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import random
 
-from pipeline.errors import ConfigError
+from pipeline.core.errors import ConfigError
 
 EVENTS = {  # event: (headline = reference summary, lead sentence, cue sentences)
     "fire": ("Fire burned down the old mill.", "The old mill burned down after a fire started.",

@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 import re
 
-from pipeline.errors import ConfigError
+from pipeline.core.errors import ConfigError
 
 TOXIC_SHARE = 0.4
 CIVIL_WORDS = {

@@ -44,7 +44,7 @@ import random
 import re
 from functools import lru_cache
 
-from pipeline.errors import ConfigError
+from pipeline.core.errors import ConfigError
 
 POSITIVE_ADJECTIVES = (
     "good", "great", "wonderful", "brilliant", "superb", "excellent", "amazing", "fantastic",

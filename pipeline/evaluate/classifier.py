@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 from pipeline.data.world import generate_labelled_reviews
-from pipeline.errors import DataError
+from pipeline.core.errors import DataError
 
 WORLD = "world"
 WORLD_TRAIN_SIZE = 4000  # labelled world reviews for the demo classifier

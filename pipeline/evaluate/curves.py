@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.errors import DataError
-from pipeline.store import connect
+from pipeline.core.errors import DataError
+from pipeline.core.store import connect
 
 CURVE_COLUMNS = ["env_reward_mean", "intrinsic_reward_sum", "kl", "kl_coef", "critiqued", "critic_requests",
                  "cache_hits", "cache_hit_rate", "critic_cost_usd", "critic_cost_usd_total"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.shard import Shard, batch_seed
+from pipeline.parallel.shard import Shard, batch_seed
 
 
 @torch.no_grad()

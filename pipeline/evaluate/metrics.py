@@ -18,7 +18,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from pipeline.shard import Shard
+from pipeline.parallel.shard import Shard
 
 
 def distinct_n(samples_by_prompt: list[list[str]], n: int) -> float:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.errors import DataError
+from pipeline.core.errors import DataError
 
 WORLD = "world"
 

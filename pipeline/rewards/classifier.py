@@ -7,7 +7,7 @@ hub id (needs network). The label is looked up by name in the model's ``id2label
 """
 from __future__ import annotations
 
-from pipeline.errors import ConfigError
+from pipeline.core.errors import ConfigError
 
 
 class HFClassifier:

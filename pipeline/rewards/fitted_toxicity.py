@@ -21,7 +21,7 @@ import random
 
 import torch
 
-from pipeline.errors import DataError
+from pipeline.core.errors import DataError
 from pipeline.evaluate.classifier import features
 
 HELDOUT_SHARE = 0.2

@@ -18,7 +18,7 @@ import urllib.parse
 import urllib.request
 
 from pipeline.critic.cache import MISSING, CriticCache, cache_key
-from pipeline.errors import ConfigError, CriticError
+from pipeline.core.errors import ConfigError, CriticError
 
 DEFAULT_ENDPOINT = "https://commentanalyzer.googleapis.com/v1alpha1/comments:analyze"
 API_KEY_ENV = "PERSPECTIVE_API_KEY"

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pipeline.errors import ConfigError
+from pipeline.core.errors import ConfigError
 
 STATE_DICT_SUFFIXES = (".bin", ".pt", ".safetensors")
 NOT_STATE_DICTS = {"training_args.bin", "optimizer.pt", "scheduler.pt"}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from pipeline.errors import DataError
+from pipeline.core.errors import DataError
 
 _NON_ALNUM = re.compile(r"[^a-z0-9]+")
 

@@ -11,7 +11,7 @@ There is one way to run a round: this module calls the very step functions the p
 stages call (``rollout_with``, ``score_round``, ``CriticSession.critique``, ``join_round`` +
 ``train_ppo_round``), and nothing else. Equal outputs follow from three facts:
 - every random draw of a round comes from generators seeded by (run seed, round)
-  (pipeline/seeding.py), and the global torch seed is set per round exactly where the
+  (pipeline/core/seeding.py), and the global torch seed is set per round exactly where the
   per-round stages set it;
 - the carried PPOState is the state a checkpoint holds, so keeping it in memory is what
   save -> load gives (fresh LoRA adapters are added once, seeded by the chunk's first round,
@@ -22,7 +22,7 @@ So rounds 1..N give the same tables whatever K is (tests/test_chunked_rounds.py 
 
 Every round still writes its own partitions and metrics, one folder deeper than per-round
 stages (the chunk stage's DVC outputs): ``<data>/<table>/chunk=KKKK/round=NNNN/part-0.parquet``
-and ``<metrics>/<rollout|score|critique|ppo>/chunk=KKKK/round=NNNN.json``; readers use pipeline/store.py's
+and ``<metrics>/<rollout|score|critique|ppo>/chunk=KKKK/round=NNNN.json``; readers use pipeline/core/store.py's
 helpers for both layouts. A chunk stage that fails or is killed writes no checkpoint, and DVC
 re-runs the whole chunk (its outputs are one unit), from the previous chunk's checkpoint.
 One process only: under `accelerate launch` use per-round stages (rounds_per_stage: 1).
@@ -34,12 +34,12 @@ from pathlib import Path
 
 import torch
 
-from pipeline import store
-from pipeline.config import Params
-from pipeline.device import place
-from pipeline.errors import ConfigError
-from pipeline.seeding import round_seed
-from pipeline.stage import write_json
+from pipeline.core import store
+from pipeline.core.config import Params
+from pipeline.core.device import place
+from pipeline.core.errors import ConfigError
+from pipeline.core.seeding import round_seed
+from pipeline.steps.stage import write_json
 from pipeline.steps.critique import critic_session
 from pipeline.steps.ppo_round import (join_round, load_ppo_state, save_ppo_state, step_row, summarize,
                                       train_ppo_round)

@@ -13,14 +13,14 @@ import time
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from pipeline.config import EvaluateParams, ScoreParams
-from pipeline.device import module_device, place
+from pipeline.core.config import EvaluateParams, ScoreParams
+from pipeline.core.device import module_device, place
 from pipeline.evaluate.decode import sample_continuations
 from pipeline.evaluate.metrics import conditional_perplexities, distinct_n, nanmean
 from pipeline.evaluate.prompts import load_prompt_sets
-from pipeline.shard import Shard
+from pipeline.parallel.shard import Shard
 from pipeline.steps.rollout import encode_query
-from pipeline.store import SCHEMAS
+from pipeline.core.store import SCHEMAS
 from pipeline.tasks import get_task
 
 SAMPLE_SCORE_COLUMNS = ("positive_prob", "rm_score")  # per-sample task scores kept in eval_samples

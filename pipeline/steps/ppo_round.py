@@ -6,16 +6,16 @@ from pathlib import Path
 
 import torch
 
-from pipeline.checkpoint import atomic_folder
-from pipeline.config import BaseParams, PPOParams
-from pipeline.distributed import DataParallel
-from pipeline.errors import ConfigError, DataError
-from pipeline.lora import add_adapters, has_adapters
-from pipeline.policy import PolicyWithValueHead, load_policy, write_policy_files
-from pipeline.reference import make_reference
-from pipeline.ppo import AdaptiveKLController, FixedKLController, RunningMoments
-from pipeline.seeding import round_seed
-from pipeline.trainer import (RolloutBatch, load_trainer_state, make_optimizer, save_trainer_state,
+from pipeline.core.checkpoint import atomic_folder
+from pipeline.core.config import BaseParams, PPOParams
+from pipeline.parallel.distributed import DataParallel
+from pipeline.core.errors import ConfigError, DataError
+from pipeline.model.lora import add_adapters, has_adapters
+from pipeline.model.policy import PolicyWithValueHead, load_policy, write_policy_files
+from pipeline.model.reference import make_reference
+from pipeline.train.ppo import AdaptiveKLController, FixedKLController, RunningMoments
+from pipeline.core.seeding import round_seed
+from pipeline.train.trainer import (RolloutBatch, load_trainer_state, make_optimizer, save_trainer_state,
                               train_round)
 
 
@@ -45,7 +45,7 @@ def new_kl_controller(params: PPOParams):
 class PPOState:
     """Everything one round of PPO hands the next: what a checkpoint holds, plus the reference model.
 
-    policy (LM + value head), tokenizer, reference (pipeline/reference.py), optimizer (Adam),
+    policy (LM + value head), tokenizer, reference (pipeline/model/reference.py), optimizer (Adam),
     kl_controller, score_moments. Written by :func:`save_ppo_state`, read back by :func:`load_ppo_state`;
     the chunk stage (pipeline/steps/chunk.py) keeps it in memory from one round to the next instead.
     """
@@ -65,11 +65,11 @@ def ppo_round(rollouts: list[dict], scores: list[dict], annotations: list[dict],
 
     The reference model is the base model: a frozen copy, or with lower layers shared
     (params.num_shared_layers), or the policy with its LoRA adapters disabled when `base.lora_r`
-    > 0 (a round starting from the base model then adds fresh adapters; see pipeline/reference.py).
+    > 0 (a round starting from the base model then adds fresh adapters; see pipeline/model/reference.py).
     Optimizer, KL controller and score moments
     carry over from the previous round's checkpoint when it has them; the checkpoint written
     (policy, value head, optimizer.pt, trainer_state.json) is everything the next round reads.
-    Launched with N processes (pipeline.distributed), the round runs data parallel and only the
+    Launched with N processes (pipeline.parallel.distributed), the round runs data parallel and only the
     main process writes the checkpoint; every process returns the same rows.
     A single process trains on `device` (run.device); N processes on accelerator.device.
     Returns the `ppo_steps` rows, one per gradient step.

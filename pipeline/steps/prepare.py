@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import inspect
 
-from pipeline.config import WorldParams
-from pipeline.errors import ConfigError
+from pipeline.core.config import WorldParams
+from pipeline.core.errors import ConfigError
 from pipeline.tasks import get_task
 
 
@@ -31,7 +31,7 @@ def prepare(*, task: str, run_id: str, seed: int, world: WorldParams,
         if base_model is None:
             raise ConfigError("'world.prefix_unit' = 'tokens' needs a pretrained tokenizer: set 'base.model' to a "
                               "local HF model folder (e.g. a saved gpt2-large), or use prefix_unit 'words'.")
-        from pipeline.base import load_pretrained_tokenizer
+        from pipeline.model.pretrain import load_pretrained_tokenizer
 
         extra["tokenizer"] = load_pretrained_tokenizer(base_model, pad_token)
     corpus, splits = builder(world, seed=seed, **extra)

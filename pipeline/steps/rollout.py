@@ -15,11 +15,11 @@ import time
 
 import torch
 
-from pipeline.device import module_device
-from pipeline.policy import load_policy
-from pipeline.sampling import sample_responses
-from pipeline.seeding import round_seed
-from pipeline.shard import Shard
+from pipeline.core.device import module_device
+from pipeline.model.policy import load_policy
+from pipeline.model.sampling import sample_responses
+from pipeline.core.seeding import round_seed
+from pipeline.parallel.shard import Shard
 
 
 def encode_query(tokenizer, text: str) -> list[int]:
@@ -74,7 +74,7 @@ def rollout_with(policy, tokenizer, prompt_rows: list[dict], *, policy_name: str
     Deterministic for (seed, round_, generation_batch_size, device) and the policy's weights, whether
     the policy was just loaded (rollout stage) or trained in this process (chunk stage). With `shard` (N processes)
     each process samples its generation batches and every process returns all rows, the same
-    as one process (pipeline/shard.py).
+    as one process (pipeline/parallel/shard.py).
     Returns: (rollout rows, metrics: device (this process's policy's, from its parameters),
     processes, rows, response_tokens, seconds and tokens_per_s of the sampling).
     """

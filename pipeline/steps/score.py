@@ -10,9 +10,9 @@ import time
 
 from tqdm import tqdm
 
-from pipeline.config import ScoreParams
-from pipeline.device import holder_device, place
-from pipeline.errors import DataError
+from pipeline.core.config import ScoreParams
+from pipeline.core.device import holder_device, place
+from pipeline.core.errors import DataError
 from pipeline.tasks import get_task
 
 SCORE_CHUNK = 256  # responses per scorer call; the progress bar advances per chunk

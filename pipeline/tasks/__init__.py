@@ -32,7 +32,7 @@ import importlib
 import pkgutil
 from types import ModuleType
 
-from pipeline.errors import ConfigError
+from pipeline.core.errors import ConfigError
 
 _NOT_TASKS = {"common"}
 

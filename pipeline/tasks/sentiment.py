@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 import re
 
-from pipeline.errors import ConfigError, DataError
+from pipeline.core.errors import ConfigError, DataError
 from pipeline.tasks import prefix_prompt_splits
 
 SCORERS = ("vader", "hf_classifier")

@@ -19,7 +19,7 @@ z-normalises it per round as the paper did).
 """
 from __future__ import annotations
 
-from pipeline.errors import ConfigError, DataError
+from pipeline.core.errors import ConfigError, DataError
 
 SCORERS = ("rouge1", "reward_model")
 MODEL_SCORERS = ("reward_model",)  # scorers that read score.model

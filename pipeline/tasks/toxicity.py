@@ -20,7 +20,7 @@
 """
 from __future__ import annotations
 
-from pipeline.errors import ConfigError, DataError
+from pipeline.core.errors import ConfigError, DataError
 from pipeline.tasks import prefix_prompt_splits
 
 SCORERS = ("lexicon", "fitted", "hf_classifier", "perspective")

@@ -1,0 +1,309 @@
+"""The `drlc` command: checks, the DuckDB catalog, the critic cache, the local critic server and audits.
+
+The pipeline itself runs with `dvc repro`; this command covers what sits around it.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from pipeline.core.errors import ConfigError, DrlcError
+from pipeline.commands.estimate import add_estimate_parser
+
+
+def cmd_check(args) -> None:
+    from pipeline.core.config import load_params
+    from pipeline.steps.preflight import check_inputs
+
+    params = load_params(args.params, args.set)
+    check_inputs(params)
+    print(f"{args.params}: ok ({len(params.rounds)} rounds, task {params.run.task}, "
+          f"critic {'on' if params.critic.enabled else 'off'})")
+
+
+def cmd_rounds(args) -> None:
+    from pipeline.commands.rounds import exp_run_overrides, set_rounds
+
+    if args.exp:
+        overrides = exp_run_overrides(args.n, args.per_stage)
+        print("dvc exp run " + " ".join(f"-S {_shell_word(value)}" for value in overrides))
+        return
+    set_rounds(args.params, args.n, args.per_stage)
+    n_chunks = -(-args.n // args.per_stage)
+    chunks = f", {n_chunks} chunk stage{'s' * (n_chunks > 1)} of {args.per_stage}" if args.per_stage > 1 else ""
+    print(f"{args.params}: {args.n} rounds (0001..{args.n:04d}){chunks}, evaluate.policy = round={args.n:04d}")
+
+
+def _shell_word(value: str) -> str:
+    """value quoted for a POSIX shell, in double quotes when that needs no escapes (readable -S flags)."""
+    return f'"{value}"' if not set(value) & set('"$`\\!') else shlex.quote(value)
+
+
+def cmd_sql(args) -> None:
+    import duckdb
+
+    from pipeline.core.store import connect
+
+    con = connect(args.data)
+    try:
+        result = con.sql(args.query)
+    except duckdb.Error as err:
+        raise DrlcError(f"Query failed: {str(err).splitlines()[0]}") from None
+    if result is None:
+        return
+    print(result.df().to_string(index=False) if args.format == "table" else result.df().to_csv(index=False))
+
+
+def cmd_catalog(args) -> None:
+    from pipeline.core.store import view_statements
+
+    statements = view_statements(args.data)
+    if not statements:
+        raise DrlcError(f"No tables under '{args.data}': run `dvc repro` first.")
+    Path(args.out).write_text(";\n".join(statements) + ";\n")
+    print(f"wrote {args.out} ({len(statements)} views); open with: duckdb -init {args.out}")
+
+
+def cmd_cache(args) -> None:
+    from pipeline.critic.cache import CriticCache, export_parquet, import_parquet
+
+    if args.action != "stats" and not args.file:
+        raise ConfigError(f"`drlc cache {args.action}` needs a FILE.parquet argument.")
+    with CriticCache(args.dir) as cache:
+        if args.action == "stats":
+            for key, value in cache.stats().items():
+                print(f"{key}: {value}")
+        elif args.action == "export":
+            print(f"exported {export_parquet(cache, args.file)} entries to {args.file}")
+        else:
+            print(f"imported {import_parquet(cache, args.file)} new entries from {args.file}")
+
+
+def cmd_critic_serve(args) -> None:
+    from pipeline.critic.offline.server import serve_forever
+
+    serve_forever(host=args.host, port=args.port, backend=args.backend, model_dir=args.model_dir, latency_s=args.latency,
+                  error_rate=args.error_rate, rate_limit_rate=args.rate_limit_rate,
+                  garbage_rate=args.garbage_rate, drop_rate=args.drop_rate, empty_rate=args.empty_rate,
+                  seed=args.seed, answer_format=args.answer_format)
+
+
+def cmd_report(args) -> None:
+    from pipeline.commands.report import write_report
+
+    paths = write_report(args.runs, args.out)
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+
+
+def cmd_replay(args) -> None:
+    from pipeline.commands.replay import replay
+    from pipeline.commands.replay_dvc import write_dvc_replay
+
+    if args.dvc and not args.evaluate:
+        raise ConfigError("--no-evaluate does not apply with --dvc: run `dvc repro OUT/dvc.yaml:replay` "
+                          "to train without evaluating.")
+    if args.dvc:
+        write_dvc_replay(args.run, args.out, overrides=args.set, allow_new_calls=args.allow_new_calls)
+    else:
+        replay(args.run, args.out, overrides=args.set, allow_new_calls=args.allow_new_calls, evaluate=args.evaluate)
+
+
+def cmd_batch_prepare(args) -> None:
+    from pipeline.core import store
+    from pipeline.core.config import load_params
+    from pipeline.critic.annotate import round_requests
+    from pipeline.critic.batch import batch_prepare
+    from pipeline.critic.cache import CriticCache
+    from pipeline.critic.templates import load_template
+    from pipeline.steps.critique import critic_client, scored_rows
+
+    params = load_params(args.params)
+    critic = params.critic
+    rows = scored_rows(store.read_table(store.round_partition(args.data, "rollouts", int(args.round)), "rollouts"),
+                       store.read_table(store.round_partition(args.data, "scores", int(args.round)), "scores"))
+    template = load_template(critic.template, task=params.run.task, labels=critic.labels)
+    requests = round_requests(rows, template=template, threshold=critic.threshold)
+    client = critic_client(critic, None, template_sha=template.sha256)  # for its cache keys; sends nothing
+    with CriticCache(critic.cache_dir) as cache:
+        n = batch_prepare(requests, client=client, cache=cache, out_path=args.out)
+    print(f"wrote {n} uncached requests of round {args.round} to {args.out}")
+
+
+def cmd_batch_ingest(args) -> None:
+    from pipeline.core.config import load_params
+    from pipeline.critic.batch import batch_ingest
+    from pipeline.critic.cache import CriticCache
+
+    with CriticCache(load_params(args.params).critic.cache_dir) as cache:
+        counts = batch_ingest(args.file, cache=cache)
+    print(", ".join(f"{k}: {v}" for k, v in counts.items()))
+
+
+def _audit_name(args, critic) -> str:
+    """--name, or `<span file stem>-<critic.model>` with characters unsafe in a folder name replaced."""
+    import re
+
+    name = args.name or f"{Path(args.spans).stem}-{critic.model}"
+    if args.name and not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+        raise ConfigError(f"--name {name!r}: use letters, digits, '.', '_' and '-' only (it names a folder)")
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+
+
+def _audit_args(args, name: str, out: str) -> list[str]:
+    """The `drlc critic eval` arguments that reproduce this audit (for its DVC stage)."""
+    argv = ["--params", args.params, "--spans", args.spans, "--name", name, "--data", args.data, "--out", out,
+            "--seed", str(args.seed), "--span-iou", str(args.span_iou), "--base-model", args.base_model]
+    argv += ["--train", args.train] if args.train else []
+    argv += ["--limit", str(args.limit)] if args.limit is not None else []
+    argv += [] if args.references else ["--no-references"]
+    return argv + [item for assignment in args.set for item in ("--set", assignment)]
+
+
+def cmd_critic_eval(args) -> None:
+    from pipeline.core.config import load_params
+
+    params = load_params(args.params, args.set)
+    critic = params.critic
+    name = _audit_name(args, critic)
+    out = args.out or f"reports/critic_eval/{name}"
+    if args.dvc:
+        from pipeline.audit.dvc_stage import write_audit_stage
+
+        path = write_audit_stage(args.dvc, args=_audit_args(args, name, out), params=args.params,
+                                 template=critic.template, inputs=[args.spans] + ([args.train] if args.train else []),
+                                 data_dir=args.data, out_dir=out, audit=name)
+        print(f"wrote stage critic_eval to {path}; run: dvc repro {path}")
+        return
+    from pipeline.audit.critic_eval import audit_critic, write_audit
+
+    rows, summary = audit_critic(spans_path=args.spans, critic=critic, task=params.run.task,
+                                 train_path=args.train, limit=args.limit,
+                                 seed=args.seed, iou=args.span_iou, references=args.references,
+                                 base_dir=args.base_model, audit=name)
+    paths = write_audit(rows, summary, data_dir=args.data, out_dir=out)
+    configured = summary["critics"]["configured"]
+    print(f"critic eval {name}: {summary['n_posts']} posts, char F1 {configured['char_f1']:.3f}, "
+          f"{configured['requests_sent']} requests sent, {configured['cache_hits']} cache hits")
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+
+
+def _add_eval_parser(critic_sub) -> None:
+    evaluate = critic_sub.add_parser("eval", help="audit the configured critic's spans against human-labelled spans")
+    evaluate.add_argument("--params", default="params.yaml", help="params file whose critic section is audited")
+    evaluate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key")
+    evaluate.add_argument("--spans", required=True, help="labelled posts: SemEval .csv (spans,text) or drlc .jsonl")
+    evaluate.add_argument("--train", default=None, help="labelled train split for the word-list baseline")
+    evaluate.add_argument("--limit", type=int, default=None, help="score a seeded sample of N posts (default: all)")
+    evaluate.add_argument("--seed", type=int, default=0, help="seed of the --limit sample (default: 0)")
+    evaluate.add_argument("--span-iou", type=float, default=0.5,
+                          help="a predicted span matches a gold span of its label at this character IoU (0.5)")
+    evaluate.add_argument("--no-references", dest="references", action="store_false",
+                          help="score only the configured critic (no lexicon critic, no baselines)")
+    evaluate.add_argument("--name", default=None, help="audit name (default: <spans file stem>-<critic.model>)")
+    evaluate.add_argument("--data", default="data", help="folder of the critic_eval table (default: data)")
+    evaluate.add_argument("--out", default=None, help="folder of summary.json and report.md "
+                                                      "(default: reports/critic_eval/NAME)")
+    evaluate.add_argument("--base-model", default="models/base", help="the run's base model, for model_dir: base")
+    evaluate.add_argument("--dvc", default=None, metavar="DIR",
+                          help="write DIR/dvc.yaml with this audit as stage critic_eval instead of running it")
+    evaluate.set_defaults(func=cmd_critic_eval)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="drlc", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    check = sub.add_parser("check", help="validate params.yaml and the run's inputs")
+    check.add_argument("--params", default="params.yaml")
+    check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key")
+    check.set_defaults(func=cmd_check)
+
+    rounds = sub.add_parser("rounds", help="set the number of PPO rounds: rewrite params.yaml's rounds and evaluate.policy")
+    rounds.add_argument("n", type=int, help="number of rounds (1 to 9999)")
+    rounds.add_argument("--params", default="params.yaml")
+    rounds.add_argument("--exp", action="store_true",
+                        help="print the `dvc exp run -S ...` flags for N rounds instead of editing the file")
+    rounds.add_argument("--per-stage", type=int, default=1, metavar="K",
+                        help="rounds per DVC stage: K > 1 writes `chunks` of K rounds run in one process "
+                             "(docs/chunked-rounds.md); default 1")
+    rounds.set_defaults(func=cmd_rounds)
+
+    sql = sub.add_parser("sql", help="run a DuckDB query over the Parquet tables")
+    sql.add_argument("query", help='e.g. "SELECT round, avg(env_reward) FROM scores GROUP BY 1"')
+    sql.add_argument("--data", default="data", help="folder holding the tables (default: data)")
+    sql.add_argument("--format", choices=["table", "csv"], default="table")
+    sql.set_defaults(func=cmd_sql)
+
+    catalog = sub.add_parser("catalog", help="write catalog.sql: DuckDB views over the tables")
+    catalog.add_argument("--data", default="data")
+    catalog.add_argument("--out", default="catalog.sql")
+    catalog.set_defaults(func=cmd_catalog)
+
+    replay = sub.add_parser("replay", help="re-run PPO over a finished run's rollouts and cached critic answers")
+    replay.add_argument("--from", dest="run", required=True, help="folder of a finished run")
+    replay.add_argument("--out", required=True, help="new run folder to write (must not exist)")
+    replay.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="change a reward, critic-alignment or PPO setting, e.g. ppo.learning_rate=1e-4")
+    replay.add_argument("--allow-new-calls", action="store_true",
+                        help="send critic requests that are not cached (e.g. after raising critic.threshold)")
+    replay.add_argument("--no-evaluate", dest="evaluate", action="store_false",
+                        help="train only: skip evaluating the final policy (no eval tables, no metrics/eval.json)")
+    replay.add_argument("--dvc", action="store_true",
+                        help="write OUT/params.yaml and OUT/dvc.yaml instead; then run `dvc repro OUT/dvc.yaml`")
+    replay.set_defaults(func=cmd_replay)
+
+    add_estimate_parser(sub)
+
+    report = sub.add_parser("report", help="compare finished runs: Markdown table + PNG of curves")
+    report.add_argument("runs", nargs="+", help="run folders (each with metrics/eval.json and metrics/rounds.json)")
+    report.add_argument("--out", default="reports", help="output folder (default: reports)")
+    report.set_defaults(func=cmd_report)
+
+    cache = sub.add_parser("cache", help="inspect, export or import the critic cache")
+    cache.add_argument("action", choices=["stats", "export", "import"])
+    cache.add_argument("file", nargs="?", help="Parquet file for export/import")
+    cache.add_argument("--dir", default="cache/critic", help="cache folder (default: cache/critic)")
+    cache.set_defaults(func=cmd_cache)
+
+    critic = sub.add_parser("critic", help="the critic: local server, Batch API, audit against labelled spans")
+    critic_sub = critic.add_subparsers(dest="critic_command", required=True)
+    serve = critic_sub.add_parser("serve", help="serve /v1/chat/completions, /v1/models and /stats")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--backend", default="lexicon", help="lexicon | echo | hf")
+    serve.add_argument("--model-dir", default=None, help="local chat-model checkpoint for --backend hf")
+    serve.add_argument("--answer-format", default="drlc", choices=["drlc", "paper", "markdown", "messy"],
+                       help="layout of the lexicon backend's answers (default: drlc, the templates' own format)")
+    serve.add_argument("--latency", type=float, default=0.0, help="seconds added to every answer")
+    serve.add_argument("--error-rate", type=float, default=0.0, help="share of answers that are HTTP 500")
+    serve.add_argument("--rate-limit-rate", type=float, default=0.0, help="share answered 429 + Retry-After")
+    serve.add_argument("--garbage-rate", type=float, default=0.0, help="share answered with a broken body")
+    serve.add_argument("--drop-rate", type=float, default=0.0, help="share of connections dropped")
+    serve.add_argument("--empty-rate", type=float, default=0.0, help="share answered 200 with empty content")
+    serve.add_argument("--seed", type=int, default=0)
+    serve.set_defaults(func=cmd_critic_serve)
+    prepare = critic_sub.add_parser("batch-prepare", help="write a round's uncached requests as Batch-API JSONL")
+    prepare.add_argument("--round", required=True, help="round key, e.g. 0001")
+    prepare.add_argument("--out", required=True, help="JSONL file to write (custom_id = cache key)")
+    prepare.add_argument("--params", default="params.yaml")
+    prepare.add_argument("--data", default="data")
+    prepare.set_defaults(func=cmd_batch_prepare)
+    ingest = critic_sub.add_parser("batch-ingest", help="load a Batch-API output JSONL into the critic cache")
+    ingest.add_argument("file", help="the batch output JSONL")
+    ingest.add_argument("--params", default="params.yaml")
+    ingest.set_defaults(func=cmd_batch_ingest)
+    _add_eval_parser(critic_sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except DrlcError as error:
+        print(f"drlc: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -1,0 +1,1 @@
+"""The ground floor: params, errors, the Parquet store, checkpoints, seeds and devices. Imports nothing above it."""

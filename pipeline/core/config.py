@@ -1,0 +1,575 @@
+"""Typed, frozen parameters: one dataclass per params.yaml section, one loader.
+
+`load_params("params.yaml")` reads the YAML, applies `key=value` overrides, and checks every
+value before any compute starts, and every combination of values that a later stage needs
+(`_check_combinations`), so a mistake fails at `drlc check`, not after hours of rollouts.
+The dataclass defaults are the demo profile of params.yaml (tests/test_config.py compares them). An unknown key, a wrong type or an out-of-range value raises
+ConfigError naming the dotted key, the bad value and what would be valid (with the nearest
+valid key for typos). Derived values are properties; nothing is written back.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from pipeline.critic.align import MODES as ALIGNMENTS  # critic.alignment: the aligner's own list of modes
+from pipeline.core.errors import ConfigError
+from pipeline.tasks import task_names
+
+TASKS = task_names()  # one module per task in pipeline/tasks/
+KL_PENALTIES = ("kl", "abs", "mse", "full")
+ROUND_KEY = re.compile(r"^\d{4}$")
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, plus YAML 1.2 floats without a dot such as `1e-4` (1.1 reads a string)."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def read_yaml(text: str):
+    return yaml.load(text, Loader=_YamlLoader)
+
+
+def _positive(x) -> bool:
+    return x is None or x > 0
+
+
+def _probability(x) -> bool:
+    return 0.0 <= x <= 1.0
+
+
+@dataclass(frozen=True)
+class RunParams:
+    run_id: str = "demo"
+    task: str = "sentiment"  # one of TASKS
+    seed: int = 0
+    device: str = "auto"  # auto = CUDA when available, else cpu; or cpu, cuda, cuda:N
+    rounds_per_stage: int = 1  # K > 1: K consecutive rounds per `chunk` stage, models kept in memory
+
+    checks = {
+        "task": (lambda x: x in TASKS, f"one of {TASKS}"),
+        "device": (lambda x: x in ("auto", "cpu", "cuda") or bool(re.fullmatch(r"cuda:\d+", x)),
+                   "auto, cpu, cuda or cuda:N (N = a GPU index)"),
+        "rounds_per_stage": (_positive, "a whole number >= 1 (1 = one DVC stage per round and step)"),
+    }
+
+
+@dataclass(frozen=True)
+class WorldParams:
+    """Where the task's text comes from, and the prompts drawn from it.
+
+    `source: world` = the task's seeded synthetic world (demo profile); else a local data file
+    or folder in the task's format (local-data and paper profiles; see pipeline/tasks/<task>.py).
+    """
+
+    source: str = "world"
+    n_reviews: int = 20000  # pretraining corpus of the world: reviews, comments or document+summary pairs
+    n_train_prompts: int = 512
+    n_eval_prompts: int = 64
+    prefix_min_words: int = 2
+    prefix_max_words: int = 5
+    prefix_unit: str = "words"  # words, or tokens of the base tokenizer (the paper's IMDB queries: 4-10 tokens)
+    min_text_chars: int = 0  # local/hub data: drop texts shorter than this (the paper's IMDB filter: 200)
+    min_prompt_toxicity: float | None = None  # toxicity data: keep prompts above this (the paper: 0.6)
+
+    checks = {
+        "source": (lambda x: bool(x.strip()), "'world' or the path of a local data file"),
+        "n_reviews": (_positive, "> 0"),
+        "n_train_prompts": (_positive, "> 0"),
+        "n_eval_prompts": (_positive, "> 0"),
+        "prefix_min_words": (_positive, "> 0"),
+        "prefix_max_words": (_positive, "> 0"),
+        "prefix_unit": (lambda x: x in ("words", "tokens"), "one of ('words', 'tokens')"),
+        "min_text_chars": (lambda x: x >= 0, ">= 0"),
+        "min_prompt_toxicity": (_probability, "in [0, 1] or null"),
+    }
+
+
+@dataclass(frozen=True)
+class BaseParams:
+    """The model every round starts from, built or loaded in the `base` stage.
+
+    `model: null` trains a BPE tokenizer and pretrains a tiny GPT-2 on the world (demo); else a
+    local Hugging Face causal-LM folder or hub id is loaded (local-data and paper profiles).
+    `sft_steps` > 0 then fine-tunes it on the task corpus with TRL's SFTTrainer (the paper's
+    summarization runs). `lora_r` > 0 trains LoRA adapters (peft) instead of all weights; the
+    reference model is then the same model with the adapters disabled.
+    """
+
+    model: str | None = None
+    pad_token: str | None = None  # "eos": pad = eos when the model's tokenizer has no pad (the paper's GPT-2 runs)
+    sft_steps: int = 0
+    lora_r: int = 0
+    lora_alpha: float = 32.0
+    lora_target_modules: list[str] = field(default_factory=list)  # empty = peft's default for the model type
+    vocab_size: int = 1024
+    n_layer: int = 2
+    n_head: int = 4
+    n_embd: int = 128
+    block_size: int = 64
+    steps: int = 1200
+    batch_size: int = 16
+    learning_rate: float = 3e-3
+
+    checks = {
+        "vocab_size": (lambda x: x >= 300, ">= 300 (256 byte tokens + merges + specials)"),
+        "n_layer": (_positive, "> 0"),
+        "n_head": (_positive, "> 0"),
+        "n_embd": (_positive, "> 0"),
+        "block_size": (lambda x: x >= 16, ">= 16"),
+        "steps": (_positive, "> 0"),
+        "batch_size": (_positive, "> 0"),
+        "learning_rate": (_positive, "> 0"),
+        "sft_steps": (lambda x: x >= 0, ">= 0"),
+        "pad_token": (lambda x: x == "eos", "'eos' or null"),
+        "lora_r": (lambda x: x >= 0, ">= 0 (0 = train all weights)"),
+        "lora_alpha": (_positive, "> 0"),
+    }
+
+
+@dataclass(frozen=True)
+class RolloutParams:
+    """Sampling from the current policy. Full-distribution sampling (no top-k/top-p) keeps the
+    recorded behaviour log-probs equal to the policy's own log-probs."""
+
+    batch_size: int = 128
+    max_new_tokens: int = 20
+    min_new_tokens: int | None = None  # per-response length limit drawn in [min, max] (seeded); null = max
+    generation_batch_size: int = 128
+
+    checks = {
+        "min_new_tokens": (_positive, "> 0 or null"),
+        "batch_size": (_positive, "> 0"),
+        "max_new_tokens": (_positive, "> 0"),
+        "generation_batch_size": (_positive, "> 0"),
+    }
+
+
+@dataclass(frozen=True)
+class ScoreParams:
+    """The environment reward (pipeline/rewards/<task>.py); valid scorers depend on run.task."""
+
+    scorer: str = "vader"  # one of the task's scorers (pipeline/tasks/<task>.py SCORERS)
+    scale: float = 1.0
+    model: str | None = None  # hf_classifier: a local HF text-classification folder (or hub id)
+    label: str | None = None  # hf_classifier: the label whose logit/probability is read
+    train_data: str | None = None  # fitted (toxicity): RealToxicityPrompts JSONL file or folder it is fit to
+    batch_size: int = 64  # texts per scorer call
+    endpoint: str | None = None  # perspective: API URL (null = Google's commentanalyzer)
+    rate_limit_per_s: float = 1.0  # perspective: requests per second
+    cache_dir: str = "cache/scores"  # perspective: content-hashed answer cache
+    normalize: bool = False  # z-normalise the rewards of each scorer batch (the paper's TL;DR reward model)
+
+    checks = {
+        "scale": (_positive, "> 0"),
+        "batch_size": (_positive, "> 0"),
+        "rate_limit_per_s": (_positive, "> 0"),
+    }
+
+
+@dataclass(frozen=True)
+class CriticParams:
+    enabled: bool = True
+    endpoint: str = "local"  # "local" = drlc's own server on 127.0.0.1, else an OpenAI-compatible base URL
+    backend: str = "lexicon"  # backend of the local server
+    model_dir: str | None = None  # hf backend: "base" (this run's base model: self-critique) or a model folder
+    model: str = "drlc-lexicon"
+    template: str = "prompts/sentiment.md"
+    labels: list[str] = field(default_factory=list)  # span labels; [] = the template's front matter (.txt: required)
+    threshold: float = 0.0  # critique responses with env reward <= threshold
+    rewards: dict[str, float] = field(default_factory=lambda: {"positive": 0.5, "negative": -0.5})
+    alignment: str = "exact"  # one of ALIGNMENTS
+    zero_mean: bool = False  # subtract each critiqued response's mean token reward (sum 0: no reward scale added)
+    cache_dir: str = "cache/critic"
+    cache_namespace: str = ""  # part of every cache key: separates caches; "" = shared by all runs
+    max_concurrency: int = 8
+    timeout_s: float = 60.0
+    max_retries: int = 6
+    # the critique stage fails when more than this share of critiqued responses ends in
+    # api_error, parse_error or truncated (after caching every good answer)
+    max_error_rate: float = 0.2
+    max_requests: int | None = None
+    max_cost_usd: float | None = None
+    temperature: float = 0.0
+    max_tokens: int = 256
+    # USD per 1M prompt tokens and per 1M completion tokens, by model (for cost and budgets)
+    prices: dict[str, list[float]] = field(default_factory=lambda: {
+        "drlc-lexicon": [0.0, 0.0], "gpt-3.5-turbo": [0.5, 1.5], "gpt-4o-mini": [0.15, 0.6]})
+
+    checks = {
+        "prices": (lambda x: all(len(v) == 2 and min(v) >= 0 for v in x.values()),
+                   "a mapping of model -> [usd_per_1m_prompt_tokens, usd_per_1m_completion_tokens] >= 0"),
+        "alignment": (lambda x: x in ALIGNMENTS, f"one of {ALIGNMENTS}"),
+        "backend": (lambda x: x in ("lexicon", "echo", "hf"), "one of ('lexicon', 'echo', 'hf')"),
+        "max_concurrency": (_positive, "> 0"),
+        "timeout_s": (_positive, "> 0"),
+        "max_retries": (lambda x: x >= 0, ">= 0"),
+        "max_error_rate": (_probability, "in [0, 1]"),
+        "max_requests": (lambda x: x is None or x >= 0, ">= 0 or null"),
+        "max_cost_usd": (lambda x: x is None or x >= 0, ">= 0 or null"),
+        "temperature": (lambda x: x >= 0, ">= 0"),
+        "max_tokens": (_positive, "> 0"),
+    }
+
+
+@dataclass(frozen=True)
+class PPOParams:
+    """PPO hyperparameters. Defaults are legacy TRL's PPOConfig (<= 0.11), which the paper used,
+    except learning_rate (TRL and the paper on gpt2-large: 1.41e-5; the demo's tiny model needs more)."""
+
+    learning_rate: float = 5e-4
+    ppo_epochs: int = 4
+    mini_batch_size: int = 16
+    gradient_accumulation_steps: int = 1
+    gamma: float = 1.0
+    lam: float = 0.95
+    cliprange: float = 0.2
+    cliprange_value: float = 0.2
+    vf_coef: float = 0.1
+    kl_penalty: str = "kl"  # one of KL_PENALTIES
+    adap_kl_ctrl: bool = True
+    init_kl_coef: float = 0.2
+    target: float = 6.0  # adaptive controller's KL goal
+    horizon: float = 10000.0
+    ratio_threshold: float = 10.0
+    early_stopping: bool = False
+    target_kl: float = 1.0  # early-stop bound on the policy KL when early_stopping
+    max_grad_norm: float | None = None
+    whiten_rewards: bool = False
+    use_score_scaling: bool = False
+    use_score_norm: bool = False
+    score_clip: float | None = None
+    # "bf16" = bf16 autocast for forward/backward (log-probs, values stay fp32). Not "no": DVC
+    # rewrites params.yaml unquoted on `dvc exp run -S`, and YAML 1.1 reads `no` as false.
+    mixed_precision: str = "fp32"
+    # freeze the embeddings and the first N transformer blocks and share them with the reference,
+    # as TRL's create_reference_model (the paper: 20 of gpt2-large's 36); null = a full frozen copy
+    num_shared_layers: int | None = None
+
+    checks = {
+        "num_shared_layers": (lambda x: x >= 0, ">= 0 or null"),
+        "mixed_precision": (lambda x: x in ("fp32", "bf16"), "one of ('fp32', 'bf16')"),
+        "learning_rate": (_positive, "> 0"),
+        "ppo_epochs": (_positive, "> 0"),
+        "mini_batch_size": (_positive, "> 0"),
+        "gradient_accumulation_steps": (_positive, "> 0"),
+        "gamma": (_probability, "in [0, 1]"),
+        "lam": (_probability, "in [0, 1]"),
+        "cliprange": (_positive, "> 0"),
+        "cliprange_value": (_positive, "> 0"),
+        "vf_coef": (lambda x: x >= 0, ">= 0"),
+        "kl_penalty": (lambda x: x in KL_PENALTIES, f"one of {KL_PENALTIES}"),
+        "init_kl_coef": (lambda x: x >= 0, ">= 0"),
+        "target": (_positive, "> 0"),
+        "horizon": (_positive, "> 0"),
+        "ratio_threshold": (_positive, "> 0"),
+        "target_kl": (_positive, "> 0"),
+        "max_grad_norm": (_positive, "> 0 or null"),
+        "score_clip": (_positive, "> 0 or null"),
+    }
+
+    @property
+    def backward_batch_size(self) -> int:
+        return self.mini_batch_size * self.gradient_accumulation_steps
+
+
+@dataclass(frozen=True)
+class EvaluateParams:
+    """Evaluation as in the DExperts protocol: N nucleus samples per prompt, scored by a sentiment
+    classifier that is not the training reward, a fluency LM and dist-n."""
+
+    policy: str = "round=0004"  # the policy evaluated against the base; must be the last round
+    prompts: list[str] = field(default_factory=lambda: ["world"])  # "world" or DExperts JSONL paths
+    n_prompts: int | None = 32  # first n prompts of each set (DExperts' sample_size); null = all
+    samples_per_prompt: int = 25
+    max_new_tokens: int = 20
+    top_p: float = 0.9
+    batch_size: int = 64  # sequences per generation / perplexity batch
+    classifier_data: str = "world"  # "world" = labelled synthetic reviews, or a "<0|1> <text>" file
+    fluency_model: str = "base"  # "base" = the run's base model, or a local HF causal-LM folder
+    reward_model: str | None = None  # summarization: a reward-model folder for RM score and win rate
+    instruction: str | None = None  # text put before every prompt (the paper's few-shot prompting baseline)
+
+    checks = {
+        "prompts": (lambda x: len(x) > 0, "a non-empty list of 'world' or JSONL paths"),
+        "n_prompts": (_positive, "> 0 or null"),
+        "samples_per_prompt": (_positive, "> 0"),
+        "max_new_tokens": (_positive, "> 0"),
+        "top_p": (lambda x: 0 < x <= 1, "in (0, 1]"),
+        "batch_size": (_positive, "> 0"),
+    }
+
+
+@dataclass(frozen=True)
+class RoundParams:
+    """One PPO round; `prev` names the policy it starts from ("base" or "round=NNNN")."""
+
+    prev: str = "base"
+
+
+@dataclass(frozen=True)
+class ChunkParams:
+    """One `chunk` stage (run.rounds_per_stage > 1): its key's round to `last`, starting from `prev`."""
+
+    prev: str = "base"
+    last: str = "0001"
+
+
+SECTIONS: dict[str, type] = {
+    "run": RunParams,
+    "world": WorldParams,
+    "base": BaseParams,
+    "rollout": RolloutParams,
+    "score": ScoreParams,
+    "critic": CriticParams,
+    "ppo": PPOParams,
+    "evaluate": EvaluateParams,
+}
+
+
+@dataclass(frozen=True)
+class Params:
+    run: RunParams
+    world: WorldParams
+    base: BaseParams
+    rollout: RolloutParams
+    score: ScoreParams
+    critic: CriticParams
+    ppo: PPOParams
+    evaluate: EvaluateParams
+    rounds: dict[str, RoundParams]  # every round, also when chunked (expanded from `chunks`)
+    chunks: dict[str, ChunkParams] = field(default_factory=dict)  # empty unless run.rounds_per_stage > 1
+
+    def round_keys(self) -> list[str]:
+        return sorted(self.rounds)
+
+    def chunk_rounds(self, key: str) -> list[str]:
+        """The round keys chunk `key` runs, in order."""
+        return [f"{r:04d}" for r in range(int(key), int(self.chunks[key].last) + 1)]
+
+
+def _suggest(name: str, valid) -> str:
+    close = difflib.get_close_matches(name, list(valid), n=1)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    return f"{hint} Valid keys: {', '.join(valid)}."
+
+
+def _type_ok(value, annotation) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is list:
+        (item_t,) = typing.get_args(annotation)
+        return isinstance(value, list) and all(_type_ok(v, item_t) for v in value)
+    if origin is dict:
+        key_t, val_t = typing.get_args(annotation)
+        return isinstance(value, dict) and all(
+            _type_ok(k, key_t) and _type_ok(v, val_t) for k, v in value.items()
+        )
+    return isinstance(value, annotation)
+
+
+def _type_name(annotation) -> str:
+    return str(annotation).replace("typing.", "").replace("<class '", "").replace("'>", "")
+
+
+def build_section(cls: type, values: dict, prefix: str):
+    """Check a mapping against a section dataclass and return the frozen instance."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"'{prefix}' must be a mapping of keys to values, got {values!r}.")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key, value in values.items():
+        if key not in names:
+            raise ConfigError(f"Unknown key '{prefix}.{key}'.{_suggest(key, names)}")
+        if not _type_ok(value, hints[key]):
+            raise ConfigError(
+                f"'{prefix}.{key}' = {value!r} has the wrong type: expected {_type_name(hints[key])}."
+            )
+        check = getattr(cls, "checks", {}).get(key)
+        if check and value is not None and not check[0](value):
+            raise ConfigError(f"'{prefix}.{key}' = {value!r} is out of range: must be {check[1]}.")
+    coerced = {k: float(v) if hints[k] is float else v for k, v in values.items()}
+    return cls(**coerced)
+
+
+def _check_rounds(rounds) -> dict[str, RoundParams]:
+    if not isinstance(rounds, dict) or not rounds:
+        raise ConfigError("'rounds' must map round keys like '0001' to {prev: ...}; got none "
+                          "(`drlc rounds N` writes the chain).")
+    built = {}
+    for key, spec in rounds.items():
+        if not isinstance(key, str) or not ROUND_KEY.match(key):
+            raise ConfigError(f"Round key {key!r} must be a quoted 4-digit string such as '0001'.")
+        built[key] = build_section(RoundParams, spec, f"rounds.{key}")
+    keys = sorted(built)
+    for i, key in enumerate(keys):
+        expected = "base" if i == 0 else f"round={keys[i - 1]}"
+        if built[key].prev != expected:
+            raise ConfigError(
+                f"'rounds.{key}.prev' = {built[key].prev!r} breaks the chain: expected {expected!r}."
+            )
+    return built
+
+
+def _check_chunks(chunks, rounds, per_stage: int) -> tuple[dict[str, RoundParams], dict[str, ChunkParams]]:
+    """(every round, the chunks) of a chunked run: `rounds` empty, `chunks` an unbroken chain of K rounds each.
+
+    Chunk key = its first round; `prev` = the policy it starts from (base, then the previous chunk's
+    last round); `last` = its last round; every chunk holds run.rounds_per_stage rounds but the last,
+    which may hold fewer.
+    """
+    fix = f"`drlc rounds N --per-stage {per_stage}` writes both"
+    if rounds:
+        raise ConfigError(f"'rounds' lists {len(rounds)} per-round stages but 'run.rounds_per_stage' = {per_stage}: "
+                          f"a chunked run sets rounds: {{}} and lists its chunks under 'chunks'; {fix}.")
+    if not isinstance(chunks, dict) or not chunks:
+        raise ConfigError(f"'run.rounds_per_stage' = {per_stage} needs 'chunks' ({{first round: {{prev, last}}}}); "
+                          f"got none: {fix}.")
+    built = {}
+    for key, spec in chunks.items():
+        if not isinstance(key, str) or not ROUND_KEY.match(key):
+            raise ConfigError(f"Chunk key {key!r} must be a quoted 4-digit string such as '0001' (its first round).")
+        built[key] = build_section(ChunkParams, spec, f"chunks.{key}")
+        if not ROUND_KEY.match(built[key].last):
+            raise ConfigError(f"'chunks.{key}.last' = {built[key].last!r} must be a quoted 4-digit round key.")
+    keys, expanded = sorted(built), {}
+    for i, key in enumerate(keys):
+        chunk = built[key]
+        before = built[keys[i - 1]].last if i else None  # the previous chunk's last round
+        want_key, want_prev = (f"{int(before) + 1:04d}", f"round={before}") if i else (key, "base")
+        if key != want_key or chunk.prev != want_prev:
+            raise ConfigError(f"chunk '{key}' (prev {chunk.prev!r}) breaks the chain: expected chunk "
+                              f"'{want_key}' with prev {want_prev!r}; {fix}.")
+        size = int(chunk.last) - int(key) + 1
+        if size != per_stage and not (i == len(keys) - 1 and 1 <= size < per_stage):
+            raise ConfigError(f"chunk '{key}' runs {size} rounds ({key}..{chunk.last}) but 'run.rounds_per_stage' "
+                              f"= {per_stage} (only the last chunk may be shorter); {fix}.")
+        for r in range(int(key), int(chunk.last) + 1):
+            prev = chunk.prev if r == int(key) else f"round={r - 1:04d}"
+            expanded[f"{r:04d}"] = RoundParams(prev=prev)
+    return expanded, built
+
+
+def apply_override(raw: dict, assignment: str) -> None:
+    """Apply one `dotted.key=value` override (value parsed as YAML) to the raw mapping."""
+    if "=" not in assignment:
+        raise ConfigError(f"Override {assignment!r} must look like section.key=value.")
+    dotted, text = assignment.split("=", 1)
+    *parents, leaf = dotted.split(".")
+    node = raw
+    for part in parents:
+        if not isinstance(node.get(part), dict):
+            raise ConfigError(f"Override key '{dotted}' does not exist.{_suggest(part, node)}")
+        node = node[part]
+    node[leaf] = read_yaml(text)
+
+
+def params_from_dict(raw: dict) -> Params:
+    valid = list(SECTIONS) + ["rounds", "chunks"]
+    for key in raw:
+        if key not in valid:
+            raise ConfigError(f"Unknown section '{key}' in params.{_suggest(key, valid)}")
+    sections = {name: build_section(cls, raw.get(name, {}), name) for name, cls in SECTIONS.items()}
+    per_stage = sections["run"].rounds_per_stage
+    if per_stage == 1:
+        if raw.get("chunks"):
+            raise ConfigError("'chunks' is set but 'run.rounds_per_stage' = 1: set chunks: {} (one stage per round "
+                              "and step), or `drlc rounds N --per-stage K` for chunks of K rounds.")
+        params = Params(**sections, rounds=_check_rounds(raw.get("rounds")))
+    else:
+        rounds, chunks = _check_chunks(raw.get("chunks"), raw.get("rounds"), per_stage)
+        params = Params(**sections, rounds=rounds, chunks=chunks)
+    last = f"round={params.round_keys()[-1]}"
+    if params.evaluate.policy != last:
+        raise ConfigError(
+            f"'evaluate.policy' = {params.evaluate.policy!r} must name the last round: {last!r}."
+        )
+    _check_task(params)
+    _check_combinations(params)
+    return params
+
+
+def _check_task(params: Params) -> None:
+    """What the task module declares: its scorers, which of them read score.model, its eval prompts."""
+    from pipeline.tasks import get_task
+
+    task = get_task(params.run.task)
+    scorer = params.score.scorer
+    if scorer not in task.SCORERS:
+        raise ConfigError(f"'score.scorer' = {scorer!r} is not a scorer of task "
+                          f"{params.run.task!r}: use one of {task.SCORERS}.")
+    if scorer in task.MODEL_SCORERS and not params.score.model:
+        raise ConfigError(f"'score.scorer' = {scorer!r} needs 'score.model' (null now): set it to a local model "
+                          f"folder, or use one of {tuple(s for s in task.SCORERS if s not in task.MODEL_SCORERS)}.")
+    if scorer in task.DATA_SCORERS and not params.score.train_data:
+        raise ConfigError(f"'score.scorer' = {scorer!r} needs 'score.train_data' (null now): set it to "
+                          "RealToxicityPrompts JSONL with Perspective scores, e.g. ../shared/data/toxicity/decodingtrust_rtp.")
+    others = [p for p in params.evaluate.prompts if p != "world"]
+    if task.EVAL_NEEDS_REFERENCES and others:
+        raise ConfigError(f"'evaluate.prompts' = {params.evaluate.prompts!r}: task {params.run.task!r} evaluates "
+                          f"against references, which only the world's eval split has; set it to [world].")
+
+
+def _check_combinations(params: Params) -> None:
+    """Constraints between keys of different sections that a later stage relies on."""
+    r, w, b, ppo = params.rollout, params.world, params.base, params.ppo
+    if r.min_new_tokens is not None and r.min_new_tokens > r.max_new_tokens:
+        raise ConfigError(f"'rollout.min_new_tokens' = {r.min_new_tokens} exceeds "
+                          f"'rollout.max_new_tokens' = {r.max_new_tokens}.")
+    if w.prefix_min_words > w.prefix_max_words:
+        raise ConfigError(f"'world.prefix_min_words' = {w.prefix_min_words} exceeds "
+                          f"'world.prefix_max_words' = {w.prefix_max_words}.")
+    if r.batch_size % ppo.backward_batch_size:
+        raise ConfigError(
+            f"'rollout.batch_size' = {r.batch_size} is not a multiple of 'ppo.mini_batch_size' x "
+            f"'ppo.gradient_accumulation_steps' = {ppo.mini_batch_size} x {ppo.gradient_accumulation_steps}: "
+            f"PPO splits each round's batch into equal minibatches; {_batch_fix(r.batch_size, ppo)} or make "
+            f"rollout.batch_size a multiple of {ppo.backward_batch_size}.")
+    if ppo.num_shared_layers is not None and b.lora_r > 0:
+        raise ConfigError(f"'ppo.num_shared_layers' = {ppo.num_shared_layers} and 'base.lora_r' = {b.lora_r} exclude "
+                          f"each other: LoRA already freezes every base weight; set num_shared_layers to null.")
+    if ppo.num_shared_layers is not None and b.model is None and ppo.num_shared_layers >= b.n_layer:
+        raise ConfigError(f"'ppo.num_shared_layers' = {ppo.num_shared_layers} leaves no block of the built base model "
+                          f"('base.n_layer' = {b.n_layer}) to train: use a value below {b.n_layer} or null.")
+
+
+def _batch_fix(batch_size: int, ppo: PPOParams) -> str:
+    """The nearest smaller ppo.mini_batch_size that fits batch_size, or the accumulation to change."""
+    fits = [m for m in range(1, ppo.mini_batch_size + 1) if batch_size % (m * ppo.gradient_accumulation_steps) == 0]
+    if fits:
+        return f"set ppo.mini_batch_size: {fits[-1]}"
+    return f"set ppo.gradient_accumulation_steps to a divisor of {batch_size}"
+
+
+def load_params(path: str | Path = "params.yaml", overrides: list[str] | tuple = ()) -> Params:
+    """Read, override and validate a params file. Raises ConfigError on any bad value."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"Params file '{path}' not found: run from the project root or pass --params.")
+    try:
+        raw = read_yaml(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"Params file '{path}' is not valid YAML: {str(err).splitlines()[0]}") from None
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    return params_from_dict(raw)

@@ -1,0 +1,212 @@
+"""Parquet tables and the DuckDB catalog over them.
+
+Tables are hive-partitioned by round: `data/<table>/round=NNNN/part-0.parquet`. Chunked rounds
+(run.rounds_per_stage > 1, docs/chunked-rounds.md) put the same round partitions one folder
+deeper, under the chunk stage's output: `data/<table>/chunk=KKKK/round=NNNN/part-0.parquet`.
+Readers find partitions in both layouts through `round_partition`, `partition_files` and the
+catalog's views (`LAYOUTS`), never by globbing `round=*` themselves. Each partition is written
+atomically (temporary file in the same folder, then rename), so a killed stage never leaves a
+half-written file. Every table has a fixed Arrow schema below; a row with a
+missing or extra column is a bug and raises StoreError before anything is written.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.core.errors import StoreError
+
+KEYS = [("run_id", pa.string()), ("round", pa.int32())]
+SPAN = pa.struct(
+    [("label", pa.string()), ("text", pa.string()), ("start", pa.int32()),
+     ("end", pa.int32()), ("reward", pa.float64())]
+)
+
+LABELLED_RANGE = pa.struct([("label", pa.string()), ("start", pa.int32()), ("end", pa.int32())])
+ITEM = pa.struct([("label", pa.string()), ("text", pa.string())])
+DROPPED = pa.struct([("label", pa.string()), ("text", pa.string()), ("reason", pa.string())])
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "prompts": pa.schema(KEYS + [
+        ("prompt_id", pa.string()), ("split", pa.string()), ("text", pa.string()),
+        ("reference", pa.string()),
+    ]),
+    "rollouts": pa.schema(KEYS + [
+        ("rollout_id", pa.string()), ("prompt_id", pa.string()), ("query", pa.string()),
+        ("response", pa.string()), ("query_ids", pa.list_(pa.int32())),
+        ("response_ids", pa.list_(pa.int32())), ("behaviour_logprobs", pa.list_(pa.float32())),
+        ("seed", pa.int64()), ("max_new_tokens", pa.int32()), ("policy", pa.string()),
+    ]),
+    "scores": pa.schema(KEYS + [
+        ("rollout_id", pa.string()), ("env_reward", pa.float64()), ("scorer", pa.string()),
+        ("scorer_version", pa.string()),
+    ]),
+    "annotations": pa.schema(KEYS + [
+        ("rollout_id", pa.string()), ("critiqued", pa.bool_()), ("status", pa.string()),
+        ("cache_key", pa.string()), ("cache_hit", pa.bool_()), ("critic_model", pa.string()),
+        ("template_sha", pa.string()), ("raw_text", pa.string()), ("items", pa.list_(ITEM)),
+        ("spans", pa.list_(SPAN)), ("dropped", pa.list_(DROPPED)),
+        ("token_rewards", pa.list_(pa.float64())), ("prompt_tokens", pa.int64()),
+        ("completion_tokens", pa.int64()), ("cost_usd", pa.float64()), ("attempts", pa.int32()),
+        ("error", pa.string()),
+    ]),
+    "ppo_steps": pa.schema(KEYS + [
+        ("step", pa.int32()), ("epoch", pa.int32()), ("policy_loss", pa.float64()),
+        ("value_loss", pa.float64()), ("approx_kl", pa.float64()), ("policy_kl", pa.float64()),
+        ("clipfrac", pa.float64()), ("vf_clipfrac", pa.float64()), ("entropy", pa.float64()),
+        ("ratio_mean", pa.float64()), ("skipped", pa.bool_()), ("grad_norm", pa.float64()),
+        ("lr", pa.float64()), ("kl", pa.float64()), ("kl_coef", pa.float64()),
+        ("env_reward_mean", pa.float64()), ("intrinsic_reward_sum", pa.float64()),
+        ("behaviour_logprob_gap", pa.float64()), ("tokens_per_s", pa.float64()),
+    ]),
+    "eval": pa.schema(KEYS + [
+        ("policy", pa.string()), ("metric", pa.string()), ("value", pa.float64()), ("n", pa.int64()),
+    ]),
+    "eval_samples": pa.schema(KEYS + [
+        ("policy", pa.string()), ("prompt_id", pa.string()), ("sample", pa.int32()),
+        ("prompt_set", pa.string()), ("query", pa.string()), ("response", pa.string()),
+        ("env_reward", pa.float64()), ("positive_prob", pa.float64()), ("perplexity", pa.float64()),
+        ("rm_score", pa.float64()),  # summarization with evaluate.reward_model; absent in older tables (read as null)
+    ]),
+    # `drlc critic eval`: one row per (critic, post) of an audit (pipeline/audit/critic_eval.py)
+    "critic_eval": pa.schema([
+        ("audit", pa.string()), ("critic", pa.string()), ("critic_model", pa.string()), ("line", pa.int64()),
+        ("post_id", pa.string()), ("text", pa.string()), ("status", pa.string()),
+        ("gold_spans", pa.list_(LABELLED_RANGE)), ("pred_spans", pa.list_(LABELLED_RANGE)),
+        ("proposed_spans", pa.int32()), ("absent_spans", pa.int32()), ("char_f1", pa.float64()),
+        ("n_gold_spans", pa.int32()), ("n_pred_spans", pa.int32()), ("matched_pred", pa.int32()),
+        ("matched_gold", pa.int32()), ("cache_hit", pa.bool_()), ("cost_usd", pa.float64()),
+        ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()), ("raw_text", pa.string()),
+        ("error", pa.string()),
+    ]),
+}
+# The partition key of each table's folders (<table>/<key>=<value>/part-0.parquet); default: round
+PARTITION_KEYS = {"critic_eval": "audit"}
+
+# Columns that measure the machine or the cache rather than the experiment: they legitimately
+# differ between a first run and a re-run (a forced re-run hits the cache; speed varies).
+VOLATILE_COLUMNS = {"annotations": ["cache_hit", "attempts"], "ppo_steps": ["tokens_per_s"]}
+
+
+# Where a table's partitions sit under data/<table>/: per-round stages, and chunk stages
+LAYOUTS = ("{key}=*/part-0.parquet", "chunk=*/{key}=*/part-0.parquet")
+
+
+def partition_dir(root: str | Path, table: str, round_: int) -> Path:
+    return Path(root) / table / f"round={round_:04d}"
+
+
+def chunk_dir(root: str | Path, table: str, chunk: str) -> Path:
+    """The output folder of one chunk stage for `table`; it holds that chunk's round=NNNN partitions."""
+    return Path(root) / table / f"chunk={chunk}"
+
+
+def round_partition(root: str | Path, table: str, round_: int) -> Path:
+    """The folder holding round_'s partition of `table` in either layout (the per-round one if neither exists)."""
+    flat = partition_dir(root, table, round_)
+    if flat.exists():
+        return flat
+    nested = sorted((Path(root) / table).glob(f"chunk=*/round={round_:04d}"))
+    return nested[0] if nested else flat
+
+
+def partition_files(root: str | Path, table: str) -> list[Path]:
+    """Every part-0.parquet of `table` in both layouts, in partition-key order (round order)."""
+    key = PARTITION_KEYS.get(table, "round")
+    files = [f for layout in LAYOUTS for f in (Path(root) / table).glob(layout.format(key=key))]
+    return sorted(files, key=lambda f: (f.parent.name, str(f)))
+
+
+def audit_dir(root: str | Path, audit: str) -> Path:
+    """The critic_eval partition of one audit (`drlc critic eval --name`)."""
+    return Path(root) / "critic_eval" / f"audit={audit}"
+
+
+def write_table(rows: list[dict], table: str, out_dir: str | Path) -> Path:
+    """Write rows as `<out_dir>/part-0.parquet` atomically, checked against the table's schema.
+
+    Raises StoreError if a row's columns differ from the schema.
+    """
+    schema = SCHEMAS[table]
+    names = set(schema.names)
+    for i, row in enumerate(rows):
+        if set(row) != names:
+            missing, extra = sorted(names - set(row)), sorted(set(row) - names)
+            raise StoreError(f"Row {i} of table '{table}' has missing {missing} / extra {extra} columns.")
+    arrow = pa.Table.from_pylist(rows, schema=schema)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / "part-0.parquet"
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".part-0.", suffix=".tmp")
+    os.close(fd)
+    try:
+        pq.write_table(arrow, tmp)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return target
+
+
+def read_table(path: str | Path, table: str | None = None) -> list[dict]:
+    """Read one partition folder (or parquet file) into a list of row dicts."""
+    path = Path(path)
+    file = path if path.suffix == ".parquet" else path / "part-0.parquet"
+    if not file.is_file():
+        hint = f" Run the stage that writes '{table}' first (dvc repro)." if table else ""
+        raise StoreError(f"Table file '{file}' not found.{hint}")
+    try:
+        return pq.read_table(file).to_pylist()
+    except (pa.ArrowInvalid, OSError) as error:
+        raise StoreError(f"Table file '{file}' is not a readable Parquet file ({str(error).splitlines()[0]}): "
+                         f"delete it and re-run the stage that writes it (dvc repro).") from None
+
+
+def connect(data_root: str | Path = "data") -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with one view per table that has data under data_root."""
+    con = duckdb.connect()
+    for sql in view_statements(data_root):
+        con.execute(sql)
+    return con
+
+
+def view_statements(data_root: str | Path = "data") -> list[str]:
+    """`CREATE VIEW` statements for every table with at least one partition (the catalog)."""
+    root = Path(data_root)
+    statements = []
+    for table in SCHEMAS:
+        key = PARTITION_KEYS.get(table, "round")
+        globs = [(root / table / layout.format(key=key)).as_posix() for layout in LAYOUTS
+                 if any((root / table).glob(layout.format(key=key)))]  # DuckDB rejects a glob that matches nothing
+        if globs:
+            statements.append(
+                f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet({globs!r}, "
+                f"union_by_name = true, hive_partitioning = false)"
+            )
+    return statements
+
+
+def write_lines(lines: list[str], path: str | Path) -> Path:
+    """Write one text per line atomically (texts must not contain newlines)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    bad = next((i for i, line in enumerate(lines) if "\n" in line), None)
+    if bad is not None:
+        raise StoreError(f"Line {bad} of {path} contains a newline; one text per line is required.")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_lines(path: str | Path) -> list[str]:
+    path = Path(path)
+    if not path.is_file():
+        raise StoreError(f"Text file '{path}' not found: run the stage that writes it first (dvc repro).")
+    return path.read_text(encoding="utf-8").splitlines()

@@ -1,0 +1,54 @@
+"""Checks that run at the start of every stage, before any compute.
+
+They catch what would otherwise fail late: a critic template without its placeholder, a remote
+critic without an API key, a cache directory that cannot be written.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pipeline.core.config import Params
+from pipeline.core.errors import CacheError, ConfigError
+
+
+def check_inputs(params: Params, root: str | Path = ".") -> None:
+    """Raise a DrlcError for any input the run would trip over later."""
+    if not params.critic.enabled:
+        return
+    from pipeline.critic.templates import load_template
+
+    template_path = Path(root) / params.critic.template
+    template = load_template(template_path, task=params.run.task, labels=params.critic.labels)
+    if template.task != params.run.task:
+        raise ConfigError(
+            f"'critic.template' = {params.critic.template!r} is a {template.task!r} template but "
+            f"'run.task' = {params.run.task!r}: use prompts/{params.run.task}.md."
+        )
+    unknown = sorted(set(params.critic.rewards) - set(template.labels))
+    if unknown:
+        raise ConfigError(
+            f"'critic.rewards' has labels {unknown} that {params.critic.template} does not produce: "
+            f"valid labels are {list(template.labels)}."
+        )
+    check_cache_dir(params.critic.cache_dir, root)
+    if params.critic.endpoint != "local":
+        from pipeline.critic.client import api_key_for
+
+        api_key_for(params.critic.endpoint)  # raises on a bad URL or a missing key
+
+
+def check_cache_dir(cache_dir: str | Path, root: str | Path = ".") -> None:
+    """Raise CacheError unless cache_dir is, or can be created as, a writable directory.
+
+    Creates nothing: the nearest existing path up from cache_dir must be a directory this
+    process may write (a regular file on the way, e.g. `<file>/sub`, fails even for root).
+    """
+    existing = Path(root) / cache_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    problem = ("is not a directory" if not existing.is_dir()
+               else "is not writable" if not os.access(existing, os.W_OK | os.X_OK) else "")
+    if problem:
+        raise CacheError(f"'critic.cache_dir' = {str(cache_dir)!r} cannot be created or written: "
+                         f"{str(existing)!r} {problem}; set critic.cache_dir to a writable directory.")
