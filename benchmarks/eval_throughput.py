@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT))
 def build_demo_model(out_dir: Path, params) -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from pipeline.model.pretrain import train_tokenizer
     from pipeline.data.world import generate_reviews
+    from pipeline.model.pretrain import train_tokenizer
 
     tokenizer = train_tokenizer(generate_reviews(2000, seed=0), vocab_size=params.base.vocab_size, out_dir=out_dir)
     config = GPT2Config(vocab_size=len(tokenizer), n_positions=params.base.block_size, n_layer=params.base.n_layer,

@@ -257,7 +257,6 @@ def step_ppo_timing(config: dict) -> dict:
                                                   / rounds[f"floor_{precision}"]["median_s"])
         if shape == LARGE_SHAPE:  # the computed estimate the docs quote, next to the measured peak
             from benchmarks import ppo_update
-
             from benchmarks.gpu_memory import memory_estimate
 
             rounds[f"computed_drlc_{precision}"] = memory_estimate(

@@ -35,10 +35,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.sample_efficiency_lib.analysis import (  # noqa: E402
-    mean, mean_std, scale_factor, seed_mean_curve, sparse_target, steps_to_reach)
+    mean,
+    mean_std,
+    scale_factor,
+    seed_mean_curve,
+    sparse_target,
+    steps_to_reach,
+)
 from benchmarks.sample_efficiency_lib.arms import ALL, study_arms  # noqa: E402
-from pipeline.core.errors import ConfigError, DataError  # noqa: E402
 from pipeline.commands.rounds import exp_run_overrides  # noqa: E402
+from pipeline.core.errors import ConfigError, DataError  # noqa: E402
 
 PHASE_1 = ("sparse", "dense_all", "dense_selective", "dense_zero_mean")
 ARMS = PHASE_1 + ("sparse_scaled",)

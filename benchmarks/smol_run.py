@@ -33,10 +33,10 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.critic.align import find_occurrences
-from pipeline.critic.offline.lexicon import sentiment_spans
 from pipeline.audit.span_metrics import score_post, span_precision_recall
 from pipeline.core.store import connect
+from pipeline.critic.align import find_occurrences
+from pipeline.critic.offline.lexicon import sentiment_spans
 
 _RUNNING = re.compile(r"^(\d+) Running stage '([^']+)'")
 

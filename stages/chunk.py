@@ -3,9 +3,9 @@
 Writes every round's partitions under <data>/<table>/chunk=KEY/ and metrics under
 <metrics>/<rollout|score|critique|ppo>/chunk=KEY/, then the last round's checkpoint (pipeline/steps/chunk.py).
 """
-from pipeline.steps import stage
 from pipeline.core import store
 from pipeline.core.device import resolve_device
+from pipeline.steps import stage
 from pipeline.steps.chunk import run_chunk
 
 

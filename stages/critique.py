@@ -2,9 +2,9 @@
 
 Exits 2 with one line, writing nothing, when the round fails critic.max_error_rate or its budget.
 """
-from pipeline.steps import stage
 from pipeline.core import store
 from pipeline.core.device import resolve_device
+from pipeline.steps import stage
 from pipeline.steps.critique import critique
 
 

@@ -4,11 +4,11 @@ Data parallel: `accelerate launch --multi_gpu --num_processes N stages/evaluate.
 """
 from pathlib import Path
 
-from pipeline.steps import stage
 from pipeline.core import store
 from pipeline.core.device import resolve_device
 from pipeline.evaluate.curves import round_curves
 from pipeline.parallel.shard import Shard
+from pipeline.steps import stage
 from pipeline.steps.evaluate import evaluate_models
 
 

@@ -2,10 +2,10 @@
 
 Data parallel: `accelerate launch --multi_gpu --num_processes N stages/ppo.py ...` (docs/ppo.md).
 """
-from pipeline.steps import stage
 from pipeline.core import store
 from pipeline.core.device import resolve_device
 from pipeline.parallel.distributed import is_main_process
+from pipeline.steps import stage
 from pipeline.steps.ppo_round import ppo_round, summarize
 
 

@@ -1,6 +1,6 @@
 """prepare: the task's pretraining corpus and the train/eval prompts (synthetic world or local data)."""
-from pipeline.steps import stage
 from pipeline.core import store
+from pipeline.steps import stage
 from pipeline.steps.prepare import prepare
 
 

@@ -6,8 +6,8 @@ Both run with the replay folder as working folder (--out .) and --from naming th
 """
 import argparse
 
-from pipeline.steps import stage
 from pipeline.commands.replay_dvc import evaluate_stage, replay_stage
+from pipeline.steps import stage
 
 
 def main():

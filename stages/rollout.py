@@ -4,10 +4,10 @@ Data parallel: `accelerate launch --multi_gpu --num_processes N stages/rollout.p
 """
 from pathlib import Path
 
-from pipeline.steps import stage
 from pipeline.core import store
 from pipeline.core.device import resolve_device
 from pipeline.parallel.shard import Shard
+from pipeline.steps import stage
 from pipeline.steps.rollout import rollout_round
 
 

@@ -1,7 +1,7 @@
 """score: the environment reward of every response of the round (pipeline/rewards/<task>.py)."""
-from pipeline.steps import stage
 from pipeline.core import store
 from pipeline.core.device import resolve_device
+from pipeline.steps import stage
 from pipeline.steps.score import score_round
 
 

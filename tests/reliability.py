@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import yaml
-
 from e2e import make_project, tiny_params
+
+from pipeline.core.store import VOLATILE_COLUMNS
 from pipeline.critic.offline import lexicon
 from pipeline.critic.offline.server import make_server
-from pipeline.core.store import VOLATILE_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = f"sk-drlc-test-{secrets.token_hex(20)}"

@@ -7,9 +7,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, GPT2LMHeadModel
 
-from pipeline.model import pretrain
-from pipeline.data import world
 from pipeline.core.errors import ConfigError, DataError
+from pipeline.data import world
+from pipeline.model import pretrain
 
 TINY = dict(n_layer=1, n_head=2, n_embd=64, block_size=32, steps=60, batch_size=8, learning_rate=3e-3)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.core.checkpoint import atomic_folder, stale_folders
+from pipeline.core.atomic import atomic_folder, stale_folders
 from pipeline.model.policy import VALUE_HEAD_FILE, load_policy, save_policy
 from tests.test_resume import save_tiny_base
 

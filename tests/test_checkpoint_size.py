@@ -17,15 +17,15 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-
-from pipeline.core.config import BaseParams, load_params
-from pipeline.commands.estimate import estimate_disk, model_size
-from pipeline.model.policy import load_policy, load_reference
-from pipeline.train.ppo import RunningMoments
-from pipeline.core.seeding import round_seed
-from pipeline.steps.ppo_round import new_kl_controller, ppo_round
-from pipeline.train.trainer import make_optimizer, train_round
 from test_resume import PARAMS, SEED, as_batch, round_tables, save_tiny_base
+
+from pipeline.commands.estimate import estimate_disk, model_size
+from pipeline.core.config import BaseParams, load_params
+from pipeline.core.seeding import round_seed
+from pipeline.model.policy import load_policy, load_reference
+from pipeline.steps.ppo_round import new_kl_controller, ppo_round
+from pipeline.train.ppo import RunningMoments
+from pipeline.train.trainer import make_optimizer, train_round
 
 torch.set_num_threads(1)
 BF16 = dataclasses.replace(PARAMS, mixed_precision="bf16")

@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
+from e2e import dump_params, dvc, make_project, tiny_params
 from safetensors.torch import load_file
 
-from e2e import dump_params, dvc, make_project, tiny_params
 from pipeline.commands.rounds import chunk_chain
 from pipeline.core.store import VOLATILE_COLUMNS, round_partition
 

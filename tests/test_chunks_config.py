@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from e2e import dvc, make_project, run
+
+from pipeline.commands.estimate import measured_critique_rate, planned_stages
+from pipeline.commands.rounds import chunk_chain, set_rounds
 from pipeline.core import store
 from pipeline.core.config import load_params, params_from_dict, read_yaml
 from pipeline.core.errors import ConfigError
-from pipeline.commands.estimate import measured_critique_rate, planned_stages
-from pipeline.commands.rounds import chunk_chain, set_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 

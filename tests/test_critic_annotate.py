@@ -4,15 +4,14 @@ from functools import lru_cache
 from pathlib import Path
 
 import pytest
+from conftest import train_bpe
 from transformers import PreTrainedTokenizerFast
 
-from conftest import train_bpe
-
+from pipeline.core.errors import DataError
 from pipeline.critic.annotate import ANNOTATION_FIELDS, annotate_round
 from pipeline.critic.client import CriticClient, CriticResult
 from pipeline.critic.offline.server import serve_in_background
 from pipeline.critic.templates import load_template
-from pipeline.core.errors import DataError
 
 TEMPLATE = load_template(Path(__file__).resolve().parents[1] / "prompts" / "sentiment.md")
 REWARDS = {"positive": 1.0, "negative": -1.0}

@@ -5,18 +5,17 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import train_bpe
 from transformers import PreTrainedTokenizerFast
 
-from conftest import train_bpe
-
-from pipeline.critic.offline import lexicon
+from pipeline.core.errors import ConfigError, DataError
 from pipeline.critic.annotate import annotate_round
 from pipeline.critic.batch import batch_ingest, batch_prepare, round_requests
 from pipeline.critic.cache import MISSING, CriticCache
 from pipeline.critic.client import CriticClient
+from pipeline.critic.offline import lexicon
 from pipeline.critic.offline.server import serve_in_background
 from pipeline.critic.templates import load_template
-from pipeline.core.errors import ConfigError, DataError
 
 TEMPLATE = load_template(Path(__file__).resolve().parents[1] / "prompts" / "sentiment.md")
 SAMPLING = {"temperature": 0.0, "max_tokens": 64}

@@ -10,8 +10,15 @@ from pathlib import Path
 import pytest
 
 import pipeline.critic.cache as cache_module
-from pipeline.critic.cache import MISSING, SCHEMA_VERSION, CriticCache, cache_key, export_parquet, import_parquet
 from pipeline.core.errors import CacheError, StoreError
+from pipeline.critic.cache import (
+    MISSING,
+    SCHEMA_VERSION,
+    CriticCache,
+    cache_key,
+    export_parquet,
+    import_parquet,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 MESSAGES = [{"role": "system", "content": "Task: sentiment"}, {"role": "user", "content": "Un café très bon"}]

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.core.errors import ConfigError, CriticError
 from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient
 from pipeline.critic.offline.server import serve_in_background
-from pipeline.core.errors import ConfigError, CriticError
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = dict(model="critic-m", backoff_base_s=0.005, backoff_max_s=1.0, timeout_s=5.0)

@@ -5,10 +5,10 @@ import json
 import pytest
 import yaml
 
-from pipeline.core import store
-from pipeline.commands.cli import main
-from pipeline.core.config import load_params
 from pipeline.audit.critic_eval import audit_critic, read_answer, write_audit
+from pipeline.commands.cli import main
+from pipeline.core import store
+from pipeline.core.config import load_params
 from pipeline.critic.offline.server import serve_in_background
 from pipeline.critic.templates import load_template
 from tests.e2e import ROOT

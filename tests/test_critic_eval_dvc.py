@@ -8,8 +8,8 @@ import sys
 
 import pytest
 import yaml
-
 from e2e import dvc, make_project, run, tiny_params
+
 from pipeline.commands.cli import main
 
 

@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 from test_critic_server import chat_body, post
 
+from pipeline.core.errors import CriticError
 from pipeline.critic.align import match_items
 from pipeline.critic.offline.lexicon import ANSWER_FORMATS, answer
-from pipeline.critic.parse import parse_answer
 from pipeline.critic.offline.server import make_server, serve_in_background
-from pipeline.core.errors import CriticError
+from pipeline.critic.parse import parse_answer
 
 PROMPTS = Path(__file__).resolve().parents[1] / "prompts"
 WORDS = ("the movie was not good but the cast was very charming and the plot dull awful wonderful "

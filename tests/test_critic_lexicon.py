@@ -5,12 +5,11 @@ from pathlib import Path
 import pytest
 from test_critic_align import build_tokenizer
 
+from pipeline.core.errors import CriticError
 from pipeline.critic.align import align_spans
-from pipeline.critic.offline.lexicon import answer
-from pipeline.critic.offline.lexicon import ANSWER_LABELS
+from pipeline.critic.offline.lexicon import ANSWER_LABELS, answer
 from pipeline.critic.parse import parse_answer
 from pipeline.critic.templates import load_template
-from pipeline.core.errors import CriticError
 
 PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
 SENTIMENT_REWARDS = {"positive": 1.0, "negative": -1.0}

@@ -2,9 +2,9 @@
 
 import pytest
 
+from pipeline.core.errors import ConfigError
 from pipeline.critic.offline.lexicon import ANSWER_LABELS
 from pipeline.critic.parse import format_answer, parse_answer
-from pipeline.core.errors import ConfigError
 
 P, N, T = "positive", "negative", "toxic"
 SENTIMENT = ("positive", "negative")

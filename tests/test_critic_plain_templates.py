@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from conftest import train_bpe
 
+from pipeline.core.errors import TemplateError
 from pipeline.critic.annotate import annotate_round
 from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient
 from pipeline.critic.offline.server import serve_in_background
 from pipeline.critic.templates import load_template
-from pipeline.core.errors import TemplateError
 
 PAPER = Path(__file__).resolve().parents[2] / "shared" / "data" / "critic_prompts"
 if not PAPER.is_dir():

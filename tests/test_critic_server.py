@@ -7,8 +7,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from pipeline.critic.offline.server import FAULT_KINDS, make_server, serve_in_background
 from pipeline.core.errors import ConfigError, CriticError
+from pipeline.critic.offline.server import FAULT_KINDS, make_server, serve_in_background
 
 MESSAGES = [{"role": "system", "content": "Task: sentiment"},
             {"role": "user", "content": "the  soup was\nlovely"}]

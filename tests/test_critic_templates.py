@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.core.errors import TemplateError
 from pipeline.critic.offline.lexicon import ANSWER_LABELS
 from pipeline.critic.templates import load_template
-from pipeline.core.errors import TemplateError
 
 PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
 FIELDS = {

@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
-
 from conftest import save_tiny_gpt2, train_bpe
 from e2e import tiny_params
+
 from pipeline.core import store
 from pipeline.model.policy import load_policy
 from pipeline.model.sampling import sample_responses

@@ -13,25 +13,29 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from transformers import (DistilBertConfig, DistilBertForSequenceClassification, GPT2Config,
-                          GPT2ForSequenceClassification)
-
 from conftest import save_tiny_gpt2, train_bpe
 from e2e import tiny_params
+from test_critic_hf_backend import MESSAGES, post_json, save_checkpoint
+from test_metric_names import documented
+from transformers import (
+    DistilBertConfig,
+    DistilBertForSequenceClassification,
+    GPT2Config,
+    GPT2ForSequenceClassification,
+)
+
 from pipeline.core.config import CriticParams, ScoreParams
-from pipeline.critic.offline.server import serve_in_background
 from pipeline.core.device import resolve_device, stage_devices
 from pipeline.core.errors import ConfigError
+from pipeline.critic.offline.server import serve_in_background
 from pipeline.evaluate.decode import sample_continuations
 from pipeline.evaluate.metrics import conditional_perplexities
 from pipeline.model.policy import load_policy
-from pipeline.rewards.reward_model import RewardModel
 from pipeline.model.sampling import sample_responses
+from pipeline.rewards.reward_model import RewardModel
 from pipeline.steps.critique import critic_endpoint
 from pipeline.steps.rollout import rollout_round
 from pipeline.steps.score import score_round
-from test_critic_hf_backend import MESSAGES, post_json, save_checkpoint
-from test_metric_names import documented
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVICES = ["cpu", pytest.param("cuda:0", marks=pytest.mark.skipif(not torch.cuda.is_available(),

@@ -1,7 +1,7 @@
 """The DVC cache link type of .dvc/config, checked with the real dvc on a ppo-like scratch project.
 
 The scratch DAG mimics the pipeline's checkpoints: a base stage, then rounds whose stage reads
-models/<prev> and writes models/round=N (weights + optimizer state) with pipeline.core.checkpoint's
+models/<prev> and writes models/round=N (weights + optimizer state) with pipeline.core.atomic's
 atomic_folder, plus a `cache: false` metrics file and an undeclared side file. With the project's
 link type, `dvc repro` (also after a parameter change that replaces every linked output) and
 `dvc exp run` work and never corrupt the cache; the DVC facts docs/disk.md builds on hold: a
@@ -20,13 +20,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from e2e import ROOT, dvc, make_project, run, tiny_params
 
 pytestmark = pytest.mark.slow
 
 STAGE = '''import sys, pathlib
-from pipeline.core.checkpoint import atomic_folder
+from pipeline.core.atomic import atomic_folder
 import yaml
 prev, out, key = sys.argv[1:4]
 lr = yaml.safe_load(open("params.yaml"))["lr"]
@@ -61,7 +60,7 @@ def make_scratch(tmp_path: Path) -> Path:
                         "(p / 'weights.bin').write_bytes(b'base;' * 100)\"", "outs": ["models/base"]},
         "ppo": {"foreach": "${rounds}", "do": {
             "cmd": "python step.py models/${item.prev} models/round=${key} ${key}",
-            "deps": ["step.py", "pipeline/core/checkpoint.py", "models/${item.prev}"], "params": ["lr"],
+            "deps": ["step.py", "pipeline/core/atomic.py", "models/${item.prev}"], "params": ["lr"],
             "outs": ["models/round=${key}"], "metrics": [{"metrics/round=${key}.json": {"cache": False}}]}},
     }
     (project / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))

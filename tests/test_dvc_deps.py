@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from pipeline.commands.code_deps import CODE_ROOT, covers, import_closure
-from pipeline.core.config import load_params
 from pipeline.commands.replay_dvc import STAGE_SCRIPT, dvc_stages
+from pipeline.core.config import load_params
 
 
 def code_dep_problems(stage: str, script: str, deps: list[str]) -> list[str]:

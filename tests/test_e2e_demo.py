@@ -13,10 +13,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from e2e import dvc, make_project, run, tiny_params
 
 from pipeline.core.device import stage_devices
 from pipeline.core.store import VOLATILE_COLUMNS, connect
-from e2e import dvc, make_project, run, tiny_params
 
 pytestmark = pytest.mark.slow  # every test here runs `dvc repro` (or uses a fixture that does)
 

@@ -11,9 +11,9 @@ import time
 import urllib.request
 
 import pytest
+from e2e import dvc, make_project, tiny_params
 from transformers import AutoTokenizer
 
-from e2e import dvc, make_project, tiny_params
 from pipeline.core import store
 from pipeline.critic.annotate import annotate_round
 from pipeline.critic.cache import CriticCache

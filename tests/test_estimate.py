@@ -14,12 +14,24 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.commands.estimate import (
+    _gb,
+    add_estimate_parser,
+    cache_copies,
+    cache_link_type,
+    critique_rate,
+    estimate_critic,
+    estimate_disk,
+    estimate_time,
+    measured_critique_rate,
+    model_size,
+    planned_stages,
+    source_status,
+    token_counter,
+)
 from pipeline.core import store
 from pipeline.core.config import load_params
 from pipeline.core.errors import ConfigError, DrlcError
-from pipeline.commands.estimate import (_gb, add_estimate_parser, cache_copies, cache_link_type, critique_rate, estimate_critic,
-                               estimate_disk, estimate_time, measured_critique_rate, model_size, planned_stages,
-                               source_status, token_counter)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs" / "paper").glob("*.yaml")) + sorted((ROOT / "configs").glob("*.yaml"))

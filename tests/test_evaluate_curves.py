@@ -4,9 +4,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.core.errors import DataError
-from pipeline.evaluate.curves import CURVE_COLUMNS, round_curves
 from pipeline.core.round_metrics import intrinsic_reward_sum
 from pipeline.core.store import SCHEMAS, partition_dir, write_table
+from pipeline.evaluate.curves import CURVE_COLUMNS, round_curves
 
 # annotations gain `attempts` (HTTP attempts sent for the row in this run, 0 for a cache hit)
 ANNOTATIONS = SCHEMAS["annotations"]

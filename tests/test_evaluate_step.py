@@ -7,12 +7,12 @@ import pytest
 import torch
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-from pipeline.model.pretrain import train_tokenizer
 from pipeline.core.config import EvaluateParams
+from pipeline.core.store import SCHEMAS
 from pipeline.data.world import generate_reviews
 from pipeline.evaluate.decode import sample_continuations
+from pipeline.model.pretrain import train_tokenizer
 from pipeline.steps.evaluate import evaluate
-from pipeline.core.store import SCHEMAS
 
 METRICS = {"positive_percent", "env_reward_mean", "perplexity", "dist_1", "dist_2", "dist_3", "n_samples"}
 WORLD_ROWS = [{"prompt_id": f"e{i}", "split": "eval", "text": t}

@@ -7,13 +7,13 @@ import torch
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model
 
-from pipeline.model.pretrain import train_tokenizer
 from pipeline.core.config import EvaluateParams, ScoreParams
 from pipeline.core.errors import ConfigError
+from pipeline.core.store import SCHEMAS
 from pipeline.evaluate.metrics import pairwise_win_rate, win_rate
+from pipeline.model.pretrain import train_tokenizer
 from pipeline.rewards.reward_model import TRUNK_HEAD_TEXT_PREFIX
 from pipeline.steps.evaluate import evaluate
-from pipeline.core.store import SCHEMAS
 from pipeline.tasks import get_task
 
 DOCS = ["On Monday, Anna bought two bikes in Oslo. It was cold. TL;DR:",

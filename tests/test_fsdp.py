@@ -24,8 +24,14 @@ from safetensors.torch import load_file
 from pipeline.core.errors import ConfigError
 from pipeline.model.policy import load_policy
 from pipeline.steps.ppo_round import ppo_round
-from tests.test_distributed import (KEY_BIAS, ROOT, WEIGHT_ATOL, assert_two_processes_match_one, launch_stage,
-                                    write_round)
+from tests.test_distributed import (
+    KEY_BIAS,
+    ROOT,
+    WEIGHT_ATOL,
+    assert_two_processes_match_one,
+    launch_stage,
+    write_round,
+)
 from tests.test_resume import PARAMS, SEED
 
 pytestmark = pytest.mark.slow  # each test starts a 2-process accelerate launch (about 45 s)

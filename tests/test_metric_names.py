@@ -4,14 +4,14 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from pipeline.evaluate.curves import round_curves
-from pipeline.train.ppo import AdaptiveKLController, RunningMoments
-from pipeline.steps.ppo_round import step_row, summarize
-from pipeline.core.store import SCHEMAS
-from pipeline.train.trainer import make_optimizer, train_round
 from test_evaluate_curves import build
 from test_trainer import frozen_copy, rollout, tiny_policy, toy_params
+
+from pipeline.core.store import SCHEMAS
+from pipeline.evaluate.curves import round_curves
+from pipeline.steps.ppo_round import step_row, summarize
+from pipeline.train.ppo import AdaptiveKLController, RunningMoments
+from pipeline.train.trainer import make_optimizer, train_round
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 

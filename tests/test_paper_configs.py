@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.config import SECTIONS, load_params, read_yaml
 from pipeline.commands.estimate import estimate_critic
+from pipeline.core.config import SECTIONS, load_params, read_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = sorted((ROOT / "configs" / "paper").glob("*.yaml"))

@@ -4,12 +4,12 @@ import dataclasses
 import random
 
 import pytest
+from conftest import train_bpe
 from datasets import Dataset, DatasetDict
 
-from conftest import train_bpe
 from pipeline.core.config import WorldParams
-from pipeline.data.local import read_records
 from pipeline.core.errors import ConfigError, DataError
+from pipeline.data.local import read_records
 from pipeline.steps.prepare import prepare
 from pipeline.tasks import get_task
 

@@ -4,8 +4,9 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
-from pipeline.core.errors import ConfigError
 import pipeline.model.policy
+from pipeline.core.errors import ConfigError
+from pipeline.model.logprobs import score_responses, token_logprobs
 from pipeline.model.policy import (
     PolicyWithValueHead,
     _fresh_value_head,
@@ -14,7 +15,6 @@ from pipeline.model.policy import (
     save_policy,
 )
 from pipeline.model.sampling import sample_responses
-from pipeline.model.logprobs import score_responses, token_logprobs
 from pipeline.train.ppo import entropy_from_logits
 
 torch.set_num_threads(1)
@@ -245,8 +245,9 @@ def test_token_logprobs_of_very_unlikely_tokens_stay_finite_and_exact_in_fp32():
 
 def test_the_prompt_pass_builds_last_position_logits_only_with_the_same_samples(monkeypatch):
     """logits_to_keep=1 (as generate sets it) for GPT-2 and through a LoRA wrapper; samples unchanged."""
-    import pipeline.model.sampling
     from peft import LoraConfig, get_peft_model
+
+    import pipeline.model.sampling
 
     policy = tiny_policy(n_layer=2)
     assert pipeline.model.sampling._last_logits_only(policy.lm) == {"logits_to_keep": 1}

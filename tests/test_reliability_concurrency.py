@@ -11,8 +11,9 @@ import subprocess
 import sys
 import textwrap
 
-from pipeline.critic.cache import CriticCache, cache_key
 from reliability import critic_server, stage_env
+
+from pipeline.critic.cache import CriticCache, cache_key
 
 N_PER_PROCESS, OVERLAP = 240, 120
 

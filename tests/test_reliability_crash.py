@@ -14,11 +14,22 @@ import time
 
 import pytest
 import yaml
+from reliability import (
+    assert_whole_or_absent,
+    critic_server,
+    critique_cmd,
+    kill_group,
+    ppo_cmd,
+    run_logged,
+    shrunken_run,
+    start,
+    table_rows,
+    wait_until,
+    workdir_for,
+)
 from safetensors.torch import load_file
 
 from pipeline.critic.cache import CriticCache
-from reliability import (assert_whole_or_absent, critic_server, critique_cmd, kill_group, ppo_cmd, run_logged,
-                         shrunken_run, start, table_rows, wait_until, workdir_for)
 
 pytestmark = pytest.mark.slow  # each builds a finished run with dvc repro (shrunken_run)
 

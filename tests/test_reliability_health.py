@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import train_bpe
+from reliability import RecordingBackend, critic_server, free_port, stage_env
+
 from pipeline.core import store
 from pipeline.core.config import load_params
+from pipeline.core.errors import CriticError
 from pipeline.critic.annotate import round_requests
 from pipeline.critic.cache import CriticCache
 from pipeline.critic.templates import load_template
-from pipeline.core.errors import CriticError
 from pipeline.steps.critique import check_health, critic_client, scored_rows
-from reliability import RecordingBackend, critic_server, free_port, stage_env
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = [f"Item{i:02d} was awful and the staff were rude." for i in range(10)]

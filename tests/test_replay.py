@@ -17,13 +17,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pipeline.core import store
-from pipeline.core.config import load_params
-from pipeline.critic.offline.server import serve_in_background
-from pipeline.core.errors import ConfigError, DataError
 from pipeline.commands.replay import check_evaluation, replay
 from pipeline.commands.replay_dvc import write_dvc_replay
 from pipeline.commands.report import load_run
+from pipeline.core import store
+from pipeline.core.config import load_params
+from pipeline.core.errors import ConfigError, DataError
+from pipeline.critic.offline.server import serve_in_background
 from tests.e2e import dvc, make_project, run, tiny_params
 
 pytestmark = pytest.mark.slow  # every test here runs `dvc repro` (or uses a fixture that does)

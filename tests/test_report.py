@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.errors import DataError
 from pipeline.commands.report import load_run, write_report
+from pipeline.core.errors import DataError
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,11 +17,11 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from pipeline.core.config import PPOParams
 from pipeline.core.errors import ConfigError
+from pipeline.core.seeding import round_seed
 from pipeline.model.policy import load_policy, load_reference
 from pipeline.model.sampling import sample_responses
-from pipeline.train.ppo import RunningMoments
 from pipeline.steps.ppo_round import new_kl_controller, ppo_round, step_row
-from pipeline.core.seeding import round_seed
+from pipeline.train.ppo import RunningMoments
 from pipeline.train.trainer import RolloutBatch, make_optimizer, train_round
 
 torch.set_num_threads(1)

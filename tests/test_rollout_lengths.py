@@ -1,12 +1,12 @@
 """Per-response length limits in the rollout step (rollout.min_new_tokens, legacy TRL's LengthSampler)."""
 import pytest
 import torch
-
 from conftest import save_tiny_gpt2, train_bpe
-from pipeline.model.pretrain import train_tokenizer
+
 from pipeline.data.world import generate_reviews
-from pipeline.model.policy import load_policy
 from pipeline.model.logprobs import score_responses
+from pipeline.model.policy import load_policy
+from pipeline.model.pretrain import train_tokenizer
 from pipeline.steps.rollout import response_limits, rollout
 
 PROMPTS = [{"prompt_id": f"train-{i:05d}", "split": "train", "text": text}

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from e2e import dvc, make_project, run
+
+from pipeline.commands.rounds import exp_run_overrides, round_chain, set_rounds
 from pipeline.core.config import load_params
 from pipeline.core.errors import ConfigError
-from pipeline.commands.rounds import exp_run_overrides, round_chain, set_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 

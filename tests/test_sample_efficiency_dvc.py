@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from e2e import dvc, make_project, run, tiny_params
 
 ROOT = Path(__file__).resolve().parents[1]

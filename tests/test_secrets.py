@@ -13,13 +13,13 @@ import threading
 
 import pyarrow.parquet as pq
 import pytest
+from reliability import ROOT, SECRET, critic_server, shrunken_run
 from transformers import AutoTokenizer
 
 from pipeline.critic.annotate import annotate_round
 from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient
 from pipeline.critic.templates import load_template
-from reliability import SECRET, ROOT, critic_server, shrunken_run
 
 
 def files_holding(root, needle: str) -> list[str]:

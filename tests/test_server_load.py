@@ -9,7 +9,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from reliability import stage_env
 
 REQUESTS, CONCURRENCY, TIME_BOUND_S = 2000, 32, 60.0

@@ -4,10 +4,10 @@ import random
 
 import pytest
 import torch
+from conftest import save_tiny_gpt2, train_bpe
 from datasets import Dataset, DatasetDict
 from transformers import AutoModelForCausalLM
 
-from conftest import save_tiny_gpt2, train_bpe
 from pipeline.core.config import BaseParams, WorldParams
 from pipeline.model.policy import load_policy
 from pipeline.model.sft import context_length, corpus_loss, supervised_finetune

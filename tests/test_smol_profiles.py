@@ -15,9 +15,9 @@ import json
 import pytest
 import torch
 import yaml
+from e2e import ROOT, dvc, make_project
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from e2e import ROOT, dvc, make_project
 from pipeline.core import store
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,6 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
-
 from e2e import dvc, make_project, tiny_params
 
 pytestmark = pytest.mark.slow  # every test here runs `dvc repro` (or uses a fixture that does)

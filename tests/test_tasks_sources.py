@@ -9,13 +9,17 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
-from transformers import DistilBertConfig, DistilBertForSequenceClassification, AutoTokenizer
+from transformers import (
+    AutoTokenizer,
+    DistilBertConfig,
+    DistilBertForSequenceClassification,
+)
 
-from pipeline.model.pretrain import train_tokenizer
 from pipeline.core.config import ScoreParams, WorldParams, load_params, params_from_dict
+from pipeline.core.errors import ConfigError, DataError
 from pipeline.critic.annotate import round_requests
 from pipeline.critic.templates import load_template
-from pipeline.core.errors import ConfigError, DataError
+from pipeline.model.pretrain import train_tokenizer
 from pipeline.steps.prepare import prepare
 from pipeline.steps.score import score
 from pipeline.tasks import get_task, task_names

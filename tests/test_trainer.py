@@ -10,12 +10,18 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from pipeline.core.config import PPOParams
 from pipeline.core.errors import DataError, PPOInputError
+from pipeline.model.logprobs import score_responses
 from pipeline.model.policy import PolicyWithValueHead, _fresh_value_head, frozen_copy
 from pipeline.model.sampling import sample_responses
-from pipeline.model.logprobs import score_responses
 from pipeline.train.ppo import AdaptiveKLController, FixedKLController, RunningMoments
-from pipeline.train.trainer import (RolloutBatch, clip_grad_norm, load_trainer_state, make_optimizer, save_trainer_state,
-                              train_round)
+from pipeline.train.trainer import (
+    RolloutBatch,
+    clip_grad_norm,
+    load_trainer_state,
+    make_optimizer,
+    save_trainer_state,
+    train_round,
+)
 
 torch.set_num_threads(1)
 EOS, PAD = 1, 0

@@ -5,8 +5,8 @@ import random
 import pytest
 from vaderSentiment.vaderSentiment import BOOSTER_DICT, SentimentIntensityAnalyzer
 
-from pipeline.data import world
 from pipeline.core.errors import ConfigError
+from pipeline.data import world
 
 ANALYZER = SentimentIntensityAnalyzer()
 

@@ -4,9 +4,9 @@ import re
 
 import pytest
 
+from pipeline.core.errors import ConfigError
 from pipeline.data import summarization_world as news
 from pipeline.data import toxicity_world as comments
-from pipeline.core.errors import ConfigError
 from pipeline.rewards.summarization import rouge_n
 from pipeline.rewards.toxicity import LexiconToxicity, toxic_terms
 

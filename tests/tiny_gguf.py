@@ -10,9 +10,8 @@ import json
 
 import numpy as np
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-
 from conftest import train_bpe
+from transformers import LlamaConfig, LlamaForCausalLM
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

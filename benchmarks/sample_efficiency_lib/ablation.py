@@ -16,14 +16,17 @@ import time
 
 import torch
 
-from pipeline.model.policy import frozen_copy, load_policy
-from pipeline.train.ppo import RunningMoments
-from pipeline.steps.ppo_round import new_kl_controller
-from pipeline.core.seeding import round_seed
-from pipeline.train.trainer import make_optimizer, train_round
-
 from benchmarks.sample_efficiency_lib.arms import ALL, Arm
-from benchmarks.sample_efficiency_lib.runner import annotate_arm, evaluate_policy, ppo_batch
+from benchmarks.sample_efficiency_lib.runner import (
+    annotate_arm,
+    evaluate_policy,
+    ppo_batch,
+)
+from pipeline.core.seeding import round_seed
+from pipeline.model.policy import frozen_copy, load_policy
+from pipeline.steps.ppo_round import new_kl_controller
+from pipeline.train.ppo import RunningMoments
+from pipeline.train.trainer import make_optimizer, train_round
 
 
 def ablation_settings(cfg) -> list[dict]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 
-
 NOT_MEASURES = frozenset({"round", "rollouts", "seconds", "critiqued", "kl_coef"})  # round-record bookkeeping
 
 

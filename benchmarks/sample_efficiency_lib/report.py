@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.core.errors import DataError
-
 from benchmarks.sample_efficiency_lib.analysis import seed_mean_curve
 from benchmarks.sample_efficiency_lib.reading import fmt, honest_reading, pm
 from benchmarks.sample_efficiency_lib.tasks import VIEWS
+from pipeline.core.errors import DataError
 
 README_START = "<!-- sample-efficiency:start -->"
 README_END = "<!-- sample-efficiency:end -->"

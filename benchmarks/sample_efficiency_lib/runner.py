@@ -11,18 +11,17 @@ import time
 
 import torch
 
+from benchmarks.sample_efficiency_lib.arms import Arm
+from pipeline.core.seeding import round_seed
 from pipeline.critic.annotate import skipped_row
 from pipeline.evaluate.decode import sample_continuations
 from pipeline.model.policy import frozen_copy, load_policy
 from pipeline.model.sampling import sample_responses
-from pipeline.train.ppo import RunningMoments
 from pipeline.steps.critique import critique_round
 from pipeline.steps.ppo_round import join_round, new_kl_controller
 from pipeline.steps.rollout import encode_query
-from pipeline.core.seeding import round_seed
+from pipeline.train.ppo import RunningMoments
 from pipeline.train.trainer import make_optimizer, train_round
-
-from benchmarks.sample_efficiency_lib.arms import Arm
 
 EVAL_SEED_STREAM = 9  # round_seed stream of the evaluation sampler
 

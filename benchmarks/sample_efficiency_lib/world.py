@@ -24,10 +24,21 @@ from __future__ import annotations
 import re
 
 from pipeline.core.config import WorldParams
-from pipeline.data.world import (NEGATIVE_ADJECTIVES, NEGATIVE_FEELINGS, NEGATIVE_VERBS, POSITIVE_ADJECTIVES,
-                                 POSITIVE_FEELINGS, POSITIVE_VERBS, generate_labelled_reviews, is_grammatical,
-                                 review_prefixes)
-from pipeline.evaluate.classifier import NaiveBayesClassifier, train_sentiment_classifier
+from pipeline.data.world import (
+    NEGATIVE_ADJECTIVES,
+    NEGATIVE_FEELINGS,
+    NEGATIVE_VERBS,
+    POSITIVE_ADJECTIVES,
+    POSITIVE_FEELINGS,
+    POSITIVE_VERBS,
+    generate_labelled_reviews,
+    is_grammatical,
+    review_prefixes,
+)
+from pipeline.evaluate.classifier import (
+    NaiveBayesClassifier,
+    train_sentiment_classifier,
+)
 from pipeline.evaluate.metrics import distinct_n, positive_percent
 from pipeline.tasks import prefix_prompt_splits
 

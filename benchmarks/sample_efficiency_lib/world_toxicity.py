@@ -24,8 +24,14 @@ import itertools
 import re
 from functools import lru_cache
 
-from pipeline.data.toxicity_world import (CIVIL_WORDS, TEMPLATES, TOPICS, TOXIC_WORDS, comment_prefixes,
-                                          generate_labelled_comments)
+from pipeline.data.toxicity_world import (
+    CIVIL_WORDS,
+    TEMPLATES,
+    TOPICS,
+    TOXIC_WORDS,
+    comment_prefixes,
+    generate_labelled_comments,
+)
 from pipeline.evaluate.classifier import NaiveBayesClassifier
 from pipeline.evaluate.metrics import distinct_n
 from pipeline.rewards.toxicity import LexiconToxicity, ToxicityReward, toxic_terms

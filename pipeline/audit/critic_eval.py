@@ -27,19 +27,30 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.audit.labelled import LabelledPost, read_labelled
+from pipeline.audit.report import render_report
+from pipeline.audit.span_baselines import (
+    everything,
+    learn_wordlist,
+    nothing,
+    wordlist_spans,
+)
+from pipeline.audit.span_metrics import (
+    SPAN_IOU,
+    PostScore,
+    score_post,
+    span_precision_recall,
+)
 from pipeline.core import store
 from pipeline.core.config import CriticParams
-from pipeline.critic.align import find_occurrences
-from pipeline.critic.annotate import read_answer as annotate_read_answer, task_fields
-from pipeline.audit.report import render_report
-from pipeline.critic.cache import CriticCache
-from pipeline.audit.labelled import LabelledPost, read_labelled
-from pipeline.audit.span_baselines import everything, learn_wordlist, nothing, wordlist_spans
-from pipeline.audit.span_metrics import SPAN_IOU, PostScore, score_post, span_precision_recall
-from pipeline.critic.templates import Template, load_template
 from pipeline.core.errors import ConfigError
-from pipeline.steps.stage import write_json
+from pipeline.critic.align import find_occurrences
+from pipeline.critic.annotate import read_answer as annotate_read_answer
+from pipeline.critic.annotate import task_fields
+from pipeline.critic.cache import CriticCache
+from pipeline.critic.templates import Template, load_template
 from pipeline.steps.critique import check_budget, critic_client, critic_endpoint
+from pipeline.steps.stage import write_json
 
 __all__ = ["STATUSES", "Reading", "read_answer", "sample_posts", "audit_critic", "write_audit"]
 

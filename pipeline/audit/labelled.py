@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.audit.span_metrics import offset_runs
-from pipeline.core.jsonl import json_object
 from pipeline.core.errors import DataError
+from pipeline.core.jsonl import json_object
 
 __all__ = ["LabelledPost", "read_labelled"]
 

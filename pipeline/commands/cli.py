@@ -9,8 +9,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from pipeline.core.errors import ConfigError, DrlcError
 from pipeline.commands.estimate import add_estimate_parser
+from pipeline.core.errors import ConfigError, DrlcError
 
 
 def cmd_check(args) -> None:

@@ -258,8 +258,8 @@ def remote_scorer_calls(params: Params, root: str | Path = ".") -> tuple[int, in
 
 def check_offline(params: Params, *, root: str | Path = ".", processes: int = 1) -> list[str]:
     """Raise for what would fail at run time and can be known now; return warnings (strings)."""
-    from pipeline.steps.preflight import check_inputs
     from pipeline.commands.replay import without_remote
+    from pipeline.steps.preflight import check_inputs
 
     check_inputs(without_remote(params), root)  # template task and labels, cache dir; the API key is a warning below
     ppo = params.ppo  # rollout.batch_size vs the minibatch is checked at load (pipeline/core/config.py)
@@ -472,7 +472,11 @@ def _built_config(params: Params):
 def _meta_model(config, kind: str):
     """The model built from `config` on the meta device: shapes, no memory, no weights."""
     import torch
-    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers import (
+        AutoModel,
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+    )
 
     builder = {"causal": AutoModelForCausalLM, "classifier": AutoModelForSequenceClassification,
                "trunk": AutoModel}[kind]
@@ -482,7 +486,9 @@ def _meta_model(config, kind: str):
 
 def lora_parameter_count(lm, r: int, target_modules: list[str]) -> int:
     """Adapter parameters: r x (in + out) per targeted Linear/Conv1D (peft's defaults when none are given)."""
-    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
+    from peft.utils.constants import (
+        TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS,
+    )
 
     targets = set(target_modules or DEFAULTS.get(lm.config.model_type, []))
     count = 0

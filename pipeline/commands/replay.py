@@ -24,8 +24,14 @@ from pathlib import Path
 import yaml
 
 from pipeline.core import store
-from pipeline.core.config import Params, apply_override, load_params, params_from_dict, read_yaml
-from pipeline.core.errors import ConfigError, CriticError, DataError
+from pipeline.core.config import (
+    Params,
+    apply_override,
+    load_params,
+    params_from_dict,
+    read_yaml,
+)
+from pipeline.core.errors import ConfigError, DataError
 from pipeline.steps.preflight import check_inputs
 from pipeline.steps.stage import write_json
 

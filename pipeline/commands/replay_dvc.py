@@ -16,14 +16,30 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.commands.code_deps import (  # CODE_ROOT: the checkout the DVC form runs
+    CODE_ROOT,
+    import_closure,
+)
+from pipeline.commands.replay import (
+    INPUT_TABLES,
+    check_evaluation,
+    check_frozen,
+    effective_params,
+    evaluate_replay,
+    flat_params,
+    prepare,
+    raw_params,
+    read_inputs,
+    refuse_existing,
+    resolved_evaluation,
+    run_params,
+    train_rounds,
+    without_remote,
+)
 from pipeline.core import store
-from pipeline.commands.code_deps import CODE_ROOT, import_closure  # CODE_ROOT: the checkout the DVC form runs
 from pipeline.core.config import Params, load_params
 from pipeline.core.errors import ConfigError
 from pipeline.steps.preflight import check_inputs
-from pipeline.commands.replay import (INPUT_TABLES, check_evaluation, check_frozen, effective_params, evaluate_replay,
-                             flat_params, prepare, raw_params, read_inputs, refuse_existing, resolved_evaluation,
-                             run_params, train_rounds, without_remote)
 from pipeline.steps.stage import write_json
 
 REPLAY_PARAMS = ["run", "world", "base", "rollout", "score", "critic", "ppo", "rounds"]  # frozen ones: compared

@@ -13,15 +13,14 @@ run.rounds_per_stage = K; K = 1 writes the per-round chain and `chunks: {}`.
 from __future__ import annotations
 
 import io
-import os
 import re
-import tempfile
 from pathlib import Path
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
+from pipeline.core.atomic import write_text
 from pipeline.core.config import params_from_dict, read_yaml
 from pipeline.core.errors import ConfigError
 
@@ -115,7 +114,7 @@ def set_rounds(params_file: str | Path, n_rounds: int, per_stage: int = 1) -> No
     buffer = io.StringIO()
     yaml.dump(data, buffer)
     params_from_dict(read_yaml(buffer.getvalue()))  # the result must load, or nothing is written
-    _write_atomically(path, buffer.getvalue())
+    write_text(path, buffer.getvalue())
 
 
 def _round_trip(text: str) -> YAML:
@@ -151,9 +150,3 @@ def _flow_map(old, entries: dict[str, dict]) -> CommentedMap:
         mapping.fa.set_flow_style()  # `{}` on the key's line
     return mapping
 
-
-def _write_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)

@@ -19,8 +19,10 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.critic.align import MODES as ALIGNMENTS  # critic.alignment: the aligner's own list of modes
 from pipeline.core.errors import ConfigError
+from pipeline.critic.align import (
+    MODES as ALIGNMENTS,  # critic.alignment: the aligner's own list of modes
+)
 from pipeline.tasks import task_names
 
 TASKS = task_names()  # one module per task in pipeline/tasks/

@@ -11,14 +11,13 @@ missing or extra column is a bug and raises StoreError before anything is writte
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.core.atomic import atomic_file, write_text
 from pipeline.core.errors import StoreError
 
 KEYS = [("run_id", pa.string()), ("round", pa.int32())]
@@ -139,17 +138,9 @@ def write_table(rows: list[dict], table: str, out_dir: str | Path) -> Path:
             missing, extra = sorted(names - set(row)), sorted(set(row) - names)
             raise StoreError(f"Row {i} of table '{table}' has missing {missing} / extra {extra} columns.")
     arrow = pa.Table.from_pylist(rows, schema=schema)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / "part-0.parquet"
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".part-0.", suffix=".tmp")
-    os.close(fd)
-    try:
-        pq.write_table(arrow, tmp)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    target = Path(out_dir) / "part-0.parquet"
+    with atomic_file(target) as temp:
+        pq.write_table(arrow, temp)
     return target
 
 
@@ -198,11 +189,7 @@ def write_lines(lines: list[str], path: str | Path) -> Path:
     bad = next((i for i, line in enumerate(lines) if "\n" in line), None)
     if bad is not None:
         raise StoreError(f"Line {bad} of {path} contains a newline; one text per line is required.")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_text(path, "\n".join(lines) + "\n")
 
 
 def read_lines(path: str | Path) -> list[str]:

@@ -32,11 +32,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.core.errors import DataError
 from pipeline.critic.align import align_spans, match_items
 from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient, CriticResult
 from pipeline.critic.parse import parse_answer
-from pipeline.core.errors import DataError
 
 __all__ = ["ANNOTATION_FIELDS", "STATUSES", "ReadAnswer", "annotate_round", "read_answer", "critiqued_indices", "round_requests", "task_fields",
            "zero_mean_rewards"]

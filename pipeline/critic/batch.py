@@ -19,16 +19,15 @@ are critiqued and what is sent for them is decided by
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
 
+from pipeline.core.atomic import write_text
+from pipeline.core.errors import DataError
+from pipeline.core.jsonl import json_object
 from pipeline.critic.annotate import round_requests
 from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient
-from pipeline.core.jsonl import json_object
-from pipeline.core.errors import DataError
 
 __all__ = ["BATCH_URL", "batch_prepare", "batch_ingest", "round_requests"]
 
@@ -61,7 +60,7 @@ def batch_prepare(requests: list[list[dict]], *, client: CriticClient, cache: Cr
         line = {"custom_id": key, "method": "POST", "url": BATCH_URL,
                 "body": {"model": client.model, "messages": messages, **client.sampling}}
         lines[key] = json.dumps(line, ensure_ascii=False, separators=(",", ":"))
-    _write_atomically(Path(out_path), "".join(f"{line}\n" for line in lines.values()))
+    write_text(out_path, "".join(f"{line}\n" for line in lines.values()))
     return len(lines)
 
 
@@ -126,15 +125,3 @@ def _answer_of_line(path: Path, number: int, line: str) -> tuple[str, dict | Non
                  "model": body.get("model") or "", "system_fingerprint": body.get("system_fingerprint") or None,
                  "latency_s": 0.0}
 
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to a temp file beside ``path`` and rename it over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise

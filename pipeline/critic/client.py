@@ -50,8 +50,8 @@ import openai
 from openai.types.chat import ChatCompletion
 from tqdm import tqdm
 
-from pipeline.critic.cache import MISSING, CriticCache, cache_key
 from pipeline.core.errors import ConfigError, CriticError
+from pipeline.critic.cache import MISSING, CriticCache, cache_key
 
 __all__ = ["CriticClient", "CriticResult", "RunStats"]
 

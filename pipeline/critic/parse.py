@@ -52,9 +52,20 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pipeline.critic.items import (BOLD, ITEM_LABEL, QUOTES, Item, canonical, closed_quotes, is_none, items_of,
-                                   json_items, label_regex, strip_markup)
 from pipeline.core.errors import ConfigError
+from pipeline.critic.items import (
+    BOLD,
+    ITEM_LABEL,
+    QUOTES,
+    Item,
+    canonical,
+    closed_quotes,
+    is_none,
+    items_of,
+    json_items,
+    label_regex,
+    strip_markup,
+)
 
 __all__ = ["Item", "ParsedAnswer", "parse_answer", "format_answer"]
 

@@ -17,8 +17,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from pipeline.data.world import generate_labelled_reviews
 from pipeline.core.errors import DataError
+from pipeline.data.world import generate_labelled_reviews
 
 WORLD = "world"
 WORLD_TRAIN_SIZE = 4000  # labelled world reviews for the demo classifier

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from pipeline.core.checkpoint import atomic_folder
+from pipeline.core.atomic import atomic_folder
 from pipeline.core.errors import ConfigError
 from pipeline.model.lora import is_adapter_folder, load_adapter_lm
 
@@ -114,7 +114,7 @@ def load_policy(model_dir: str | Path, *, seed: int = 0):
 
 
 def save_policy(policy: PolicyWithValueHead, tokenizer, out_dir: str | Path) -> None:
-    """Write the policy checkpoint to `out_dir` atomically (pipeline/core/checkpoint.py).
+    """Write the policy checkpoint to `out_dir` atomically (pipeline/core/atomic.py).
 
     `out_dir` is then either absent, its old content, or the complete checkpoint; an existing
     folder is replaced, not merged into.

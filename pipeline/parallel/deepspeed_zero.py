@@ -22,9 +22,14 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.parallel.distributed import (_indexed_optimizer_state, _materialized, _meta_copy, _named_optimizer_state,
-                                  _parameter_names)
 from pipeline.core.errors import ConfigError, DataError
+from pipeline.parallel.distributed import (
+    _indexed_optimizer_state,
+    _materialized,
+    _meta_copy,
+    _named_optimizer_state,
+    _parameter_names,
+)
 
 MOMENTS = ("exp_avg", "exp_avg_sq")  # torch Adam's per-parameter state besides "step"
 

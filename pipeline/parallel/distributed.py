@@ -138,7 +138,10 @@ class DataParallel:
         settings from the launch config. The optimizer state is set aside as full tensors and
         loaded back into the sharded optimizer by parameter name.
         """
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
 
         plugin = self._fsdp2_plugin()
         if plugin.transformer_cls_names_to_wrap is None:  # accelerate would look on the policy, which has none
@@ -184,8 +187,11 @@ class DataParallel:
             from pipeline.parallel.deepspeed_zero import full_zero_state
 
             return full_zero_state(self, model)
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                             get_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # full tensors on rank 0 only
         weights = get_model_state_dict(model, options=options)

@@ -17,8 +17,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from pipeline.critic.cache import MISSING, CriticCache, cache_key
 from pipeline.core.errors import ConfigError, CriticError
+from pipeline.critic.cache import MISSING, CriticCache, cache_key
 
 DEFAULT_ENDPOINT = "https://commentanalyzer.googleapis.com/v1alpha1/comments:analyze"
 API_KEY_ENV = "PERSPECTIVE_API_KEY"

@@ -19,12 +19,12 @@ from transformers import AutoTokenizer
 
 from pipeline.core.config import CriticParams
 from pipeline.core.errors import CriticError
+from pipeline.core.round_metrics import intrinsic_reward_sum
 from pipeline.critic.annotate import STATUSES, annotate_round, skipped_row
 from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient, RunStats
 from pipeline.critic.offline.server import serve_in_background
 from pipeline.critic.templates import load_template
-from pipeline.core.round_metrics import intrinsic_reward_sum
 
 FAILED_STATUSES = ("api_error", "truncated", "parse_error")  # counted against critic.max_error_rate
 

@@ -15,12 +15,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pipeline.core.config import EvaluateParams, ScoreParams
 from pipeline.core.device import module_device, place
+from pipeline.core.store import SCHEMAS
 from pipeline.evaluate.decode import sample_continuations
 from pipeline.evaluate.metrics import conditional_perplexities, distinct_n, nanmean
 from pipeline.evaluate.prompts import load_prompt_sets
 from pipeline.parallel.shard import Shard
 from pipeline.steps.rollout import encode_query
-from pipeline.core.store import SCHEMAS
 from pipeline.tasks import get_task
 
 SAMPLE_SCORE_COLUMNS = ("positive_prob", "rm_score")  # per-sample task scores kept in eval_samples

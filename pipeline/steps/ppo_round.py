@@ -6,17 +6,22 @@ from pathlib import Path
 
 import torch
 
-from pipeline.core.checkpoint import atomic_folder
+from pipeline.core.atomic import atomic_folder
 from pipeline.core.config import BaseParams, PPOParams
-from pipeline.parallel.distributed import DataParallel
 from pipeline.core.errors import ConfigError, DataError
+from pipeline.core.seeding import round_seed
 from pipeline.model.lora import add_adapters, has_adapters
 from pipeline.model.policy import PolicyWithValueHead, load_policy, write_policy_files
 from pipeline.model.reference import make_reference
+from pipeline.parallel.distributed import DataParallel
 from pipeline.train.ppo import AdaptiveKLController, FixedKLController, RunningMoments
-from pipeline.core.seeding import round_seed
-from pipeline.train.trainer import (RolloutBatch, load_trainer_state, make_optimizer, save_trainer_state,
-                              train_round)
+from pipeline.train.trainer import (
+    RolloutBatch,
+    load_trainer_state,
+    make_optimizer,
+    save_trainer_state,
+    train_round,
+)
 
 
 def join_round(rollouts: list[dict], scores: list[dict], annotations: list[dict]) -> RolloutBatch:

@@ -16,9 +16,9 @@ import time
 import torch
 
 from pipeline.core.device import module_device
+from pipeline.core.seeding import round_seed
 from pipeline.model.policy import load_policy
 from pipeline.model.sampling import sample_responses
-from pipeline.core.seeding import round_seed
 from pipeline.parallel.shard import Shard
 
 

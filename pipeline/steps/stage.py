@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 from pathlib import Path
 
+from pipeline.core.atomic import write_text
 from pipeline.core.config import Params, load_params
 from pipeline.core.errors import exit_on_error
 from pipeline.steps.preflight import check_inputs
@@ -40,13 +39,7 @@ def start(args: argparse.Namespace) -> Params:
 
 def write_json(data: dict, path: str | Path) -> None:
     """Write a metrics JSON file atomically (sorted keys, so re-runs give identical bytes)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 run = exit_on_error

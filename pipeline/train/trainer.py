@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,12 +28,13 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from pipeline.core.atomic import atomic_file, write_text
 from pipeline.core.config import PPOParams
-from pipeline.parallel.distributed import DataParallel
 from pipeline.core.errors import DataError, PPOInputError
-from pipeline.model.policy import PolicyWithValueHead
 from pipeline.core.round_metrics import intrinsic_reward_sum
 from pipeline.model.logprobs import score_responses
+from pipeline.model.policy import PolicyWithValueHead
+from pipeline.parallel.distributed import DataParallel
 from pipeline.train.ppo import (
     gae,
     kl_penalty,
@@ -346,24 +346,17 @@ def save_trainer_state(directory: str | Path, optimizer, kl_controller, score_mo
     draw of a round comes from generators seeded by (run seed, round), see
     pipeline.core.seeding.round_seed, so nothing random carries over from one round to the next.
     Each file is written to a temporary name and renamed; a whole checkpoint folder is atomic
-    when written inside pipeline.core.checkpoint.atomic_folder (as the ppo stage does).
+    when written inside pipeline.core.atomic.atomic_folder (as the ppo stage does).
     optimizer: a torch optimizer, or an optimizer state dict already gathered to full tensors.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state_dict = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
-    _replace_with(directory / "optimizer.pt", lambda path: torch.save(state_dict, path))
+    with atomic_file(directory / "optimizer.pt") as temp:
+        torch.save(state_dict, temp)
     state = {"kl_controller": kl_controller.state_dict(), "score_moments": score_moments.state_dict(),
              "round": round_}
-    _replace_with(directory / "trainer_state.json",
-                  lambda path: path.write_text(json.dumps(state, indent=2, sort_keys=True)))
-
-
-def _replace_with(path: Path, write) -> None:
-    """write(temp path) next to `path`, then rename it over `path` (atomic on one filesystem)."""
-    temp = path.with_name(f".{path.name}.tmp")
-    write(temp)
-    os.replace(temp, path)
+    write_text(directory / "trainer_state.json", json.dumps(state, indent=2, sort_keys=True))
 
 
 def load_trainer_state(directory: str | Path, optimizer, kl_controller, score_moments) -> int | None:

@@ -27,13 +27,12 @@ spans, copied exactly, so the spans kept after parsing do not depend on the layo
 
 from __future__ import annotations
 
+import hashlib
 import re
 from functools import lru_cache
 
-import hashlib
-
-from pipeline.critic.parse import format_answer
 from pipeline.core.errors import CriticError
+from pipeline.critic.parse import format_answer
 from pipeline.rewards.toxicity import TOXIC_TERMS
 
 __all__ = ["ANSWER_FORMATS", "ANSWER_LABELS", "answer", "TOXIC_WORDS"]
@@ -116,7 +115,11 @@ def _delimited(text: str, tag: str) -> str:
 
 @lru_cache(maxsize=1)
 def _vader():
-    from vaderSentiment.vaderSentiment import BOOSTER_DICT, NEGATE, SentimentIntensityAnalyzer
+    from vaderSentiment.vaderSentiment import (
+        BOOSTER_DICT,
+        NEGATE,
+        SentimentIntensityAnalyzer,
+    )
 
     # VADER counts "despite" as a negation; it does not flip the word after it
     negations = (frozenset(NEGATE) | {"no"}) - {"despite"}

@@ -1,4 +1,8 @@
-"""Atomic checkpoint folders: a checkpoint is either absent, the old one, or complete.
+"""Atomic writes: a file or a folder is either absent, the old one, or complete.
+
+`atomic_file(target)` hands out a temporary path in the target's folder; when the block ends
+without an error it is renamed over `target` (`os.replace`, atomic on one filesystem), else it
+is removed. `write_text` and every table, metrics, params and checkpoint file of drlc go through it.
 
 `atomic_folder(target)` hands out a fresh temporary folder next to `target`
 (`.<name>.tmp-<pid>-<hex>`, on the same filesystem, so renames are atomic). Write every file
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,6 +36,28 @@ def stale_folders(target: str | Path) -> list[Path]:
         return []
     prefixes = (f".{target.name}{TEMP_MARK}", f".{target.name}{ASIDE_MARK}")
     return sorted(p for p in target.parent.iterdir() if p.name.startswith(prefixes))
+
+
+@contextmanager
+def atomic_file(target: str | Path):
+    """Yield a temporary path beside `target`; on success it replaces `target`, on an error it is removed."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(temp)
+        os.replace(temp, target)
+    finally:
+        if os.path.exists(temp):
+            os.remove(temp)
+
+
+def write_text(target: str | Path, text: str) -> Path:
+    """Write `text` (UTF-8) to `target` atomically; return the path."""
+    with atomic_file(target) as temp:
+        temp.write_text(text, encoding="utf-8")
+    return Path(target)
 
 
 @contextmanager
