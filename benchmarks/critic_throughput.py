@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 import openai  # noqa: E402
 
-from pipeline.critic.cache import CriticCache  # noqa: E402
+from pipeline.core.cache import CriticCache  # noqa: E402
 from pipeline.critic.client import CriticClient  # noqa: E402
 from pipeline.critic.offline.server import serve_in_background  # noqa: E402
 from pipeline.critic.templates import load_template  # noqa: E402

@@ -40,9 +40,7 @@ def _meta_model(name: str):
 
 def _lora_parameters(lm, r: int, target_modules: list[str]) -> int:
     """r · (in + out) per adapted linear layer: LoRA's A (r × in) and B (out × r)."""
-    from peft.utils.constants import (
-        TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULT_TARGETS,
-    )
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULT_TARGETS
 
     targets = target_modules or DEFAULT_TARGETS[lm.config.model_type]
     layers = [m for name, m in lm.named_modules() if name.rsplit(".", 1)[-1] in targets]

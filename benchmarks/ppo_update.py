@@ -86,11 +86,7 @@ def _drlc_worker(shape: str, precision: str, device, root: Path = ROOT):
     sys.path.insert(0, str(root))
     from pipeline.core.config import PPOParams
     from pipeline.model.logprobs import score_responses
-    from pipeline.model.policy import (
-        PolicyWithValueHead,
-        _fresh_value_head,
-        frozen_copy,
-    )
+    from pipeline.model.policy import PolicyWithValueHead, _fresh_value_head, frozen_copy
     from pipeline.train.ppo import AdaptiveKLController, RunningMoments
     from pipeline.train.trainer import RolloutBatch, make_optimizer, train_round
 
@@ -346,9 +342,7 @@ def baseline_info(tree: Path | None) -> dict | None:
 def machine_info(args, trl_python) -> dict:
     import torch
 
-    from pipeline.model.logprobs import (
-        cpu_has_native_bf16,  # recorded: bf16 is emulated, and slow, without it
-    )
+    from pipeline.model.logprobs import cpu_has_native_bf16  # recorded: bf16 is emulated, and slow, without it
 
     info = {"cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": args.threads,
             "python": platform.python_version(), "platform": platform.platform(), "processor": platform.processor(),

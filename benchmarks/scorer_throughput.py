@@ -25,10 +25,7 @@ CHUNK = 256
 
 
 def workloads(n: int) -> dict:
-    from pipeline.data.summarization_world import (
-        generate_documents,
-        summarization_prompts,
-    )
+    from pipeline.data.summarization_world import generate_documents, summarization_prompts
     from pipeline.data.toxicity_world import generate_comments
     from pipeline.data.world import generate_reviews
 

@@ -14,14 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from pipeline.rewards.fitted_toxicity import (
-    PARTS,
-    SPLIT_SEED,
-    fit_rtp,
-    rtp_rows,
-    spearman,
-    split_rows,
-)
+from pipeline.rewards.fitted_toxicity import PARTS, SPLIT_SEED, fit_rtp, rtp_rows, spearman, split_rows
 from pipeline.rewards.toxicity import LexiconToxicity
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "toxicity"

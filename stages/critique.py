@@ -6,12 +6,13 @@ from pipeline.core import store
 from pipeline.core.device import resolve_device
 from pipeline.steps import stage
 from pipeline.steps.critique import critique
+from pipeline.steps.preflight import check_inputs
 
 
 def main():
     args = stage.parser(__doc__, "rollouts", "scores", "tokenizer", "out", "metrics",
                         with_round=True).parse_args()
-    params = stage.start(args)
+    params = stage.start(args, check_inputs)
     device = resolve_device(params.run.device)
     rows, metrics = critique(
         store.read_table(args.rollouts, "rollouts"), store.read_table(args.scores, "scores"),

@@ -10,13 +10,14 @@ from pipeline.evaluate.curves import round_curves
 from pipeline.parallel.shard import Shard
 from pipeline.steps import stage
 from pipeline.steps.evaluate import evaluate_models
+from pipeline.tasks import check_params
 
 
 def main():
     parser = stage.parser(__doc__, "prompts", "base", "policy", "data", "metrics", "curves", "out", "samples")
     parser.add_argument("--stage-metrics", help="JSON of the stage itself: device, samples, seconds")
     args = parser.parse_args()
-    params = stage.start(args)
+    params = stage.start(args, check_params)
     device, shard = resolve_device(params.run.device), Shard.from_environment()
     policy_name = Path(args.policy).name
     rows, samples, metrics, info = evaluate_models(

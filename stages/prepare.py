@@ -2,11 +2,12 @@
 from pipeline.core import store
 from pipeline.steps import stage
 from pipeline.steps.prepare import prepare
+from pipeline.tasks import check_params
 
 
 def main():
     args = stage.parser(__doc__, "corpus", "prompts").parse_args()
-    params = stage.start(args)
+    params = stage.start(args, check_params)
     corpus, prompts = prepare(task=params.run.task, run_id=params.run.run_id, seed=params.run.seed,
                               world=params.world, base_model=params.base.model, pad_token=params.base.pad_token)
     store.write_lines(corpus, f"{args.corpus}/corpus.txt")

@@ -5,7 +5,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
-from pipeline.critic.cache import CriticCache
+from pipeline.core.cache import CriticCache
 
 
 def train_bpe(texts: list[str], vocab_size: int = 300) -> PreTrainedTokenizerFast:

@@ -120,7 +120,7 @@ def cache_dir_under_a_file(workdir):
 
 def not_a_parquet_file(workdir):
     (workdir / "x.parquet").write_text("not parquet")
-    from pipeline.critic.cache import CriticCache
+    from pipeline.core.cache import CriticCache
 
     CriticCache(workdir / "cache").close()  # an existing cache: the failed import adds nothing to it
     return ["cache", "import", "x.parquet", "--dir", "cache"]

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from test_resume import PARAMS, SEED, as_batch, round_tables, save_tiny_base
 
-from pipeline.commands.estimate import estimate_disk, model_size
+from pipeline.commands.estimate import estimate_disk
 from pipeline.core.config import BaseParams, load_params
 from pipeline.core.seeding import round_seed
 from pipeline.model.policy import load_policy, load_reference

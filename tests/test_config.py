@@ -7,6 +7,7 @@ import yaml
 
 from pipeline.core.config import SECTIONS, Params, load_params, params_from_dict
 from pipeline.core.errors import ConfigError
+from pipeline.tasks import check_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,11 +88,12 @@ def test_bad_values_name_the_key_the_value_and_the_fix(mutate, expected):
     (lambda r: r["rollout"].update(min_new_tokens=30), ["'rollout.min_new_tokens' = 30", "'rollout.max_new_tokens' = 20"]),
 ])
 def test_cross_section_mistakes_fail_at_load_naming_both_keys(mutate, expected):
-    """Combinations that used to fail only in a later stage (ppo, score, evaluate) fail at `drlc check`."""
+    """Combinations that used to fail only in a later stage (ppo, score, evaluate) fail at `drlc check`:
+    at load, or in the task's own checks (pipeline.tasks.check_params), which `drlc check` runs too."""
     raw = demo_raw()
     mutate(raw)
     with pytest.raises(ConfigError) as info:
-        params_from_dict(raw)
+        check_params(params_from_dict(raw))
     for part in expected:
         assert part in str(info.value)
 

@@ -10,12 +10,7 @@ from hypothesis import strategies as st
 from transformers import PreTrainedTokenizerFast
 
 from pipeline.core.errors import ConfigError, DataError
-from pipeline.critic.align import (
-    align_spans,
-    find_occurrences,
-    match_items,
-    token_char_ranges,
-)
+from pipeline.critic.align import align_spans, find_occurrences, match_items, token_char_ranges
 
 REWARDS = {"positive": 1.0, "negative": -1.0}
 WORDS = ("the movie was good bad not very great terrible acting plot but and café naïve fine really "

@@ -6,12 +6,11 @@ from pathlib import Path
 
 import pytest
 from conftest import train_bpe
-from transformers import PreTrainedTokenizerFast
 
+from pipeline.core.cache import MISSING, CriticCache
 from pipeline.core.errors import ConfigError, DataError
 from pipeline.critic.annotate import annotate_round
 from pipeline.critic.batch import batch_ingest, batch_prepare, round_requests
-from pipeline.critic.cache import MISSING, CriticCache
 from pipeline.critic.client import CriticClient
 from pipeline.critic.offline import lexicon
 from pipeline.critic.offline.server import serve_in_background

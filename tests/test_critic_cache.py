@@ -9,16 +9,9 @@ from pathlib import Path
 
 import pytest
 
-import pipeline.critic.cache as cache_module
+import pipeline.core.cache as cache_module
+from pipeline.core.cache import MISSING, SCHEMA_VERSION, CriticCache, cache_key, export_parquet, import_parquet
 from pipeline.core.errors import CacheError, StoreError
-from pipeline.critic.cache import (
-    MISSING,
-    SCHEMA_VERSION,
-    CriticCache,
-    cache_key,
-    export_parquet,
-    import_parquet,
-)
 
 REPO = Path(__file__).resolve().parents[1]
 MESSAGES = [{"role": "system", "content": "Task: sentiment"}, {"role": "user", "content": "Un café très bon"}]
@@ -109,7 +102,7 @@ def test_counters_and_answers_are_shared_between_processes(tmp_path):
     with CriticCache(tmp_path) as cache:
         cache.put("shared", answer("from parent"))
     child = (
-        "import sys; from pipeline.critic.cache import CriticCache\n"
+        "import sys; from pipeline.core.cache import CriticCache\n"
         "with CriticCache(sys.argv[1]) as c:\n"
         "    print(c.get('shared')['raw_text']); c.get('nope'); c.put('child', c.get('shared') | {'raw_text': 'kid'})\n"
     )

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.core.cache import CriticCache
 from pipeline.core.errors import ConfigError, CriticError
-from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient
 from pipeline.critic.offline.server import serve_in_background
 
@@ -40,7 +40,7 @@ def test_answers_come_back_in_order_and_are_cached(cache):
 def test_answers_paid_in_one_process_are_hits_in_another(tmp_path):
     child = (
         "import sys\n"
-        "from pipeline.critic.cache import CriticCache\n"
+        "from pipeline.core.cache import CriticCache\n"
         "from pipeline.critic.client import CriticClient\n"
         "requests = [[{'role': 'user', 'content': f'text number {i}'}] for i in range(8)]\n"
         "with CriticCache(sys.argv[2]) as cache:\n"

@@ -2,19 +2,8 @@
 import pytest
 
 from pipeline.audit.labelled import LabelledPost
-from pipeline.audit.span_baselines import (
-    everything,
-    learn_wordlist,
-    nothing,
-    wordlist_spans,
-)
-from pipeline.audit.span_metrics import (
-    char_f1,
-    characters,
-    offset_runs,
-    score_post,
-    span_precision_recall,
-)
+from pipeline.audit.span_baselines import everything, learn_wordlist, nothing, wordlist_spans
+from pipeline.audit.span_metrics import char_f1, characters, offset_runs, score_post, span_precision_recall
 
 TEXT = "you are a dumb idiot ok"  # dumb = 10..13, idiot = 15..19, ok = 21..22
 

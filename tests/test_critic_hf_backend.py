@@ -9,8 +9,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
+from pipeline.core.cache import CriticCache
 from pipeline.core.errors import CriticError
-from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient
 from pipeline.critic.offline.hf_backend import MAX_NEW_TOKENS_CAP, _max_new_tokens
 from pipeline.critic.offline.server import make_server, serve_in_background

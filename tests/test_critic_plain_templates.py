@@ -12,18 +12,20 @@ from pathlib import Path
 import pytest
 from conftest import train_bpe
 
+from pipeline.core.cache import CriticCache
 from pipeline.core.errors import TemplateError
 from pipeline.critic.annotate import annotate_round
-from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient
 from pipeline.critic.offline.server import serve_in_background
 from pipeline.critic.templates import load_template
+from pipeline.tasks import get_task
 
 PAPER = Path(__file__).resolve().parents[2] / "shared" / "data" / "critic_prompts"
 if not PAPER.is_dir():
     PAPER = Path("/work/shared/data/critic_prompts")
 pytestmark = pytest.mark.skipif(not PAPER.is_dir(), reason="the paper's prompts are not in ../shared/data")
 
+SENTIMENT_FIELDS = get_task("sentiment").critic_fields
 SENTIMENT, TOXICITY, SUMMARY = ("positive", "negative"), ("toxic",), ("irrelevant", "incoherent", "factually incorrect")
 CASES = {
     "sentiment": ("prompt_sentiment_3shot_v2.txt", SENTIMENT),
@@ -34,7 +36,7 @@ CASES = {
 
 def paper(task):
     name, labels = CASES[task]
-    return load_template(PAPER / name, task=task, labels=labels)
+    return load_template(PAPER / name, task=task, labels=labels, fields=get_task(task).critic_fields)
 
 
 @pytest.mark.parametrize("task, leading, placeholders", [
@@ -55,15 +57,20 @@ def test_paper_prompts_load_with_their_open_header_label(task, leading, placehol
 
 def test_plain_text_prompt_needs_labels_and_the_right_placeholder_count(tmp_path):
     with pytest.raises(TemplateError, match="critic.labels"):
-        load_template(PAPER / CASES["sentiment"][0], task="sentiment", labels=())
+        load_template(PAPER / CASES["sentiment"][0], task="sentiment", labels=(), fields=SENTIMENT_FIELDS)
     two = tmp_path / "two.txt"
     two.write_text("Text: {}\nAgain: {}\nPositive:")
     with pytest.raises(TemplateError, match=r"2 '\{\}' placeholder\(s\), but task 'sentiment' fills 1 \(response"):
-        load_template(two, task="sentiment", labels=SENTIMENT)
+        load_template(two, task="sentiment", labels=SENTIMENT, fields=SENTIMENT_FIELDS)
     named = tmp_path / "named.txt"
     named.write_text("Text: {response}")
     with pytest.raises(TemplateError, match="positional"):
-        load_template(named, task="sentiment", labels=SENTIMENT)
+        load_template(named, task="sentiment", labels=SENTIMENT, fields=SENTIMENT_FIELDS)
+
+
+def test_a_plain_text_prompt_without_the_task_fields_is_refused():
+    with pytest.raises(TemplateError, match="critic fields"):
+        load_template(PAPER / CASES["sentiment"][0], task="sentiment", labels=SENTIMENT)
 
 
 def test_markdown_template_labels_must_match_critic_labels():
@@ -113,7 +120,8 @@ def test_paper_prompt_round_trip_through_a_real_server(task, response, expected)
     with tempfile.TemporaryDirectory() as tmp, CriticCache(tmp) as cache, \
             serve_in_background(backend=paper_layout_answer) as (url, stats):
         client = CriticClient(base_url=url, model="paper-layout", timeout_s=5.0)
-        out = annotate_round([row, none_row], template=template, tokenizer=tokenizer, client=client, cache=cache,
+        out = annotate_round([row, none_row], template=template, fields=get_task(task).critic_fields,
+                             tokenizer=tokenizer, client=client, cache=cache,
                              threshold=0.0, rewards=rewards, alignment="exact", progress=False)
         assert stats()["requests"] == 2
     assert out[0]["status"] == "ok" and out[0]["template_sha"] == template.sha256

@@ -23,7 +23,7 @@ MODULES = modules_with_examples()
 
 
 def test_the_cache_module_is_among_them():
-    assert "pipeline.critic.cache" in MODULES
+    assert "pipeline.core.cache" in MODULES
 
 
 @pytest.mark.parametrize("name", MODULES)

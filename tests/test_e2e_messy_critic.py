@@ -15,8 +15,8 @@ from e2e import dvc, make_project, tiny_params
 from transformers import AutoTokenizer
 
 from pipeline.core import store
+from pipeline.core.cache import CriticCache
 from pipeline.critic.annotate import annotate_round
-from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient
 from pipeline.critic.offline.server import serve_in_background
 from pipeline.critic.templates import load_template

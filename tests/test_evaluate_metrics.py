@@ -4,13 +4,7 @@ import math
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from pipeline.evaluate.metrics import (
-    conditional_perplexities,
-    distinct_n,
-    nanmean,
-    positive_percent,
-    positive_share,
-)
+from pipeline.evaluate.metrics import conditional_perplexities, distinct_n, nanmean, positive_percent, positive_share
 
 
 def test_distinct_n_is_distinct_ngrams_over_words_as_in_dexperts():

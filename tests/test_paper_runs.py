@@ -18,13 +18,7 @@ import yaml
 from conftest import save_tiny_gpt2, train_bpe
 from datasets import Dataset, DatasetDict
 from e2e import ROOT, dvc, make_project
-from transformers import (
-    AutoModelForCausalLM,
-    GPT2Config,
-    GPT2ForSequenceClassification,
-    LlamaConfig,
-    LlamaForCausalLM,
-)
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2ForSequenceClassification, LlamaConfig, LlamaForCausalLM
 
 from pipeline.core import store
 from pipeline.model.reference import shared_parameter_names

@@ -7,13 +7,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 import pipeline.model.policy
 from pipeline.core.errors import ConfigError
 from pipeline.model.logprobs import score_responses, token_logprobs
-from pipeline.model.policy import (
-    PolicyWithValueHead,
-    _fresh_value_head,
-    load_policy,
-    load_reference,
-    save_policy,
-)
+from pipeline.model.policy import PolicyWithValueHead, _fresh_value_head, load_policy, load_reference, save_policy
 from pipeline.model.sampling import sample_responses
 from pipeline.train.ppo import entropy_from_logits
 

@@ -14,15 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.demo_queries import (  # noqa: E402
-    QUERIES,
-    README_END,
-    README_START,
-    RESULT,
-    render,
-    run_queries,
-    splice_readme,
-)
+from benchmarks.demo_queries import QUERIES, README_END, README_START, RESULT, render, run_queries, splice_readme  # noqa: E402
 from pipeline.core import store  # noqa: E402
 from pipeline.core.errors import DataError  # noqa: E402
 

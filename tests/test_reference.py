@@ -20,11 +20,7 @@ from pipeline.core.errors import ConfigError
 from pipeline.model.logprobs import score_responses
 from pipeline.model.lora import add_adapters, has_adapters, is_adapter_folder
 from pipeline.model.policy import load_policy, load_reference
-from pipeline.model.reference import (
-    AdaptersDisabled,
-    make_reference,
-    shared_parameter_names,
-)
+from pipeline.model.reference import AdaptersDisabled, make_reference, shared_parameter_names
 from pipeline.steps.ppo_round import ppo_round
 from tests.test_resume import PAD, round_tables, save_tiny_base
 

@@ -9,15 +9,9 @@ import sys
 
 import pyarrow.parquet as pq
 import pytest
-from reliability import (
-    critic_server,
-    critique_cmd,
-    run_logged,
-    shrunken_run,
-    workdir_for,
-)
+from reliability import critic_server, critique_cmd, run_logged, shrunken_run, workdir_for
 
-from pipeline.critic.cache import CriticCache
+from pipeline.core.cache import CriticCache
 
 pytestmark = pytest.mark.slow  # each builds a finished run with dvc repro (shrunken_run)
 

@@ -13,13 +13,13 @@ import textwrap
 
 from reliability import critic_server, stage_env
 
-from pipeline.critic.cache import CriticCache, cache_key
+from pipeline.core.cache import CriticCache, cache_key
 
 N_PER_PROCESS, OVERLAP = 240, 120
 
 WORKER = textwrap.dedent("""
     import json, sys
-    from pipeline.critic.cache import CriticCache
+    from pipeline.core.cache import CriticCache
     from pipeline.critic.client import CriticClient
     base_url, cache_dir, first, count, out = sys.argv[1:]
     first, count = int(first), int(count)

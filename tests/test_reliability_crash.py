@@ -29,7 +29,7 @@ from reliability import (
 )
 from safetensors.torch import load_file
 
-from pipeline.critic.cache import CriticCache
+from pipeline.core.cache import CriticCache
 
 pytestmark = pytest.mark.slow  # each builds a finished run with dvc repro (shrunken_run)
 

@@ -14,16 +14,9 @@ import time
 
 import pyarrow.parquet as pq
 import pytest
-from reliability import (
-    critic_server,
-    critique_cmd,
-    free_port,
-    run_logged,
-    shrunken_run,
-    workdir_for,
-)
+from reliability import critic_server, critique_cmd, free_port, run_logged, shrunken_run, workdir_for
 
-from pipeline.critic.cache import CriticCache
+from pipeline.core.cache import CriticCache
 from pipeline.critic.offline import lexicon
 
 pytestmark = pytest.mark.slow  # each builds a finished run with dvc repro (shrunken_run)

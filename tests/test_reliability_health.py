@@ -19,10 +19,10 @@ from conftest import train_bpe
 from reliability import RecordingBackend, critic_server, free_port, stage_env
 
 from pipeline.core import store
+from pipeline.core.cache import CriticCache
 from pipeline.core.config import load_params
 from pipeline.core.errors import CriticError
 from pipeline.critic.annotate import round_requests
-from pipeline.critic.cache import CriticCache
 from pipeline.critic.templates import load_template
 from pipeline.steps.critique import check_health, critic_client, scored_rows
 

@@ -11,7 +11,6 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 

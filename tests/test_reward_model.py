@@ -6,21 +6,11 @@ import pytest
 import torch
 from conftest import train_bpe
 from torch import nn
-from transformers import (
-    GPT2Config,
-    GPT2ForSequenceClassification,
-    GPT2Model,
-    GPTJConfig,
-    GPTJModel,
-)
+from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2Model, GPTJConfig, GPTJModel
 
 from pipeline.core.config import ScoreParams
 from pipeline.core.errors import ConfigError
-from pipeline.rewards.reward_model import (
-    TRUNK_HEAD_TEXT_PREFIX,
-    RewardModel,
-    reward_text,
-)
+from pipeline.rewards.reward_model import TRUNK_HEAD_TEXT_PREFIX, RewardModel, reward_text
 from pipeline.steps.score import score
 from pipeline.tasks import get_task
 

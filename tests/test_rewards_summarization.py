@@ -2,13 +2,7 @@
 import pytest
 
 from pipeline.core.errors import DataError
-from pipeline.rewards.summarization import (
-    RougeReward,
-    lcs_length,
-    rouge_l,
-    rouge_n,
-    rouge_tokens,
-)
+from pipeline.rewards.summarization import RougeReward, lcs_length, rouge_l, rouge_n, rouge_tokens
 
 
 def test_rouge_on_a_worked_example():

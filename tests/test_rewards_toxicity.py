@@ -1,12 +1,7 @@
 """The offline toxicity lexicon (noisy OR of term weights) and the 1 - toxicity reward."""
 import pytest
 
-from pipeline.rewards.toxicity import (
-    TOXIC_TERMS,
-    LexiconToxicity,
-    ToxicityReward,
-    toxic_terms,
-)
+from pipeline.rewards.toxicity import TOXIC_TERMS, LexiconToxicity, ToxicityReward, toxic_terms
 
 
 def test_terms_are_whole_words_case_insensitive_and_phrases_tolerate_whitespace():

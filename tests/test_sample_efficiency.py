@@ -19,17 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.sample_efficiency import main, recompute_headlines, write_outputs  # noqa: E402
-from benchmarks.sample_efficiency_lib.analysis import (  # noqa: E402
-    interpolate_at,
-    isotonic_frontier,
-    steps_to_reach,
-)
+from benchmarks.sample_efficiency_lib.analysis import interpolate_at, isotonic_frontier, steps_to_reach  # noqa: E402
 from benchmarks.sample_efficiency_lib.config import TASKS, preset  # noqa: E402
-from benchmarks.sample_efficiency_lib.report import (  # noqa: E402
-    README_END,
-    README_START,
-    splice_readme,
-)
+from benchmarks.sample_efficiency_lib.report import README_END, README_START, splice_readme  # noqa: E402
 from benchmarks.sample_efficiency_lib.study import run_study  # noqa: E402
 from pipeline.core.errors import DataError  # noqa: E402
 
@@ -283,10 +275,7 @@ def test_comment_grammar_recogniser_by_hand():
 
 
 def test_toxicity_reward_is_a_sequence_label_classifier_not_the_lexicon():
-    from benchmarks.sample_efficiency_lib.world_toxicity import (
-        ToxicityStudyWorld,
-        labelled_comments,
-    )
+    from benchmarks.sample_efficiency_lib.world_toxicity import ToxicityStudyWorld, labelled_comments
     from pipeline.data.toxicity_world import TOXIC_WORDS
 
     pairs = labelled_comments(400, seed=3)

@@ -16,8 +16,8 @@ import pytest
 from reliability import ROOT, SECRET, critic_server, shrunken_run
 from transformers import AutoTokenizer
 
+from pipeline.core.cache import CriticCache
 from pipeline.critic.annotate import annotate_round
-from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient
 from pipeline.critic.templates import load_template
 

@@ -9,11 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
-from transformers import (
-    AutoTokenizer,
-    DistilBertConfig,
-    DistilBertForSequenceClassification,
-)
+from transformers import AutoTokenizer, DistilBertConfig, DistilBertForSequenceClassification
 
 from pipeline.core.config import ScoreParams, WorldParams, load_params, params_from_dict
 from pipeline.core.errors import ConfigError, DataError
@@ -22,7 +18,7 @@ from pipeline.critic.templates import load_template
 from pipeline.model.pretrain import train_tokenizer
 from pipeline.steps.prepare import prepare
 from pipeline.steps.score import score
-from pipeline.tasks import get_task, task_names
+from pipeline.tasks import check_params, get_task, task_names
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -49,7 +45,7 @@ def test_a_scorer_of_another_task_is_rejected():
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["score"]["scorer"] = "rouge1"
     with pytest.raises(ConfigError, match=r"'score.scorer' = 'rouge1'.*'vader', 'hf_classifier'"):
-        params_from_dict(raw)
+        check_params(params_from_dict(raw))
 
 
 @pytest.mark.parametrize("profile", ["demo-toxicity", "demo-summarization", "local-sentiment", "local-toxicity",
@@ -177,7 +173,7 @@ def test_summarization_critic_sees_document_summary_and_score():
     rows = [{"rollout_id": "a", "query": "Doc text here. TL;DR:", "response": " Doc here.", "response_ids": [1],
              "env_reward": 0.4}, {"rollout_id": "b", "query": "x TL;DR:", "response": "y", "response_ids": [1],
                                   "env_reward": 0.9}]
-    (messages,) = round_requests(rows, template=template, threshold=0.5)
+    (messages,) = round_requests(rows, template=template, threshold=0.5, fields=get_task("summarization").critic_fields)
     user = messages[-1]["content"]
     assert "<document>\nDoc text here.\n</document>" in user and "<summary>\nDoc here.\n</summary>" in user
     assert "Score of the summary: 0.4" in user

@@ -17,11 +17,7 @@ import time
 import torch
 
 from benchmarks.sample_efficiency_lib.arms import ALL, Arm
-from benchmarks.sample_efficiency_lib.runner import (
-    annotate_arm,
-    evaluate_policy,
-    ppo_batch,
-)
+from benchmarks.sample_efficiency_lib.runner import annotate_arm, evaluate_policy, ppo_batch
 from pipeline.core.seeding import round_seed
 from pipeline.model.policy import frozen_copy, load_policy
 from pipeline.steps.ppo_round import new_kl_controller

@@ -13,7 +13,7 @@ import contextlib
 import math
 from dataclasses import dataclass, field
 
-from pipeline.critic.cache import CriticCache
+from pipeline.core.cache import CriticCache
 from pipeline.critic.client import CriticClient, CriticResult
 from pipeline.critic.offline.server import serve_in_background
 

@@ -14,14 +14,10 @@ from benchmarks.sample_efficiency_lib.ablation import run_ablation
 from benchmarks.sample_efficiency_lib.analysis import headline, mean, scale_factor
 from benchmarks.sample_efficiency_lib.arms import study_arms
 from benchmarks.sample_efficiency_lib.base_cache import cached_base
-from benchmarks.sample_efficiency_lib.critic import (
-    GPT35_PRICES,
-    TalliedCritic,
-    lexicon_client,
-)
+from benchmarks.sample_efficiency_lib.critic import GPT35_PRICES, TalliedCritic, lexicon_client
 from benchmarks.sample_efficiency_lib.runner import StudyContext, evaluate_base, run_arm
 from benchmarks.sample_efficiency_lib.tasks import NOTES, template_name, world_for
-from pipeline.critic.cache import CriticCache
+from pipeline.core.cache import CriticCache
 from pipeline.critic.templates import load_template
 
 ROOT = Path(__file__).resolve().parents[2]

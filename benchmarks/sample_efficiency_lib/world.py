@@ -35,10 +35,7 @@ from pipeline.data.world import (
     is_grammatical,
     review_prefixes,
 )
-from pipeline.evaluate.classifier import (
-    NaiveBayesClassifier,
-    train_sentiment_classifier,
-)
+from pipeline.evaluate.classifier import NaiveBayesClassifier, train_sentiment_classifier
 from pipeline.evaluate.metrics import distinct_n, positive_percent
 from pipeline.tasks import prefix_prompt_splits
 

@@ -29,28 +29,18 @@ from pathlib import Path
 
 from pipeline.audit.labelled import LabelledPost, read_labelled
 from pipeline.audit.report import render_report
-from pipeline.audit.span_baselines import (
-    everything,
-    learn_wordlist,
-    nothing,
-    wordlist_spans,
-)
-from pipeline.audit.span_metrics import (
-    SPAN_IOU,
-    PostScore,
-    score_post,
-    span_precision_recall,
-)
+from pipeline.audit.span_baselines import everything, learn_wordlist, nothing, wordlist_spans
+from pipeline.audit.span_metrics import SPAN_IOU, PostScore, score_post, span_precision_recall
 from pipeline.core import store
+from pipeline.core.cache import CriticCache
 from pipeline.core.config import CriticParams
 from pipeline.core.errors import ConfigError
 from pipeline.critic.align import find_occurrences
 from pipeline.critic.annotate import read_answer as annotate_read_answer
-from pipeline.critic.annotate import task_fields
-from pipeline.critic.cache import CriticCache
 from pipeline.critic.templates import Template, load_template
 from pipeline.steps.critique import check_budget, critic_client, critic_endpoint
 from pipeline.steps.stage import write_json
+from pipeline.tasks import get_task
 
 __all__ = ["STATUSES", "Reading", "read_answer", "sample_posts", "audit_critic", "write_audit"]
 
@@ -105,10 +95,9 @@ def sample_posts(posts: list[LabelledPost], *, limit: int | None, seed: int) -> 
     return [posts[i] for i in chosen]
 
 
-def _critic_rows(posts, *, critic: CriticParams, template: Template, cache: CriticCache,
+def _critic_rows(posts, *, critic: CriticParams, template: Template, fields, cache: CriticCache,
                  base_dir: str | None, progress: bool) -> tuple[list[dict], dict]:
     """Ask `critic` about every post; return one prediction row per post and the call counters."""
-    fields = task_fields(template)
     requests = [template.render(fields(post.request_row())) for post in posts]
     with critic_endpoint(critic, base_dir) as (base_url, server_stats):
         client = critic_client(critic, base_url, template_sha=template.sha256)
@@ -204,16 +193,18 @@ def audit_critic(*, spans_path: str | Path, critic: CriticParams, task: str | No
     """
     if not 0 < iou <= 1:
         raise ConfigError(f"--span-iou {iou}: the span match threshold must be in (0, 1]")
-    template = load_template(critic.template, task=task, labels=critic.labels)
+    fields = get_task(task).critic_fields if task else None  # None: a Markdown template names its task
+    template = load_template(critic.template, task=task, labels=critic.labels, fields=fields)
+    fields = fields or get_task(template.task).critic_fields
     posts = sample_posts(read_labelled(spans_path, labels=template.labels), limit=limit, seed=seed)
     runs: dict[str, tuple[list[dict], dict | None]] = {}
     with CriticCache(critic.cache_dir) as cache:
-        runs["configured"] = _critic_rows(posts, critic=critic, template=template, cache=cache,
+        runs["configured"] = _critic_rows(posts, critic=critic, template=template, fields=fields, cache=cache,
                                           base_dir=base_dir, progress=progress)
         lexicon = dataclasses.replace(critic, **LEXICON)
         lexicon_is_configured = lexicon == critic
         if references and not lexicon_is_configured:
-            runs["lexicon"] = _critic_rows(posts, critic=lexicon, template=template, cache=cache,
+            runs["lexicon"] = _critic_rows(posts, critic=lexicon, template=template, fields=fields, cache=cache,
                                            base_dir=None, progress=progress)
     if references:
         labels = template.labels

@@ -67,7 +67,7 @@ def cmd_catalog(args) -> None:
 
 
 def cmd_cache(args) -> None:
-    from pipeline.critic.cache import CriticCache, export_parquet, import_parquet
+    from pipeline.core.cache import CriticCache, export_parquet, import_parquet
 
     if args.action != "stats" and not args.file:
         raise ConfigError(f"`drlc cache {args.action}` needs a FILE.parquet argument.")
@@ -113,19 +113,21 @@ def cmd_replay(args) -> None:
 
 def cmd_batch_prepare(args) -> None:
     from pipeline.core import store
+    from pipeline.core.cache import CriticCache
     from pipeline.core.config import load_params
     from pipeline.critic.annotate import round_requests
     from pipeline.critic.batch import batch_prepare
-    from pipeline.critic.cache import CriticCache
     from pipeline.critic.templates import load_template
     from pipeline.steps.critique import critic_client, scored_rows
+    from pipeline.tasks import get_task
 
     params = load_params(args.params)
     critic = params.critic
     rows = scored_rows(store.read_table(store.round_partition(args.data, "rollouts", int(args.round)), "rollouts"),
                        store.read_table(store.round_partition(args.data, "scores", int(args.round)), "scores"))
-    template = load_template(critic.template, task=params.run.task, labels=critic.labels)
-    requests = round_requests(rows, template=template, threshold=critic.threshold)
+    fields = get_task(params.run.task).critic_fields
+    template = load_template(critic.template, task=params.run.task, labels=critic.labels, fields=fields)
+    requests = round_requests(rows, template=template, threshold=critic.threshold, fields=fields)
     client = critic_client(critic, None, template_sha=template.sha256)  # for its cache keys; sends nothing
     with CriticCache(critic.cache_dir) as cache:
         n = batch_prepare(requests, client=client, cache=cache, out_path=args.out)
@@ -133,9 +135,9 @@ def cmd_batch_prepare(args) -> None:
 
 
 def cmd_batch_ingest(args) -> None:
+    from pipeline.core.cache import CriticCache
     from pipeline.core.config import load_params
     from pipeline.critic.batch import batch_ingest
-    from pipeline.critic.cache import CriticCache
 
     with CriticCache(load_params(args.params).critic.cache_dir) as cache:
         counts = batch_ingest(args.file, cache=cache)

@@ -23,6 +23,11 @@ from pathlib import Path
 CODE_ROOT = Path(__file__).resolve().parents[2]  # the checkout: holds pipeline/ and stages/
 DYNAMIC_PACKAGES = ("pipeline.tasks",)  # get_task imports pipeline.tasks.<run.task> with importlib
 
+# The layers of pipeline/, lowest first, in the order a round uses them. A module imports only
+# modules of its own layer or of a lower one (tests/test_layers.py); README's Layout names each.
+LAYERS = ("core", "parallel", "model", "train", "data", "evaluate", "rewards", "critic", "tasks", "steps",
+          "audit", "commands")
+
 
 def import_closure(script: str | Path, *, root: Path = CODE_ROOT) -> list[str]:
     """The `pipeline/` modules `script` can import, directly or transitively, as sorted root-relative paths.
@@ -43,14 +48,30 @@ def import_closure(script: str | Path, *, root: Path = CODE_ROOT) -> list[str]:
     return sorted(path.relative_to(root).as_posix() for path in files if _runs_code(path))
 
 
+def import_graph(*, root: Path = CODE_ROOT) -> dict[str, set[str]]:
+    """Every `pipeline.*` module -> the `pipeline.*` modules it imports (lazy imports too; parent packages not added)."""
+    graph = {}
+    for path in sorted((root / "pipeline").rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        graph[name] = {m for m in _module_names(path, root, parents=False) if m != name}
+    return graph
+
+
+def layer_of(module: str) -> str | None:
+    """The layer (a folder of LAYERS) of a `pipeline.*` module; None for pipeline/__init__ and __main__."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
+
+
 def covers(dep: str, module: str) -> bool:
     """True when the DVC dep `dep` (a file, or a folder covering everything under it) includes `module`."""
     dep = dep.rstrip("/")
     return module == dep or module.startswith(dep + "/")
 
 
-def _module_names(path: Path, root: Path) -> set[str]:
-    """The `pipeline.*` modules (and their parent packages) that the file at `path` imports."""
+def _module_names(path: Path, root: Path, *, parents: bool = True) -> set[str]:
+    """The `pipeline.*` modules (and, with `parents`, their parent packages) that the file at `path` imports."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
@@ -62,7 +83,8 @@ def _module_names(path: Path, root: Path) -> set[str]:
         for name in candidates:
             if name.split(".")[0] == "pipeline" and _module_file(name, root, missing_ok=True):
                 parts = name.split(".")
-                names.update(".".join(parts[: i + 1]) for i in range(len(parts)))
+                first = 0 if parents else len(parts) - 1
+                names.update(".".join(parts[: i + 1]) for i in range(first, len(parts)))
     return names
 
 

@@ -159,11 +159,12 @@ def estimate_critic(params: Params, *, root: str | Path = ".", stated_rate: floa
                     document_tokens: int = DEFAULT_DOCUMENT_TOKENS) -> CriticEstimate:
     """Calls, tokens and dollars of the run's critic; see the module docstring for the counting."""
     from pipeline.critic.templates import load_template
+    from pipeline.tasks import get_task
 
     rate, source = critique_rate(params, stated=stated_rate, measured=measured_rate)
     count, counter_name = token_counter(params, root)
     template = load_template(Path(root) / params.critic.template, task=params.run.task,
-                             labels=params.critic.labels)
+                             labels=params.critic.labels, fields=get_task(params.run.task).critic_fields)
     response = mean_response_tokens(params)
     empty = {name: "" for name in template.placeholders}
     scaffold = sum(count(m["content"]) for m in template.render(empty))
@@ -472,11 +473,7 @@ def _built_config(params: Params):
 def _meta_model(config, kind: str):
     """The model built from `config` on the meta device: shapes, no memory, no weights."""
     import torch
-    from transformers import (
-        AutoModel,
-        AutoModelForCausalLM,
-        AutoModelForSequenceClassification,
-    )
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
     builder = {"causal": AutoModelForCausalLM, "classifier": AutoModelForSequenceClassification,
                "trunk": AutoModel}[kind]
@@ -486,9 +483,7 @@ def _meta_model(config, kind: str):
 
 def lora_parameter_count(lm, r: int, target_modules: list[str]) -> int:
     """Adapter parameters: r x (in + out) per targeted Linear/Conv1D (peft's defaults when none are given)."""
-    from peft.utils.constants import (
-        TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS,
-    )
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
 
     targets = set(target_modules or DEFAULTS.get(lm.config.model_type, []))
     count = 0

@@ -24,13 +24,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.core import store
-from pipeline.core.config import (
-    Params,
-    apply_override,
-    load_params,
-    params_from_dict,
-    read_yaml,
-)
+from pipeline.core.config import Params, apply_override, load_params, params_from_dict, read_yaml
 from pipeline.core.errors import ConfigError, DataError
 from pipeline.steps.preflight import check_inputs
 from pipeline.steps.stage import write_json
@@ -212,7 +206,7 @@ def rebuild_annotations(run_dir: Path, params: Params, inputs: dict, *, allow_ne
                 client = open_critic["client"]()  # fresh counters per round
                 rows_out, stats = critique_round(
                     rows, client=client, cache=open_critic["cache"], template=open_critic["template"],
-                    tokenizer=open_critic["tokenizer"], critic=critic, progress=progress,
+                    fields=open_critic["fields"], tokenizer=open_critic["tokenizer"], critic=critic, progress=progress,
                     budget_error=None if allow_new_calls else _missing_answers(key, params))
             total += stats.requests_sent
             annotations[key] = [dict(a, run_id=run_id, round=int(key)) for a in rows_out]
@@ -224,15 +218,17 @@ def _open_critic(stack: contextlib.ExitStack, run_dir: Path, params: Params, *, 
     """RUN's template, tokenizer and cache, and a client factory (cache-only unless allow_new_calls)."""
     from transformers import AutoTokenizer
 
-    from pipeline.critic.cache import CriticCache
+    from pipeline.core.cache import CriticCache
     from pipeline.critic.templates import load_template
     from pipeline.steps.critique import critic_client, critic_endpoint
+    from pipeline.tasks import get_task
 
     critic = params.critic
-    template = load_template(run_dir / critic.template, task=params.run.task, labels=critic.labels)
+    fields = get_task(params.run.task).critic_fields
+    template = load_template(run_dir / critic.template, task=params.run.task, labels=critic.labels, fields=fields)
     cache = stack.enter_context(CriticCache(_cache_dir(run_dir, params)))
     base_url = stack.enter_context(critic_endpoint(critic))[0] if allow_new_calls else None
-    return {"template": template, "cache": cache,
+    return {"template": template, "fields": fields, "cache": cache,
             "tokenizer": AutoTokenizer.from_pretrained(str(run_dir / "models" / "base")),
             "client": lambda: critic_client(critic, base_url, template_sha=template.sha256)}
 

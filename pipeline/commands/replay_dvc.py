@@ -16,10 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.commands.code_deps import (  # CODE_ROOT: the checkout the DVC form runs
-    CODE_ROOT,
-    import_closure,
-)
+from pipeline.commands.code_deps import CODE_ROOT, import_closure  # CODE_ROOT: the checkout the DVC form runs
 from pipeline.commands.replay import (
     INPUT_TABLES,
     check_evaluation,

@@ -39,11 +39,12 @@ import math
 import re
 from dataclasses import dataclass
 
+from pipeline.core.config import ALIGNMENTS
 from pipeline.core.errors import ConfigError, DataError
 
 __all__ = ["MODES", "AlignedSpans", "align_spans", "token_char_ranges", "find_occurrences", "match_items"]
 
-MODES = ("exact", "substring")
+MODES = ALIGNMENTS  # exact: the default; substring: the research code's compatibility mode
 _REPLACEMENT = "\ufffd"
 
 

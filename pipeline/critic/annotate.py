@@ -32,13 +32,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.core.errors import DataError
+from pipeline.core.cache import CriticCache
+from pipeline.core.errors import ConfigError, DataError
 from pipeline.critic.align import align_spans, match_items
-from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient, CriticResult
 from pipeline.critic.parse import parse_answer
 
-__all__ = ["ANNOTATION_FIELDS", "STATUSES", "ReadAnswer", "annotate_round", "read_answer", "critiqued_indices", "round_requests", "task_fields",
+__all__ = ["ANNOTATION_FIELDS", "STATUSES", "ReadAnswer", "annotate_round", "read_answer", "critiqued_indices", "round_requests", "fields_for", "response_fields",
            "zero_mean_rewards"]
 
 ANNOTATION_FIELDS = (
@@ -66,11 +66,23 @@ def critiqued_indices(rows: list[dict], *, threshold: float) -> list[int]:
     return [i for i, row in enumerate(rows) if float(row["env_reward"]) <= threshold]
 
 
-def task_fields(template):
-    """The per-row placeholder filler of the template's task (``pipeline.tasks.<task>.critic_fields``)."""
-    from pipeline.tasks import get_task
+def response_fields(row: dict) -> dict[str, str]:
+    """The placeholder values of a template whose only placeholder is ``{response}``."""
+    return {"response": row["response"]}
 
-    return get_task(template.task).critic_fields
+
+def fields_for(template, fields=None):
+    """`fields` when given (a task's ``critic_fields``), else :func:`response_fields` for a template
+    that asks for the response alone.
+
+    :raises ConfigError: if the template has other placeholders and no `fields` was given
+    """
+    if fields is not None:
+        return fields
+    if tuple(template.placeholders) == ("response",):
+        return response_fields
+    raise ConfigError(f"{template.path}: placeholders {list(template.placeholders)} need the task's critic fields; "
+                      "pass fields=pipeline.tasks.get_task(task).critic_fields")
 
 
 def round_requests(rows: list[dict], *, template, threshold: float, fields=None) -> list[list[dict]]:
@@ -83,12 +95,12 @@ def round_requests(rows: list[dict], *, template, threshold: float, fields=None)
     :param rows: rollouts with rollout_id, response, response_ids and env_reward
     :param template: a loaded critic template (``pipeline.critic.templates.Template``)
     :param threshold: environment reward at or below which a rollout is critiqued
-    :param fields: row -> placeholder values; default: the template task's ``critic_fields``
+    :param fields: row -> placeholder values (the task's ``critic_fields``); default: :func:`fields_for`
         (sentiment/toxicity: the response; summarization: document, summary and score)
     :return: one chat message list per critiqued row, in row order (duplicates kept)
     :raises DataError: if a row lacks a rollout field
     """
-    fields = fields or task_fields(template)
+    fields = fields_for(template, fields)
     return [template.render(fields(rows[i])) for i in critiqued_indices(rows, threshold=threshold)]
 
 
@@ -169,7 +181,7 @@ def _critiqued_row(row: dict, result: CriticResult, *, template, tokenizer, rewa
         return out
     read = read_answer(result.raw_text, labels=template.labels, leading_label=template.leading_label,
                        response=row["response"], rewards=rewards,
-                       elsewhere=_other_texts(row, fields or task_fields(template)))
+                       elsewhere=_other_texts(row, fields_for(template, fields)))
     out |= {"status": read.status, "items": read.items, "dropped": read.dropped, "error": read.error}
     if read.status != "ok":
         return out

@@ -23,10 +23,10 @@ import re
 from pathlib import Path
 
 from pipeline.core.atomic import write_text
+from pipeline.core.cache import CriticCache
 from pipeline.core.errors import DataError
 from pipeline.core.jsonl import json_object
 from pipeline.critic.annotate import round_requests
-from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient
 
 __all__ = ["BATCH_URL", "batch_prepare", "batch_ingest", "round_requests"]

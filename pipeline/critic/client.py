@@ -1,7 +1,7 @@
 """Async client for an OpenAI-compatible critic endpoint, with cache, retries and budgets.
 
 :class:`CriticClient` answers a list of chat requests. It looks each one up in the
-:class:`~pipeline.critic.cache.CriticCache` first, sends identical requests once, runs the
+:class:`~pipeline.core.cache.CriticCache` first, sends identical requests once, runs the
 misses concurrently (at most ``max_concurrency`` in flight) and stores every complete
 answer in the cache as it arrives, so whatever was paid for survives a crash, a budget
 stop or a round that fails its error-rate check. The cache's persistent request counter
@@ -50,8 +50,8 @@ import openai
 from openai.types.chat import ChatCompletion
 from tqdm import tqdm
 
+from pipeline.core.cache import MISSING, CriticCache, cache_key
 from pipeline.core.errors import ConfigError, CriticError
-from pipeline.critic.cache import MISSING, CriticCache, cache_key
 
 __all__ = ["CriticClient", "CriticResult", "RunStats"]
 

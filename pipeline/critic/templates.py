@@ -113,7 +113,7 @@ class Template:
         ]
 
 
-def load_template(path: str | Path, *, task: str | None = None, labels=()) -> Template:
+def load_template(path: str | Path, *, task: str | None = None, labels=(), fields=None) -> Template:
     """Read a prompt template file and validate it.
 
     Params:
@@ -122,6 +122,8 @@ def load_template(path: str | Path, *, task: str | None = None, labels=()) -> Te
             template names its own (callers compare it with ``run.task``).
         labels: the span labels (``critic.labels``); required for a plain-text prompt; for
             a Markdown template empty means "from the front matter", else they must match it.
+        fields: the task's ``critic_fields`` (row -> placeholder values); required for a
+            plain-text prompt, whose ``{}`` are filled in the order of the fields it returns.
     Returns:
         The frozen :class:`Template`.
     Raises:
@@ -129,7 +131,7 @@ def load_template(path: str | Path, *, task: str | None = None, labels=()) -> Te
             a section is missing, a declared placeholder is unused or an undeclared one is
             used, braces are unbalanced, the ``Task:`` line does not name the task, the
             given labels disagree with the front matter, or a plain-text prompt
-            lacks its task or labels or has a placeholder count other than the task's fields.
+            lacks its task, labels or fields or has a placeholder count other than the task's fields.
     """
     path = Path(path)
     try:
@@ -139,7 +141,8 @@ def load_template(path: str | Path, *, task: str | None = None, labels=()) -> Te
         raise TemplateError(f"{path}: cannot read the template ({error}); give a UTF-8 prompts/*.md file") from error
     labels = tuple(labels)
     if path.suffix.lower() != ".md":
-        return _plain_text_template(path, text, hashlib.sha256(raw).hexdigest(), task=task, labels=labels)
+        return _plain_text_template(path, text, hashlib.sha256(raw).hexdigest(), task=task, labels=labels,
+                                    fields=fields)
     template = _markdown_template(path, text, hashlib.sha256(raw).hexdigest())
     if labels and labels != template.labels:
         raise TemplateError(f"{path}: critic.labels {list(labels)} differ from the front matter labels "
@@ -147,13 +150,14 @@ def load_template(path: str | Path, *, task: str | None = None, labels=()) -> Te
     return template
 
 
-def _plain_text_template(path: Path, text: str, sha256: str, *, task: str | None, labels: tuple) -> Template:
+def _plain_text_template(path: Path, text: str, sha256: str, *, task: str | None, labels: tuple,
+                         fields) -> Template:
     """A whole-file user prompt with positional ``{}`` placeholders in the order of the task's fields."""
     if not task or not labels:
         raise TemplateError(f"{path}: a plain-text prompt has no front matter, so it needs the task and the "
                             f"labels from config (run.task = {task!r}, critic.labels = {list(labels)}); "
                             "set critic.labels, e.g. [positive, negative]")
-    names = _task_field_names(path, task)
+    names = _field_names(path, task, fields)
     count = _positional_count(path, text)
     if count != len(names):
         raise TemplateError(f"{path}: {count} '{{}}' placeholder(s), but task {task!r} fills {len(names)} "
@@ -164,16 +168,16 @@ def _plain_text_template(path: Path, text: str, sha256: str, *, task: str | None
                     positional=True)
 
 
-def _task_field_names(path: Path, task: str) -> tuple[str, ...]:
-    """The names of ``critic_fields`` of ``task``, in order, read from one probe row."""
-    from pipeline.tasks import get_task
-
-    try:
-        fields = get_task(task).critic_fields
-    except Exception as error:
-        raise TemplateError(f"{path}: cannot find the critic fields of task {task!r} ({error})") from error
+def _field_names(path: Path, task: str, fields) -> tuple[str, ...]:
+    """The names `fields` (the task's ``critic_fields``) fills, in order, read from one probe row."""
+    if fields is None:
+        raise TemplateError(f"{path}: a plain-text prompt is filled in the order of task {task!r}'s critic fields; "
+                            "pass fields=pipeline.tasks.get_task(task).critic_fields")
     probe = {"rollout_id": "", "prompt_id": "", "query": "", "response": "", "env_reward": 0.0}
-    return tuple(fields(probe))
+    try:
+        return tuple(fields(probe))
+    except Exception as error:
+        raise TemplateError(f"{path}: cannot read the critic fields of task {task!r} ({error})") from error
 
 
 def _positional_count(path: Path, text: str) -> int:

@@ -25,12 +25,7 @@ def read_records(source: str) -> list[dict]:
     Raises: DataError naming the source when it is missing, has no supported file, cannot be
     loaded from the hub, or a JSONL line is not a JSON object.
     """
-    from pipeline.data.hub import (
-        HUB_PREFIX,
-        hub_records,
-        is_saved_dataset,
-        saved_records,
-    )
+    from pipeline.data.hub import HUB_PREFIX, hub_records, is_saved_dataset, saved_records
 
     if source.startswith(HUB_PREFIX):
         return hub_records(source)

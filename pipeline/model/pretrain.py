@@ -28,12 +28,7 @@ from tqdm.auto import tqdm
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from pipeline.core.errors import ConfigError, DataError
-from pipeline.model.gguf import (
-    is_gguf_spec,
-    load_gguf_model,
-    load_gguf_tokenizer,
-    resolve_gguf,
-)
+from pipeline.model.gguf import is_gguf_spec, load_gguf_model, load_gguf_tokenizer, resolve_gguf
 
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"

@@ -138,10 +138,7 @@ class DataParallel:
         settings from the launch config. The optimizer state is set aside as full tensors and
         loaded back into the sharded optimizer by parameter name.
         """
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_optimizer_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         plugin = self._fsdp2_plugin()
         if plugin.transformer_cls_names_to_wrap is None:  # accelerate would look on the policy, which has none

@@ -1,6 +1,6 @@
 """Toxicity from the Perspective API, rate-limited, retried, and cached like critic answers.
 
-Every request goes through the critic's content-hashed cache (pipeline/critic/cache.py):
+Every request goes through the critic's content-hashed cache (pipeline/core/cache.py):
 the key is ``cache_key`` of the endpoint without credentials, the model name
 ``perspective:TOXICITY`` and the text as the one user message, so a re-run sends nothing.
 The API key is read from ``PERSPECTIVE_API_KEY`` at construction, sent as the ``key`` query
@@ -17,8 +17,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from pipeline.core.cache import MISSING, CriticCache, cache_key
 from pipeline.core.errors import ConfigError, CriticError
-from pipeline.critic.cache import MISSING, CriticCache, cache_key
 
 DEFAULT_ENDPOINT = "https://commentanalyzer.googleapis.com/v1alpha1/comments:analyze"
 API_KEY_ENV = "PERSPECTIVE_API_KEY"

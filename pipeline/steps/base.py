@@ -19,12 +19,7 @@ from pathlib import Path
 
 from pipeline.core.config import BaseParams
 from pipeline.model.gguf import describe_gguf, is_gguf_spec, resolve_gguf
-from pipeline.model.pretrain import (
-    load_pretrained_model,
-    load_pretrained_tokenizer,
-    pretrain,
-    train_tokenizer,
-)
+from pipeline.model.pretrain import load_pretrained_model, load_pretrained_tokenizer, pretrain, train_tokenizer
 
 GGUF_SOURCE_FILE = "gguf_source.json"
 

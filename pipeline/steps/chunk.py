@@ -40,14 +40,7 @@ from pipeline.core.device import place
 from pipeline.core.errors import ConfigError
 from pipeline.core.seeding import round_seed
 from pipeline.steps.critique import critic_session
-from pipeline.steps.ppo_round import (
-    join_round,
-    load_ppo_state,
-    save_ppo_state,
-    step_row,
-    summarize,
-    train_ppo_round,
-)
+from pipeline.steps.ppo_round import join_round, load_ppo_state, save_ppo_state, step_row, summarize, train_ppo_round
 from pipeline.steps.rollout import rollout_with
 from pipeline.steps.score import score_round
 from pipeline.steps.stage import write_json

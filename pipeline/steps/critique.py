@@ -17,14 +17,15 @@ from dataclasses import dataclass
 
 from transformers import AutoTokenizer
 
+from pipeline.core.cache import CriticCache
 from pipeline.core.config import CriticParams
 from pipeline.core.errors import CriticError
 from pipeline.core.round_metrics import intrinsic_reward_sum
 from pipeline.critic.annotate import STATUSES, annotate_round, skipped_row
-from pipeline.critic.cache import CriticCache
 from pipeline.critic.client import CriticClient, RunStats
 from pipeline.critic.offline.server import serve_in_background
 from pipeline.critic.templates import load_template
+from pipeline.tasks import get_task
 
 FAILED_STATUSES = ("api_error", "truncated", "parse_error")  # counted against critic.max_error_rate
 
@@ -100,12 +101,11 @@ def critic_client(critic: CriticParams, base_url: str | None, *, template_sha: s
 
 
 def critique(rollout_rows: list[dict], score_rows: list[dict], *, critic: CriticParams, tokenizer_dir: str,
-             run_id: str, round_: int, task: str | None = None, device=None) -> tuple[list[dict], dict]:
+             run_id: str, round_: int, task: str, device=None) -> tuple[list[dict], dict]:
     """Annotate one round. Returns (annotation rows, metrics of :func:`summarize` plus ``device``).
 
     Opens a :func:`critic_session` (cache, endpoint: a local server for endpoint 'local') for
-    this one round. task: run.task, needed to load a plain-text critic.template
-    (pipeline.critic.templates). device: where a local hf critic runs; the metrics' ``device``
+    this one round. task: run.task, whose critic_fields fill the template. device: where a local hf critic runs; the metrics' ``device``
     is where its parameters were (None for a critic without a local model, or a disabled critic).
 
     Raises CriticError, after every good answer is cached and before anything is returned,
@@ -124,6 +124,7 @@ class CriticSession:
 
     critic: CriticParams
     template: object = None
+    fields: object = None  # the task's critic_fields: row -> the template's placeholder values
     tokenizer: object = None
     cache: CriticCache | None = None
     base_url: str | None = None
@@ -139,13 +140,13 @@ class CriticSession:
         else:
             client = critic_client(self.critic, self.base_url, template_sha=self.template.sha256)
             annotations, stats = critique_round(rows, client=client, cache=self.cache, template=self.template,
-                                                tokenizer=self.tokenizer, critic=self.critic)
+                                                fields=self.fields, tokenizer=self.tokenizer, critic=self.critic)
         annotations = [dict(a, run_id=run_id, round=round_) for a in annotations]
         return annotations, {**summarize(annotations, stats), "device": self.server_stats().get("device")}
 
 
 @contextlib.contextmanager
-def critic_session(critic: CriticParams, *, tokenizer_dir: str, task: str | None = None, device=None):
+def critic_session(critic: CriticParams, *, tokenizer_dir: str, task: str, device=None):
     """Yield a :class:`CriticSession`; for endpoint 'local' the server runs until the block ends.
 
     tokenizer_dir: the base model folder (its tokenizer aligns spans; the hf backend's "base").
@@ -154,26 +155,28 @@ def critic_session(critic: CriticParams, *, tokenizer_dir: str, task: str | None
     if not critic.enabled:
         yield CriticSession(critic)
         return
-    template = load_template(critic.template, task=task, labels=critic.labels)
+    fields = get_task(task).critic_fields
+    template = load_template(critic.template, task=task, labels=critic.labels, fields=fields)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     with CriticCache(critic.cache_dir) as cache, critic_endpoint(critic, tokenizer_dir, device) as (base_url, stats):
-        yield CriticSession(critic, template, tokenizer, cache, base_url, stats)
+        yield CriticSession(critic, template, fields, tokenizer, cache, base_url, stats)
 
 
-def critique_round(rows: list[dict], *, client, cache: CriticCache, template, tokenizer, critic: CriticParams,
-                   progress: bool = True, budget_error=None) -> tuple[list[dict], RunStats]:
+def critique_round(rows: list[dict], *, client, cache: CriticCache, template, fields, tokenizer,
+                   critic: CriticParams, progress: bool = True, budget_error=None) -> tuple[list[dict], RunStats]:
     """Annotate scored rows with an open client and cache; then the budget and health checks.
 
     The one critique of a round that the stage, replay and the study all run. rows: rollouts with
     env_reward (:func:`scored_rows`); client: a CriticClient (or an object with its ``run``,
-    ``model`` and ``last_stats``). budget_error: as in :func:`check_budget`, for a caller that explains
+    ``model`` and ``last_stats``); fields: the task's critic_fields. budget_error: as in :func:`check_budget`, for a caller that explains
     budget-stopped rows its own way (replay with a cache-only client: the answers are not cached).
     Returns (annotations, the client's RunStats for this round).
     Raises CriticError as :func:`check_budget` and :func:`check_health`.
     """
     annotations = annotate_round(
-        rows, template=template, tokenizer=tokenizer, client=client, cache=cache, threshold=critic.threshold,
-        rewards=dict(critic.rewards), alignment=critic.alignment, zero_mean=critic.zero_mean, progress=progress,
+        rows, template=template, fields=fields, tokenizer=tokenizer, client=client, cache=cache,
+        threshold=critic.threshold, rewards=dict(critic.rewards), alignment=critic.alignment,
+        zero_mean=critic.zero_mean, progress=progress,
     )
     check_budget(annotations, critic, error=budget_error)
     check_health(annotations, max_error_rate=critic.max_error_rate)

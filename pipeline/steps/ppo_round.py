@@ -15,13 +15,7 @@ from pipeline.model.policy import PolicyWithValueHead, load_policy, write_policy
 from pipeline.model.reference import make_reference
 from pipeline.parallel.distributed import DataParallel
 from pipeline.train.ppo import AdaptiveKLController, FixedKLController, RunningMoments
-from pipeline.train.trainer import (
-    RolloutBatch,
-    load_trainer_state,
-    make_optimizer,
-    save_trainer_state,
-    train_round,
-)
+from pipeline.train.trainer import RolloutBatch, load_trainer_state, make_optimizer, save_trainer_state, train_round
 
 
 def join_round(rollouts: list[dict], scores: list[dict], annotations: list[dict]) -> RolloutBatch:

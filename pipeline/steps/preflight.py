@@ -1,4 +1,4 @@
-"""Checks that run at the start of every stage, before any compute.
+"""Checks that run at the start of a stage, before any compute, and in `drlc check`.
 
 They catch what would otherwise fail late: a critic template without its placeholder, a remote
 critic without an API key, a cache directory that cannot be written.
@@ -10,16 +10,26 @@ from pathlib import Path
 
 from pipeline.core.config import Params
 from pipeline.core.errors import CacheError, ConfigError
+from pipeline.tasks import check_params, get_task
 
 
-def check_inputs(params: Params, root: str | Path = ".") -> None:
-    """Raise a DrlcError for any input the run would trip over later."""
+def check_inputs(params: Params, root: str | Path = ".") -> Params:
+    """Raise a DrlcError for any input the run would trip over later: the task's and the critic's."""
+    return check_critic(check_params(params), root)
+
+
+def check_critic(params: Params, root: str | Path = ".") -> Params:
+    """The critic's inputs: its template (task, labels, placeholders), its cache folder, its API key.
+
+    Only the stages that call the critic (critique, chunk) run it, so the others never import the critic.
+    """
     if not params.critic.enabled:
-        return
+        return params
     from pipeline.critic.templates import load_template
 
     template_path = Path(root) / params.critic.template
-    template = load_template(template_path, task=params.run.task, labels=params.critic.labels)
+    template = load_template(template_path, task=params.run.task, labels=params.critic.labels,
+                             fields=get_task(params.run.task).critic_fields)
     if template.task != params.run.task:
         raise ConfigError(
             f"'critic.template' = {params.critic.template!r} is a {template.task!r} template but "
@@ -36,6 +46,7 @@ def check_inputs(params: Params, root: str | Path = ".") -> None:
         from pipeline.critic.client import api_key_for
 
         api_key_for(params.critic.endpoint)  # raises on a bad URL or a missing key
+    return params
 
 
 def check_cache_dir(cache_dir: str | Path, root: str | Path = ".") -> None:

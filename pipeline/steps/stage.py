@@ -1,4 +1,4 @@
-"""Plumbing shared by the stage scripts in stages/: arguments, params loading, preflight.
+"""Plumbing shared by the stage scripts in stages/: arguments, params loading and checks, metrics files.
 
 A stage script is `run(main)` around a `main()` that parses its paths, calls one function of
 pipeline.steps and writes the result; any DrlcError ends it with one stderr line and exit 2.
@@ -12,7 +12,6 @@ from pathlib import Path
 from pipeline.core.atomic import write_text
 from pipeline.core.config import Params, load_params
 from pipeline.core.errors import exit_on_error
-from pipeline.steps.preflight import check_inputs
 
 
 def parser(description: str, *paths: str, with_round: bool = False) -> argparse.ArgumentParser:
@@ -26,10 +25,15 @@ def parser(description: str, *paths: str, with_round: bool = False) -> argparse.
     return p
 
 
-def start(args: argparse.Namespace) -> Params:
-    """Load and validate params and the run's inputs before any compute."""
+def start(args: argparse.Namespace, *checks) -> Params:
+    """Load and validate params, then run each `check(params)` the stage needs, before any compute.
+
+    The checks are the stage's own (e.g. pipeline.tasks.check_params, pipeline.steps.preflight.check_critic),
+    passed in by the stage script, so a stage imports no check of code it never runs.
+    """
     params = load_params(args.params)
-    check_inputs(params)
+    for check in checks:
+        check(params)
     if getattr(args, "round", None) is not None and args.round not in params.rounds:
         from pipeline.core.errors import ConfigError
 

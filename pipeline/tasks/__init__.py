@@ -29,18 +29,15 @@ configs/); nothing else lists the tasks. A task module defines:
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from types import ModuleType
 
+from pipeline.core.config import TASKS, Params
 from pipeline.core.errors import ConfigError
-
-_NOT_TASKS = {"common"}
 
 
 def task_names() -> tuple[str, ...]:
-    """The task names: the modules of this package, without importing them."""
-    return tuple(sorted(m.name for m in pkgutil.iter_modules(__path__)
-                        if not m.name.startswith("_") and m.name not in _NOT_TASKS))
+    """The task names: the modules of this package (listed by pipeline.core.config, without importing them)."""
+    return TASKS
 
 
 def get_task(name: str) -> ModuleType:
@@ -48,6 +45,31 @@ def get_task(name: str) -> ModuleType:
     if name not in task_names():
         raise ConfigError(f"Unknown task {name!r}: use one of {task_names()} (modules of pipeline/tasks/).")
     return importlib.import_module(f"pipeline.tasks.{name}")
+
+
+def check_params(params: Params) -> Params:
+    """Check what the task module of `run.task` declares: its scorers, which of them read score.model
+    or score.train_data, and its eval prompts. Returns params; raises ConfigError naming the key.
+
+    The stages that run the task (prepare, score, critique, evaluate, chunk), `drlc check` and
+    `drlc estimate` call it after pipeline.core.config.load_params, which checks types and ranges.
+    """
+    task = get_task(params.run.task)
+    scorer = params.score.scorer
+    if scorer not in task.SCORERS:
+        raise ConfigError(f"'score.scorer' = {scorer!r} is not a scorer of task "
+                          f"{params.run.task!r}: use one of {task.SCORERS}.")
+    if scorer in task.MODEL_SCORERS and not params.score.model:
+        raise ConfigError(f"'score.scorer' = {scorer!r} needs 'score.model' (null now): set it to a local model "
+                          f"folder, or use one of {tuple(s for s in task.SCORERS if s not in task.MODEL_SCORERS)}.")
+    if scorer in task.DATA_SCORERS and not params.score.train_data:
+        raise ConfigError(f"'score.scorer' = {scorer!r} needs 'score.train_data' (null now): set it to "
+                          "RealToxicityPrompts JSONL with Perspective scores, e.g. ../shared/data/toxicity/decodingtrust_rtp.")
+    others = [p for p in params.evaluate.prompts if p != "world"]
+    if task.EVAL_NEEDS_REFERENCES and others:
+        raise ConfigError(f"'evaluate.prompts' = {params.evaluate.prompts!r}: task {params.run.task!r} evaluates "
+                          f"against references, which only the world's eval split has; set it to [world].")
+    return params
 
 
 def prefix_prompt_splits(make_prefixes, world, *, seed: int) -> dict[str, list[dict]]:

@@ -33,10 +33,7 @@ REFERENCE_COLUMNS = ("reference_responses", "label", "summary", "reference")
 def build(world, *, seed: int) -> tuple[list[str], dict[str, list[dict]]]:
     """(corpus, {"train": prompts, "eval": prompts}) with references; see the module docstring."""
     if world.source == "world":
-        from pipeline.data.summarization_world import (
-            generate_documents,
-            summarization_prompts,
-        )
+        from pipeline.data.summarization_world import generate_documents, summarization_prompts
 
         return generate_documents(world.n_reviews, seed=seed), {
             "train": summarization_prompts(world.n_train_prompts, seed=seed + 1),

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.core.errors import CriticError
-from pipeline.critic.offline.server import Completion, content_text
+from pipeline.critic.offline.protocol import Completion, content_text
 
 __all__ = ["DEFAULT_MAX_NEW_TOKENS", "MAX_NEW_TOKENS_CAP", "MAX_BATCH_SIZE", "BATCH_WINDOW_S", "HFBackend"]
 
@@ -175,11 +175,7 @@ def _load(model_dir: str):
     from pipeline.model.gguf import is_gguf_spec
 
     if is_gguf_spec(model_dir):
-        from pipeline.model.gguf import (
-            load_gguf_model,
-            load_gguf_tokenizer,
-            resolve_gguf,
-        )
+        from pipeline.model.gguf import load_gguf_model, load_gguf_tokenizer, resolve_gguf
 
         path = resolve_gguf(model_dir, key="critic.model_dir")
         tokenizer = load_gguf_tokenizer(path, key="critic.model_dir")

@@ -18,7 +18,7 @@ spans, copied exactly, so the spans kept after parsing do not depend on the layo
   chain (VADER's negation words, "no", anything ending in "n't", optionally followed by
   "a"/"an"/"the") flips the sign and is kept too: "not good" is negative, "very bad"
   is one span. Negation words are never spans by themselves; emoticons are ignored.
-- toxicity: the terms of the offline toxicity reward's lexicon (pipeline/rewards/toxicity.py
+- toxicity: the terms of the offline toxicity reward's lexicon (pipeline/data/toxicity_lexicon.py
   TOXIC_TERMS), as whole words, so the critic names exactly what the lexicon reward counts.
 - summarization (provisional): maximal runs of summary content words that never occur in
   the document, all labelled "irrelevant"; "incoherent" and "factually incorrect" are
@@ -33,7 +33,7 @@ from functools import lru_cache
 
 from pipeline.core.errors import CriticError
 from pipeline.critic.parse import format_answer
-from pipeline.rewards.toxicity import TOXIC_TERMS
+from pipeline.data.toxicity_lexicon import TOXIC_TERMS
 
 __all__ = ["ANSWER_FORMATS", "ANSWER_LABELS", "answer", "TOXIC_WORDS"]
 
@@ -115,11 +115,7 @@ def _delimited(text: str, tag: str) -> str:
 
 @lru_cache(maxsize=1)
 def _vader():
-    from vaderSentiment.vaderSentiment import (
-        BOOSTER_DICT,
-        NEGATE,
-        SentimentIntensityAnalyzer,
-    )
+    from vaderSentiment.vaderSentiment import BOOSTER_DICT, NEGATE, SentimentIntensityAnalyzer
 
     # VADER counts "despite" as a negation; it does not flip the word after it
     negations = (frozenset(NEGATE) | {"no"}) - {"despite"}

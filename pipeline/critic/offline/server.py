@@ -36,11 +36,11 @@ import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterator
 
 from pipeline.core.errors import ConfigError, CriticError
+from pipeline.critic.offline.protocol import AnswerFn, CompleteFn, Completion, content_text
 
 __all__ = ["BACKENDS", "FAULT_KINDS", "Completion", "make_server", "serve_in_background", "serve_forever"]
 
@@ -48,22 +48,6 @@ BACKENDS = ("lexicon", "echo", "hf")
 FAULT_KINDS = ("error", "rate_limit", "garbage", "drop", "empty")
 MAX_BODY_BYTES = 1 << 20
 _MAX_DRAIN_BYTES = 16 << 20
-
-AnswerFn = Callable[[list[dict]], str]
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One backend answer: the text, its token counts and why generation stopped."""
-
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    finish_reason: str = "stop"
-
-
-CompleteFn = Callable[[dict], Completion]
-
 
 def _echo_answer(messages: list[dict]) -> str:
     """Answer with the last user message (for tests of the transport)."""
@@ -115,15 +99,6 @@ def _resolve_backend(backend: str | AnswerFn, model_dir: str | None,
 
         return "hf", HFBackend(model_dir, device=device)
     raise CriticError(f"unknown critic server backend {backend!r}; valid: {list(BACKENDS)}")
-
-
-def content_text(content: object) -> str:
-    """Text of a message content: a string or a list of ``{"type": "text", "text": ...}`` parts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
 
 
 def _check_rates(rates: dict[str, float]) -> None:

@@ -1,4 +1,7 @@
-"""Content-hashed disk cache of critic answers.
+"""Content-hashed disk cache of paid remote answers: the critic's, and a remote scorer's (Perspective).
+
+It sits in core because two layers pay per call: the critic (pipeline/critic/client.py) and the
+environment rewards (pipeline/rewards/perspective.py, under its own namespace).
 
 A critic answer is stored under :func:`cache_key`, the SHA-256 of what determines the
 answer: the model, the full messages, the sampling parameters, the sample index, the
