@@ -20,6 +20,7 @@ from pipeline.model.sampling import sample_responses
 from pipeline.steps.critique import critique_round
 from pipeline.steps.ppo_round import join_round, new_kl_controller
 from pipeline.steps.rollout import encode_query
+from pipeline.tasks import get_task
 from pipeline.train.ppo import RunningMoments
 from pipeline.train.trainer import make_optimizer, train_round
 
@@ -57,7 +58,8 @@ def annotate_arm(rows: list[dict], arm: Arm, ctx: StudyContext, tokenizer, *, re
         return [skipped_row(row) for row in rows]
     critic = arm.critic_params(rewards=rewards, alignment=alignment, threshold=threshold)
     annotated, _ = critique_round(rows, client=ctx.critic, cache=ctx.cache, template=ctx.template,
-                                  tokenizer=tokenizer, critic=critic, progress=False)
+                                  fields=get_task(ctx.config.task).critic_fields, tokenizer=tokenizer,
+                                  critic=critic, progress=False)
     return annotated
 
 
