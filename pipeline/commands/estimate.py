@@ -562,7 +562,11 @@ def estimate_disk(params: Params, *, root: str | Path = ".", cache_type: str | N
         cache_type=cache_type or cache_link_type(root), policy=policy)
 
 
-LOCAL_MODEL_SCORERS = ("hf_classifier", "reward_model")  # scorers that load score.model in the score stage
+def loads_scorer_model(params: Params) -> bool:
+    """True when the score stage loads score.model: the scorer is one of its task's MODEL_SCORERS."""
+    from pipeline.tasks import get_task
+
+    return params.score.scorer in get_task(params.run.task).MODEL_SCORERS
 
 
 def query_tokens(params: Params) -> float:
@@ -584,7 +588,7 @@ def process_loads(params: Params, disk: DiskEstimate, *, first: bool, score: Mod
     prev = {} if first else {"models/<prev round>": disk.weights_bytes + disk.value_head_bytes}
     policy = {"models/base": disk.base_bytes, **prev} if lora or first else prev
     loads = {"rollout": dict(policy), "score": {}, "critique": {"models/base (tokenizer)": disk.tokenizer_bytes}}
-    if params.score.scorer in LOCAL_MODEL_SCORERS and params.score.model:
+    if loads_scorer_model(params) and params.score.model:
         loads["score"][params.score.model] = score.bytes
     if critic is not None:
         loads["critique"][critic.name] = critic.bytes
@@ -618,7 +622,7 @@ def round_flops(params: Params, policy: ModelSize, score: ModelSize) -> float:
     no_grad = 2 * 2 * p * tokens  # the ppo stage's policy and reference passes
     backward = 2 * trainable + 2 * (p if params.base.lora_r > 0 else trainable)  # weight + activation grads
     train = params.ppo.ppo_epochs * tokens * (2 * p + backward)
-    scorer = 2 * score.params * tokens if params.score.scorer in LOCAL_MODEL_SCORERS else 0
+    scorer = 2 * score.params * tokens if loads_scorer_model(params) else 0
     return generate + no_grad + train + scorer
 
 
@@ -669,7 +673,7 @@ def estimate_time(params: Params, disk: DiskEstimate, critic: CriticEstimate, *,
     if min(disk_gbps, gpu_tflops, critic_latency_s) <= 0:
         raise ConfigError(f"--disk-gbps {disk_gbps}, --gpu-tflops {gpu_tflops} and --critic-latency-s "
                           f"{critic_latency_s} must all be > 0.")
-    score = model_size(params.score.model, root) if params.score.scorer in LOCAL_MODEL_SCORERS else model_size(None)
+    score = model_size(params.score.model, root) if loads_scorer_model(params) else model_size(None)
     critic_model = None
     if params.critic.enabled and params.critic.endpoint == "local" and params.critic.backend == "hf":
         folder = "models/base" if params.critic.model_dir in (None, "base") else params.critic.model_dir
