@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from pipeline.commands.estimate import add_estimate_parser
+from pipeline.core.config import CRITIC_BACKENDS
 from pipeline.core.errors import ConfigError, DrlcError
 
 
@@ -274,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = critic_sub.add_parser("serve", help="serve /v1/chat/completions, /v1/models and /stats")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--backend", default="lexicon", help="lexicon | echo | hf")
+    serve.add_argument("--backend", default="lexicon", help=" | ".join(CRITIC_BACKENDS))
     serve.add_argument("--model-dir", default=None, help="local chat-model checkpoint for --backend hf")
     serve.add_argument("--answer-format", default="drlc", choices=["drlc", "paper", "markdown", "messy"],
                        help="layout of the lexicon backend's answers (default: drlc, the templates' own format)")
