@@ -10,17 +10,10 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from pipeline.model.shapes import DTYPE_BYTES, known_config, lora_parameter_count, meta_model
+
 ROOT = Path(__file__).resolve().parents[1]
 
-# The paper runs' models as configs (no download); bytes per weight as from_pretrained loads them
-# (dtype "auto" = the checkpoint's): gpt2's config.json names no dtype (fp32), Llama-2-7b-chat-hf's float16.
-MODELS = {
-    "gpt2-large": ("gpt2", {"n_layer": 36, "n_embd": 1280, "n_head": 20}, 4),
-    "gpt2-medium": ("gpt2", {"n_layer": 24, "n_embd": 1024, "n_head": 16}, 4),
-    "meta-llama/Llama-2-7b-chat-hf": ("llama", {"hidden_size": 4096, "intermediate_size": 11008,
-                                                "num_hidden_layers": 32, "num_attention_heads": 32,
-                                                "vocab_size": 32000}, 2),
-}
 # Longest query a PPO minibatch pads to, per task (an assumption, not read from data): sentiment =
 # world.prefix_max_words tokens; RealToxicityPrompts prompts are sentence halves (32 tokens taken);
 # TL;DR prompts are a whole post (512 tokens taken; the mean post is pipeline.commands.estimate's 352).
@@ -29,22 +22,12 @@ QUERY_TOKENS = {"toxicity": 32, "summarization": 512}
 
 @functools.lru_cache(maxsize=None)
 def _meta_model(name: str):
-    """The causal LM of MODELS[name] on the meta device: shapes and parameter names, no memory."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    model_type, shape, _ = MODELS[name]
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **shape))
-
-
-def _lora_parameters(lm, r: int, target_modules: list[str]) -> int:
-    """r · (in + out) per adapted linear layer: LoRA's A (r × in) and B (out × r)."""
-    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULT_TARGETS
-
-    targets = target_modules or DEFAULT_TARGETS[lm.config.model_type]
-    layers = [m for name, m in lm.named_modules() if name.rsplit(".", 1)[-1] in targets]
-    return sum(r * (m.weight.shape[0] + m.weight.shape[1]) for m in layers)
+    """(the causal LM of KNOWN_MODELS[name] on the meta device, bytes per weight as from_pretrained loads it)."""
+    known = known_config(name)
+    if known is None or known[1] != "causal":
+        raise KeyError(f"{name!r} is no causal LM of pipeline/model/shapes.py's KNOWN_MODELS")
+    config, kind, dtype = known
+    return meta_model(config, kind), DTYPE_BYTES[dtype]
 
 
 def memory_estimate(model: str, *, lora_r: int = 0, lora_target_modules: tuple = (), num_shared_layers=None,
@@ -63,12 +46,12 @@ def memory_estimate(model: str, *, lora_r: int = 0, lora_target_modules: tuple =
     """
     from pipeline.model.reference import shared_parameter_names
 
-    lm, weight_bytes = _meta_model(model), MODELS[model][2]
+    lm, weight_bytes = _meta_model(model)
     config = lm.config
     n_params = sum(p.numel() for p in lm.parameters())
     hidden, layers = config.hidden_size, config.num_hidden_layers
     if lora_r > 0:
-        trainable, reference, trained_blocks = _lora_parameters(lm, lora_r, list(lora_target_modules)), 0, layers
+        trainable, reference, trained_blocks = lora_parameter_count(lm, lora_r, list(lora_target_modules)), 0, layers
     else:
         sizes = {name: p.numel() for name, p in lm.named_parameters()}
         shared = shared_parameter_names(lm, num_shared_layers) if num_shared_layers else []

@@ -20,6 +20,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from benchmarks import gpu_check, gpu_memory
 from pipeline.core.config import load_params
+from pipeline.model.shapes import lora_parameter_count
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the report of a machine without CUDA")
@@ -109,7 +110,7 @@ def test_lora_parameter_count_matches_peft():
     for targets in ((), ("q_proj", "k_proj", "down_proj")):
         model = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=4, target_modules=list(targets) or None))
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        assert gpu_memory._lora_parameters(LlamaForCausalLM(config), 4, list(targets)) == trainable
+        assert lora_parameter_count(LlamaForCausalLM(config), 4, list(targets)) == trainable
 
 
 def test_memory_estimate_adds_up():

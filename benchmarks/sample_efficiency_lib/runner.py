@@ -1,8 +1,10 @@
-"""PPO rounds of one arm and seed, in-process, with drlc's sampler, critic annotation and trainer.
+"""PPO rounds of one arm and seed, in-process, with drlc's rollout step, critic annotation and trainer.
 
 Every arm and seed starts from the same cached base model. For a given seed the train prompts
 picked in each round and the sampler seed are the same in every arm, so round 1 (sampled from
-the base policy) holds identical rollouts in all arms: common random numbers across arms.
+the base policy) holds identical rollouts in all arms: common random numbers across arms. The
+study draws its prompts from one stream per seed (not the rollout stage's per-round picker), then
+samples them with the rollout stage's own pipeline.steps.rollout.sample_rollouts.
 """
 from __future__ import annotations
 
@@ -16,10 +18,9 @@ from pipeline.core.seeding import round_seed
 from pipeline.critic.annotate import skipped_row
 from pipeline.evaluate.decode import sample_continuations
 from pipeline.model.policy import frozen_copy, load_policy
-from pipeline.model.sampling import sample_responses
 from pipeline.steps.critique import critique_round
 from pipeline.steps.ppo_round import join_round, new_kl_controller
-from pipeline.steps.rollout import encode_query
+from pipeline.steps.rollout import encode_query, sample_rollouts
 from pipeline.tasks import get_task
 from pipeline.train.ppo import RunningMoments
 from pipeline.train.trainer import make_optimizer, train_round
@@ -36,16 +37,15 @@ class StudyContext:
 
 
 def _rollouts(policy, tokenizer, ctx: StudyContext, *, picker: random.Random, seed: int, round_: int) -> list[dict]:
-    queries = picker.sample(ctx.world.train_prompts, ctx.config.batch_size)
-    query_ids = [encode_query(tokenizer, q) for q in queries]
-    samples = sample_responses(policy, queries=query_ids, eos_id=tokenizer.eos_token_id,
-                               pad_id=tokenizer.pad_token_id, max_new_tokens=ctx.config.max_new_tokens,
-                               seed=round_seed(seed, round_, 2), batch_size=ctx.config.batch_size, progress=False)
-    responses = [tokenizer.decode(s["response_ids"], skip_special_tokens=True) for s in samples]
-    env = ctx.world.env_rewards(responses, queries)
-    return [{"rollout_id": f"r{round_:04d}-{i:05d}", "query": q, "query_ids": qi, "response": text,
-             "response_ids": s["response_ids"], "behaviour_logprobs": s["behaviour_logprobs"], "env_reward": e}
-            for i, (q, qi, s, text, e) in enumerate(zip(queries, query_ids, samples, responses, env))]
+    """The round's rollout rows (pipeline.steps.rollout.sample_rollouts) on prompts `picker` draws, with env_reward."""
+    prompts = ctx.world.train_prompts
+    chosen = [{"prompt_id": f"train-{i:05d}", "text": prompts[i]}
+              for i in picker.sample(range(len(prompts)), ctx.config.batch_size)]  # same draw as sampling `prompts`
+    rows, _ = sample_rollouts(policy, tokenizer, chosen, policy_name="study", run_id=f"sample-efficiency:{seed}",
+                              round_=round_, seed=seed, max_new_tokens=ctx.config.max_new_tokens,
+                              generation_batch_size=ctx.config.batch_size, progress=False)
+    env = ctx.world.env_rewards([row["response"] for row in rows], [row["query"] for row in rows])
+    return [row | {"env_reward": e} for row, e in zip(rows, env)]
 
 
 def annotate_arm(rows: list[dict], arm: Arm, ctx: StudyContext, tokenizer, *, rewards: dict[str, float],

@@ -45,24 +45,41 @@ POLAR_WORDS = frozenset(POSITIVE_ADJECTIVES + NEGATIVE_ADJECTIVES + POSITIVE_VER
 _WORD = re.compile(r"[A-Za-z]+")
 
 
-class SentimentStudyWorld:
+class StudyWorld:
+    """What every study world shares: the per-round measures of a batch (dist-2 + the world's `degradation`)."""
+
+    def batch_metrics(self, queries: list[str], responses: list[str]) -> dict:
+        """Per-round measures of one batch of rollouts (one response per prompt): dist-2 + degradation."""
+        return {"dist_2": distinct_n([responses], 2), **self.degradation(queries, responses)}
+
+
+class ClassifierStudyWorld(StudyWorld):
+    """A world whose environment reward is a naive Bayes classifier fit on `labelled(n, seed=...)` texts
+    (the world seed + ENV_CLASSIFIER_SEED) and whose prompts are `prefixes` split by pipeline.tasks."""
+
+    def __init__(self, *, world_seed: int, classifier_size: int, labelled, prefixes, prefix_world):
+        pairs = labelled(classifier_size, seed=world_seed + ENV_CLASSIFIER_SEED)
+        self.reward_classifier = NaiveBayesClassifier.fit([t for t, _ in pairs], [y for _, y in pairs])
+        splits = prefix_prompt_splits(prefixes, prefix_world, seed=world_seed)
+        self.train_prompts = [p["text"] for p in splits["train"]]
+        self.eval_prompts = [p["text"] for p in splits["eval"]]
+
+    @classmethod
+    def from_config(cls, cfg):
+        return cls(world_seed=cfg.world_seed, n_train_prompts=cfg.n_train_prompts, n_eval_prompts=cfg.n_eval_prompts,
+                   classifier_size=cfg.env_classifier_size)
+
+
+class SentimentStudyWorld(ClassifierStudyWorld):
     """Prompts, environment reward, degradation measures and evaluation metrics of the study."""
 
     name = "sentiment"
 
     def __init__(self, *, world_seed: int, n_train_prompts: int, n_eval_prompts: int, classifier_size: int):
-        pairs = generate_labelled_reviews(classifier_size, seed=world_seed + ENV_CLASSIFIER_SEED)
-        self.reward_classifier = NaiveBayesClassifier.fit([t for t, _ in pairs], [y for _, y in pairs])
+        super().__init__(world_seed=world_seed, classifier_size=classifier_size, labelled=generate_labelled_reviews,
+                         prefixes=review_prefixes,
+                         prefix_world=WorldParams(n_train_prompts=n_train_prompts, n_eval_prompts=n_eval_prompts))
         self.eval_classifier = train_sentiment_classifier("world", seed=world_seed)
-        world = WorldParams(n_train_prompts=n_train_prompts, n_eval_prompts=n_eval_prompts)
-        splits = prefix_prompt_splits(review_prefixes, world, seed=world_seed)
-        self.train_prompts = [p["text"] for p in splits["train"]]
-        self.eval_prompts = [p["text"] for p in splits["eval"]]
-
-    @classmethod
-    def from_config(cls, cfg) -> "SentimentStudyWorld":
-        return cls(world_seed=cfg.world_seed, n_train_prompts=cfg.n_train_prompts, n_eval_prompts=cfg.n_eval_prompts,
-                   classifier_size=cfg.env_classifier_size)
 
     def env_rewards(self, responses: list[str], queries: list[str] | None = None) -> list[float]:
         """The sparse environment reward of each response: the reward classifier's P(positive)."""
@@ -78,10 +95,6 @@ class SentimentStudyWorld:
         return {"grammatical": grammatical / len(responses),
                 "repeated_polar_share": repeats / n_polar if n_polar else 0.0,
                 "polar_per_response": n_polar / len(responses)}
-
-    def batch_metrics(self, queries: list[str], responses: list[str]) -> dict:
-        """Per-round measures of one batch of rollouts (one response per prompt): dist-2 + degradation."""
-        return {"dist_2": distinct_n([responses], 2), **self.degradation(queries, responses)}
 
     def eval_metrics(self, queries: list[str], texts_by_prompt: list[list[str]]) -> dict:
         """The task's evaluation metrics on held-out prompts, plus the study's reward and degradation.

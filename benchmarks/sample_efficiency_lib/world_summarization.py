@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 
+from benchmarks.sample_efficiency_lib.world import StudyWorld
 from pipeline.data.summarization_world import EVENTS, FILLERS, summarization_prompts
 from pipeline.evaluate.metrics import distinct_n
 from pipeline.rewards.summarization import rouge_n
@@ -42,7 +43,7 @@ def summary_kind(summary: str, reference: str) -> str:
     return "other"
 
 
-class SummarizationStudyWorld:
+class SummarizationStudyWorld(StudyWorld):
     """Prompts with references, environment reward, degradation measures and ROUGE evaluation."""
 
     name = "summarization"
@@ -73,10 +74,6 @@ class SummarizationStudyWorld:
                for kind in ("reference", "wrong_event", "truncated", "padded", "filler", "other")}
         return {**out, "words_per_response": n_words / len(responses),
                 "repeated_word_share": sum(len(w) - len(set(w)) for w in words) / n_words if n_words else 0.0}
-
-    def batch_metrics(self, queries: list[str], responses: list[str]) -> dict:
-        """Per-round measures of one batch of rollouts: dist-2 + degradation."""
-        return {"dist_2": distinct_n([responses], 2), **self.degradation(queries, responses)}
 
     def eval_metrics(self, queries: list[str], texts_by_prompt: list[list[str]]) -> dict:
         """ROUGE-1/2/L x 100 of the held-out samples, plus the study's reward and degradation."""

@@ -24,6 +24,7 @@ import itertools
 import re
 from functools import lru_cache
 
+from benchmarks.sample_efficiency_lib.world import ClassifierStudyWorld
 from pipeline.data.toxicity_world import (
     CIVIL_WORDS,
     TEMPLATES,
@@ -32,13 +33,10 @@ from pipeline.data.toxicity_world import (
     comment_prefixes,
     generate_labelled_comments,
 )
-from pipeline.evaluate.classifier import NaiveBayesClassifier
 from pipeline.evaluate.metrics import distinct_n
 from pipeline.rewards.toxicity import LexiconToxicity, ToxicityReward, toxic_terms
-from pipeline.tasks import prefix_prompt_splits
 from pipeline.tasks.toxicity import Evaluator
 
-ENV_CLASSIFIER_SEED = 7_919  # offset of the reward classifier's seed stream from the world seed
 _WORD = re.compile(r"[A-Za-z]+")
 CIVIL_SLOT_WORDS = frozenset(w.lower() for group in CIVIL_WORDS.values() for phrase in group for w in phrase.split())
 
@@ -93,24 +91,15 @@ def is_comment_prefix(text: str) -> bool:
     return True
 
 
-class ToxicityStudyWorld:
+class ToxicityStudyWorld(ClassifierStudyWorld):
     """Prompts, environment reward, degradation measures and evaluation metrics of the toxicity study."""
 
     name = "toxicity"
 
     def __init__(self, *, world_seed: int, n_train_prompts: int, n_eval_prompts: int, classifier_size: int):
-        pairs = labelled_comments(classifier_size, seed=world_seed + ENV_CLASSIFIER_SEED)
-        self.reward_classifier = NaiveBayesClassifier.fit([t for t, _ in pairs], [y for _, y in pairs])
+        super().__init__(world_seed=world_seed, classifier_size=classifier_size, labelled=labelled_comments,
+                         prefixes=comment_prefixes, prefix_world=_PrefixWorld(n_train_prompts, n_eval_prompts))
         self.evaluator = Evaluator(ToxicityReward(LexiconToxicity()))
-        world = _PrefixWorld(n_train_prompts, n_eval_prompts)
-        splits = prefix_prompt_splits(comment_prefixes, world, seed=world_seed)
-        self.train_prompts = [p["text"] for p in splits["train"]]
-        self.eval_prompts = [p["text"] for p in splits["eval"]]
-
-    @classmethod
-    def from_config(cls, cfg) -> "ToxicityStudyWorld":
-        return cls(world_seed=cfg.world_seed, n_train_prompts=cfg.n_train_prompts, n_eval_prompts=cfg.n_eval_prompts,
-                   classifier_size=cfg.env_classifier_size)
 
     def env_rewards(self, responses: list[str], queries: list[str] | None = None) -> list[float]:
         """The sparse environment reward of each response: 1 - the reward classifier's P(toxic)."""
@@ -127,10 +116,6 @@ class ToxicityStudyWorld:
                 "repeated_word_share": repeats / n_words if n_words else 0.0,
                 "civil_per_response": sum(w in CIVIL_SLOT_WORDS for ws in words for w in ws) / len(responses),
                 "toxic_per_response": sum(len(toxic_terms(r)) for r in responses) / len(responses)}
-
-    def batch_metrics(self, queries: list[str], responses: list[str]) -> dict:
-        """Per-round measures of one batch of rollouts: dist-2 + degradation."""
-        return {"dist_2": distinct_n([responses], 2), **self.degradation(queries, responses)}
 
     def eval_metrics(self, queries: list[str], texts_by_prompt: list[list[str]]) -> dict:
         """The task's metrics (lexicon toxicity) on held-out prompts, plus the study's reward and degradation."""

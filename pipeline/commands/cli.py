@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 from pipeline.commands.estimate import add_estimate_parser
+from pipeline.core.config import CRITIC_BACKENDS
 from pipeline.core.errors import ConfigError, DrlcError
+from pipeline.critic.offline.lexicon import ANSWER_FORMATS
 
 
 def cmd_check(args) -> None:
@@ -276,9 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = critic_sub.add_parser("serve", help="serve /v1/chat/completions, /v1/models and /stats")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--backend", default="lexicon", help="lexicon | echo | hf")
+    serve.add_argument("--backend", default="lexicon", help=" | ".join(CRITIC_BACKENDS))
     serve.add_argument("--model-dir", default=None, help="local chat-model checkpoint for --backend hf")
-    serve.add_argument("--answer-format", default="drlc", choices=["drlc", "paper", "markdown", "messy"],
+    serve.add_argument("--answer-format", default="drlc", choices=ANSWER_FORMATS,
                        help="layout of the lexicon backend's answers (default: drlc, the templates' own format)")
     serve.add_argument("--latency", type=float, default=0.0, help="seconds added to every answer")
     serve.add_argument("--error-rate", type=float, default=0.0, help="share of answers that are HTTP 500")

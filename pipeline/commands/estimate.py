@@ -25,8 +25,8 @@ critic.max_tokens; the cost upper bound prices every answer at critic.max_tokens
 counted with the base model's tokenizer when base.model is a local folder, else as chars / 4.
 
 Disk. Parameter counts come from the model's config.json when it is a local folder, else from
-KNOWN_MODELS (the hub shapes of the models the paper configs name), built on the meta device (no
-memory, no weights). A checkpoint models/round=N (pipeline/model/policy.py write_policy_files,
+pipeline/model/shapes.py's KNOWN_MODELS (the hub shapes of the models the paper configs name), built
+on the meta device (no memory, no weights). A checkpoint models/round=N (pipeline/model/policy.py write_policy_files,
 pipeline/train/trainer.py save_trainer_state) = the LM in its saved dtype (LoRA: the adapters only, fp32,
 the base referenced by adapter_config.json) + value head (hidden + 1, fp32) + Adam's two moments of
 every trainable parameter (all, or those above ppo.num_shared_layers, or adapters + value head) +
@@ -60,6 +60,7 @@ import yaml
 
 from pipeline.core.config import Params, load_params
 from pipeline.core.errors import ConfigError, DrlcError
+from pipeline.model.shapes import DTYPE_BYTES, known_config, lora_parameter_count, meta_model
 
 CHARS_PER_TOKEN = 4  # the usual rule of thumb for English BPE text
 CHAT_OVERHEAD_TOKENS = 7  # role markers of two chat messages and the reply priming (approximate)
@@ -393,29 +394,7 @@ DEFAULT_DISK_GBPS = 1.0  # sequential read/write of one NVMe/network volume; --d
 DEFAULT_GPU_TFLOPS = 400.0  # --gpu-tflops
 DEFAULT_CRITIC_LATENCY_S = 0.5  # seconds per critic call, remote or local; --critic-latency-s
 LINKED_CACHE_TYPES = ("hardlink", "symlink")  # cache.type values that keep no second copy
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 ADAM_MOMENTS = 2  # exp_avg and exp_avg_sq, one of each per trainable parameter, in its dtype
-# Shapes of the hub models the paper configs name, from each model's config.json on the hub
-# (huggingface.co/<id>/blob/main/config.json); the counts they give are checked in tests/test_estimate.py
-# against the published ones (gpt2-large 774,030,080; Llama-2-7b 6,738,415,616).
-KNOWN_MODELS = {
-    "gpt2": ("causal", "float32", dict(model_type="gpt2", n_layer=12, n_embd=768, n_head=12,
-                                       vocab_size=50257, n_positions=1024)),
-    "gpt2-medium": ("causal", "float32", dict(model_type="gpt2", n_layer=24, n_embd=1024, n_head=16,
-                                              vocab_size=50257, n_positions=1024)),
-    "gpt2-large": ("causal", "float32", dict(model_type="gpt2", n_layer=36, n_embd=1280, n_head=20,
-                                             vocab_size=50257, n_positions=1024)),
-    "meta-llama/Llama-2-7b-chat-hf": ("causal", "float16", dict(
-        model_type="llama", hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096,
-        tie_word_embeddings=False)),
-    "lvwerra/distilbert-imdb": ("classifier", "float32", dict(model_type="distilbert", num_labels=2)),
-    # trlx's GPTRewardModel on a GPT-J-6B trunk; its file's dtype is not known offline: fp32 assumed
-    # (the larger, so the load share is not understated)
-    "CarperAI/openai_summarize_tldr_rm_checkpoint": ("trunk", "float32", dict(
-        model_type="gptj", n_embd=4096, n_layer=28, n_head=16, rotary_dim=64, vocab_size=50400,
-        n_positions=2048)),
-}
 TOKENIZER_BYTES = {"gpt2": 3_600_000, "llama": 2_400_000}  # save_pretrained's tokenizer files, roughly
 DEFAULT_TOKENIZER_BYTES = 4_000_000
 
@@ -451,13 +430,10 @@ def _config_of(name: str, root: str | Path):
             "causal" if any(a.endswith("LMHeadModel") or a.endswith("CausalLM") for a in architectures) or not
             architectures else "trunk")
         return config, kind, dtype.removeprefix("torch."), f"{name}/config.json"
-    known = KNOWN_MODELS.get(name) or next((v for k, v in KNOWN_MODELS.items() if k.split("/")[-1] == Path(name).name),
-                                           None)
+    known = known_config(name)
     if known is None:
         return None
-    kind, dtype, fields = known
-    fields = dict(fields)
-    return AutoConfig.for_model(fields.pop("model_type"), **fields), kind, dtype, "drlc's table of hub shapes"
+    return *known, "drlc's table of hub shapes"
 
 
 def _built_config(params: Params):
@@ -468,29 +444,6 @@ def _built_config(params: Params):
     config = GPT2Config(vocab_size=b.vocab_size, n_positions=b.block_size, n_embd=b.n_embd, n_layer=b.n_layer,
                         n_head=b.n_head, bos_token_id=0, eos_token_id=0)
     return config, "causal", "float32", "base.* (the GPT-2 the base stage builds)"
-
-
-def _meta_model(config, kind: str):
-    """The model built from `config` on the meta device: shapes, no memory, no weights."""
-    import torch
-    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
-
-    builder = {"causal": AutoModelForCausalLM, "classifier": AutoModelForSequenceClassification,
-               "trunk": AutoModel}[kind]
-    with torch.device("meta"):
-        return builder.from_config(config)
-
-
-def lora_parameter_count(lm, r: int, target_modules: list[str]) -> int:
-    """Adapter parameters: r x (in + out) per targeted Linear/Conv1D (peft's defaults when none are given)."""
-    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
-
-    targets = set(target_modules or DEFAULTS.get(lm.config.model_type, []))
-    count = 0
-    for name, module in lm.named_modules():
-        if name.rsplit(".", 1)[-1] in targets and hasattr(module, "weight") and module.weight.dim() == 2:
-            count += r * sum(module.weight.shape)  # Linear (out, in) or GPT-2's Conv1D (in, out)
-    return count
 
 
 def model_size(name: str | None, root: str | Path = ".", params: Params | None = None) -> ModelSize:
@@ -505,7 +458,7 @@ def model_size(name: str | None, root: str | Path = ".", params: Params | None =
     if found is None:
         return ModelSize(name or "?", 0, 4, "UNKNOWN offline (not local, not in drlc's table): counted as 0 bytes")
     config, kind, dtype, source = found
-    model = _meta_model(config, kind)
+    model = meta_model(config, kind)
     total = sum(p.numel() for p in model.parameters())
     model_type = getattr(config, "model_type", "")
     if name is None:  # the base stage's own word-piece tokenizer: its vocabulary in tokenizer.json, roughly
@@ -605,7 +558,11 @@ def estimate_disk(params: Params, *, root: str | Path = ".", cache_type: str | N
         cache_type=cache_type or cache_link_type(root), policy=policy)
 
 
-LOCAL_MODEL_SCORERS = ("hf_classifier", "reward_model")  # scorers that load score.model in the score stage
+def loads_scorer_model(params: Params) -> bool:
+    """True when the score stage loads score.model: the scorer is one of its task's MODEL_SCORERS."""
+    from pipeline.tasks import get_task
+
+    return params.score.scorer in get_task(params.run.task).MODEL_SCORERS
 
 
 def query_tokens(params: Params) -> float:
@@ -627,7 +584,7 @@ def process_loads(params: Params, disk: DiskEstimate, *, first: bool, score: Mod
     prev = {} if first else {"models/<prev round>": disk.weights_bytes + disk.value_head_bytes}
     policy = {"models/base": disk.base_bytes, **prev} if lora or first else prev
     loads = {"rollout": dict(policy), "score": {}, "critique": {"models/base (tokenizer)": disk.tokenizer_bytes}}
-    if params.score.scorer in LOCAL_MODEL_SCORERS and params.score.model:
+    if loads_scorer_model(params) and params.score.model:
         loads["score"][params.score.model] = score.bytes
     if critic is not None:
         loads["critique"][critic.name] = critic.bytes
@@ -661,7 +618,7 @@ def round_flops(params: Params, policy: ModelSize, score: ModelSize) -> float:
     no_grad = 2 * 2 * p * tokens  # the ppo stage's policy and reference passes
     backward = 2 * trainable + 2 * (p if params.base.lora_r > 0 else trainable)  # weight + activation grads
     train = params.ppo.ppo_epochs * tokens * (2 * p + backward)
-    scorer = 2 * score.params * tokens if params.score.scorer in LOCAL_MODEL_SCORERS else 0
+    scorer = 2 * score.params * tokens if loads_scorer_model(params) else 0
     return generate + no_grad + train + scorer
 
 
@@ -712,7 +669,7 @@ def estimate_time(params: Params, disk: DiskEstimate, critic: CriticEstimate, *,
     if min(disk_gbps, gpu_tflops, critic_latency_s) <= 0:
         raise ConfigError(f"--disk-gbps {disk_gbps}, --gpu-tflops {gpu_tflops} and --critic-latency-s "
                           f"{critic_latency_s} must all be > 0.")
-    score = model_size(params.score.model, root) if params.score.scorer in LOCAL_MODEL_SCORERS else model_size(None)
+    score = model_size(params.score.model, root) if loads_scorer_model(params) else model_size(None)
     critic_model = None
     if params.critic.enabled and params.critic.endpoint == "local" and params.critic.backend == "hf":
         folder = "models/base" if params.critic.model_dir in (None, "base") else params.critic.model_dir

@@ -181,6 +181,10 @@ class ScoreParams:
     }
 
 
+# the local critic server's backends (pipeline/critic/offline/server.py); the one list, also `drlc critic serve`'s
+CRITIC_BACKENDS = ("lexicon", "echo", "hf")
+
+
 @dataclass(frozen=True)
 class CriticParams:
     enabled: bool = True
@@ -214,7 +218,7 @@ class CriticParams:
         "prices": (lambda x: all(len(v) == 2 and min(v) >= 0 for v in x.values()),
                    "a mapping of model -> [usd_per_1m_prompt_tokens, usd_per_1m_completion_tokens] >= 0"),
         "alignment": (lambda x: x in ALIGNMENTS, f"one of {ALIGNMENTS}"),
-        "backend": (lambda x: x in ("lexicon", "echo", "hf"), "one of ('lexicon', 'echo', 'hf')"),
+        "backend": (lambda x: x in CRITIC_BACKENDS, f"one of {CRITIC_BACKENDS}"),
         "max_concurrency": (_positive, "> 0"),
         "timeout_s": (_positive, "> 0"),
         "max_retries": (lambda x: x >= 0, ">= 0"),

@@ -82,6 +82,21 @@ def rollout_with(policy, tokenizer, prompt_rows: list[dict], *, policy_name: str
     train = [row for row in prompt_rows if row["split"] == "train"]
     picker = random.Random(round_seed(seed, round_, 1))
     chosen = picker.sample(train, batch_size) if batch_size <= len(train) else picker.choices(train, k=batch_size)
+    return sample_rollouts(policy, tokenizer, chosen, policy_name=policy_name, run_id=run_id, round_=round_,
+                           seed=seed, max_new_tokens=max_new_tokens, generation_batch_size=generation_batch_size,
+                           min_new_tokens=min_new_tokens, shard=shard)
+
+
+def sample_rollouts(policy, tokenizer, chosen: list[dict], *, policy_name: str, run_id: str, round_: int,
+                    seed: int, max_new_tokens: int, generation_batch_size: int, min_new_tokens: int | None = None,
+                    shard: Shard | None = None, progress: bool = True) -> tuple[list[dict], dict]:
+    """Sample one response from `policy` to each of the `chosen` prompt rows (prompt_id, text), in order.
+
+    The sampling half of :func:`rollout_with` (which picks the round's prompts first), also run by a
+    caller that picks its own prompts (the sample-efficiency study's runner). The sampler's
+    seed is round_seed(seed, round_, 2), the length limits' round_seed(seed, round_, 3); the global
+    torch RNG is not touched. Returns (rollout rows, metrics) as rollout_with.
+    """
     queries = [encode_query(tokenizer, row["text"]) for row in chosen]
     sample_seed = round_seed(seed, round_, 2)
     limits = response_limits(len(chosen), min_new_tokens=min_new_tokens, max_new_tokens=max_new_tokens,
@@ -89,7 +104,8 @@ def rollout_with(policy, tokenizer, prompt_rows: list[dict], *, policy_name: str
     started = time.perf_counter()
     samples = sample_responses(
         policy, queries=queries, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
-        max_new_tokens=max_new_tokens, seed=sample_seed, batch_size=generation_batch_size, shard=shard,
+        max_new_tokens=max_new_tokens, seed=sample_seed, batch_size=generation_batch_size, progress=progress,
+        shard=shard,
     )
     seconds = time.perf_counter() - started
     samples = [{"response_ids": s["response_ids"][:limit], "behaviour_logprobs": s["behaviour_logprobs"][:limit]}

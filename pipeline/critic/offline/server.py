@@ -39,12 +39,12 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterator
 
+from pipeline.core.config import CRITIC_BACKENDS as BACKENDS
 from pipeline.core.errors import ConfigError, CriticError
 from pipeline.critic.offline.protocol import AnswerFn, CompleteFn, Completion, content_text
 
 __all__ = ["BACKENDS", "FAULT_KINDS", "Completion", "make_server", "serve_in_background", "serve_forever"]
 
-BACKENDS = ("lexicon", "echo", "hf")
 FAULT_KINDS = ("error", "rate_limit", "garbage", "drop", "empty")
 MAX_BODY_BYTES = 1 << 20
 _MAX_DRAIN_BYTES = 16 << 20
