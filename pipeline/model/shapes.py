@@ -53,11 +53,7 @@ def known_config(name: str):
 def meta_model(config, kind: str):
     """The model built from `config` on the meta device: shapes and parameter names, no memory, no weights."""
     import torch
-    from transformers import (
-        AutoModel,
-        AutoModelForCausalLM,
-        AutoModelForSequenceClassification,
-    )
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
     builder = {"causal": AutoModelForCausalLM, "classifier": AutoModelForSequenceClassification,
                "trunk": AutoModel}[kind]
@@ -67,9 +63,7 @@ def meta_model(config, kind: str):
 
 def lora_parameter_count(lm, r: int, target_modules: list[str]) -> int:
     """Adapter parameters: r x (in + out) per targeted Linear/Conv1D (peft's defaults when none are given)."""
-    from peft.utils.constants import (
-        TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS,
-    )
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
 
     targets = set(target_modules or DEFAULTS.get(lm.config.model_type, []))
     count = 0
