@@ -4,6 +4,7 @@ A module the script can import but the stage does not list leaves a stale output
 a listed module it cannot import re-runs the stage for nothing. Both fail here, naming the stage
 and the paths, for dvc.yaml and for the DAG `drlc replay --dvc` writes.
 """
+import ast
 import os
 import re
 from pathlib import Path
@@ -72,3 +73,72 @@ def test_closure_follows_lazy_and_dynamic_imports_and_skips_docstring_only_packa
     (tmp_path / "stage.py").write_text("from pipeline.tasks import get_task\n")
     assert import_closure("stage.py", root=tmp_path) == [
         "pipeline/lazy.py", "pipeline/tasks/__init__.py", "pipeline/tasks/one.py"]
+
+
+# params a stage declares without reading them through `params.`: the round list, which DVC itself
+# expands (foreach) and which decides what the evaluate stage's curves cover.
+READ_BY_DVC = {"rounds", "chunks"}
+
+
+def params_read(path: Path) -> set[str]:
+    """The params keys a stage script reads: `params.<section>.<key>`, or a section it passes on whole
+    (`params.<section>`); `*` when it passes the whole `params` object on."""
+    tree = ast.parse(path.read_text())
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    read = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Name) and node.id == "params"):
+            continue
+        parent = parents[node]
+        if not isinstance(parent, ast.Attribute):
+            if not (isinstance(parent, ast.Assign) and node in parent.targets):
+                read.add("*")
+            continue
+        grand = parents[parent]
+        if isinstance(grand, ast.Attribute):
+            read.add(f"{parent.attr}.{grand.attr}")
+        elif isinstance(grand, ast.Call) and grand.func is parent:
+            read.update(READ_BY_DVC)  # params.round_keys()
+        else:
+            read.add(parent.attr)
+    return read
+
+
+def section_reads(path: Path) -> set[str]:
+    """The params sections a module reads (`params.<section>`), for a stage that passes `params` on whole."""
+    return set(re.findall(r"\bparams\.(\w+)", path.read_text())) - {"chunk_rounds", "round_keys"}
+
+
+def dvc_params() -> dict[str, list[str]]:
+    stages = yaml.safe_load((CODE_ROOT / "dvc.yaml").read_text())["stages"]
+    return {name: stage.get("do", stage).get("params", []) for name, stage in stages.items()}
+
+
+def params_problems(stage: str, read: set[str], declared: list[str]) -> list[str]:
+    inside = lambda key, entry: key == entry or key.startswith(entry + ".")  # noqa: E731
+    missing = sorted(k for k in read - READ_BY_DVC if not any(inside(k, d) for d in declared))
+    unused = sorted(d for d in declared if d not in READ_BY_DVC and not any(inside(k, d) or inside(d, k) for k in read))
+    wide = sorted(d for d in declared if "." not in d and d not in READ_BY_DVC and d not in read and d not in unused)
+    return ([f"{stage}: declare params {missing}"] if missing else []) + \
+           ([f"{stage}: params {unused} are never read"] if unused else []) + \
+           ([f"{stage}: declare the keys it reads, not the whole sections {wide}"] if wide else [])
+
+
+@pytest.mark.parametrize("stage", sorted(dvc_yaml_stages()))
+def test_dvc_yaml_params_are_the_keys_the_stage_reads(stage):
+    script, _ = dvc_yaml_stages()[stage]
+    read = params_read(CODE_ROOT / script)
+    if "*" in read:  # chunk: the whole params go to its step module, which reads these sections
+        read = read - {"*"} | section_reads(CODE_ROOT / "pipeline" / "steps" / f"{stage}.py")
+    if stage in ("ppo", "chunk"):  # they pass `base` on for LoRA only: pipeline/steps/ppo_round.py reads base.lora_*
+        used = set(re.findall(r"\bbase\.(\w+)", (CODE_ROOT / "pipeline/steps/ppo_round.py").read_text()))
+        assert used == {"lora_r", "lora_alpha", "lora_target_modules"}
+        read = read - {"base"} | {f"base.{key}" for key in used}
+    assert params_problems(stage, read, dvc_params()[stage]) == []
+
+
+def test_the_params_check_names_a_missing_and_an_unused_key():
+    assert params_problems("rollout", {"run.seed", "rollout"}, ["run.seed", "run.device"]) == [
+        "rollout: declare params ['rollout']", "rollout: params ['run.device'] are never read"]
+    assert params_problems("prepare", {"run.seed", "world"}, ["run", "world"]) == [
+        "prepare: declare the keys it reads, not the whole sections ['run']"]
