@@ -12,6 +12,7 @@ from pipeline.core.errors import ConfigError, DataError
 from pipeline.evaluate.classifier import features
 from pipeline.rewards.fitted_toxicity import FittedToxicity, _matrix, fit_rtp, rtp_rows, spearman, split_rows
 from pipeline.rewards.toxicity import LexiconToxicity
+from pipeline.tasks import check_params
 from pipeline.tasks.toxicity import toxicity_source
 
 RTP = Path(__file__).resolve().parents[2] / "shared" / "data" / "toxicity" / "decodingtrust_rtp"
@@ -88,7 +89,7 @@ def test_fitted_scorer_needs_train_data():
     raw = _selfcritique_raw()
     raw["score"]["train_data"] = None
     with pytest.raises(ConfigError, match="'score.train_data'.*decodingtrust_rtp"):
-        params_from_dict(raw)
+        check_params(params_from_dict(raw))
 
 
 def test_the_selfcritique_profile_scores_with_the_fitted_scorer():
