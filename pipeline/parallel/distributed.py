@@ -19,7 +19,8 @@ PPO round `prepare`s the policy, optimizer and reference with it:
 Every process then calls `full_state`, which gathers the full weights and Adam state for the
 checkpoint, in the layout of a single process. A plain `python stages/ppo.py` has no
 WORLD_SIZE: it gets None, and neither accelerate nor torch.distributed is touched, so a
-single-process run is unchanged.
+single-process run is unchanged; it trains with pipeline.parallel.single.SingleProcess, which has
+DataParallel's methods.
 
 Why not `accelerate launch --cpu --num_processes N`: accelerate 1.15 then starts ONE process
 (its CPU multi-process path needs mpirun), so it would silently train single-process.
@@ -263,7 +264,7 @@ class DataParallel:
 
     def clip_and_step(self, model: torch.nn.Module, optimizer, parameters: list, max_norm: float) -> float:
         """Clip the gradients of `parameters` to `max_norm`, step `optimizer`; return the total norm
-        before clipping (one process: torch.nn.utils.clip_grad_norm_).
+        before clipping (one process: SingleProcess.clip_and_step, pipeline.parallel.single).
 
         DDP and FSDP2: accelerate's clip (DTensor-aware under FSDP2). DeepSpeed: the engine's step,
         which reduces, clips at the ppo.max_grad_norm prepare put in its config and steps; its
