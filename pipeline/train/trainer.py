@@ -338,6 +338,9 @@ def save_trainer_state(directory: str | Path, optimizer, kl_controller, score_mo
 def load_trainer_state(directory: str | Path, optimizer, kl_controller, score_moments) -> int | None:
     """Restore what save_trainer_state wrote, in place; return the round that wrote it (or None).
 
+    The optimizer keeps its own learning rate (make_optimizer's, this round's ppo.learning_rate)
+    and Adam kernel: optimizer.pt's param_groups hold the writing round's, which load_state_dict
+    would otherwise restore, so a changed ppo.learning_rate would never train.
     Raises DataError if a file is missing.
     """
     directory = Path(directory)
@@ -345,9 +348,10 @@ def load_trainer_state(directory: str | Path, optimizer, kl_controller, score_mo
         if not (directory / name).is_file():
             raise DataError(f"Trainer state '{directory / name}' is missing: resume from a complete round.")
     kernels = {key: optimizer.defaults[key] for key in ("fused", "foreach") if key in optimizer.defaults}
+    rates = [group["lr"] for group in optimizer.param_groups]
     optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location="cpu", weights_only=True))
-    for group in optimizer.param_groups:  # how Adam runs is make_optimizer's choice, not the checkpoint's
-        group.update(kernels)
+    for group, lr in zip(optimizer.param_groups, rates, strict=True):  # this round's choices, not the checkpoint's
+        group.update(kernels, lr=lr)
     state = json.loads((directory / "trainer_state.json").read_text())
     kl_controller.load_state_dict(state["kl_controller"])
     score_moments.load_state_dict(state["score_moments"])
