@@ -83,11 +83,13 @@ def launch_stage(tmp: Path, params: Path, out: str, processes: int = 2, config: 
     return subprocess.run(launcher + stage, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # a 2-process accelerate launch (about 45 s)
 def test_two_processes_make_the_one_process_update(tmp_path):
     _, launch = assert_two_processes_match_one(tmp_path, PARAMS)
     assert "FSDP2 over" not in launch.stderr  # a plain launch is DDP: nothing sharded
 
 
+@pytest.mark.slow  # a 2-process accelerate launch (about 45 s)
 def test_two_processes_match_one_when_the_ratio_guard_skips_minibatches(tmp_path):
     """Skipped minibatches (the step's last one too) must still leave DDP's all-reduce finished and equal."""
     guarded = PARAMS.__class__(**{**PARAMS.__dict__, "ratio_threshold": 1.0005})
@@ -95,6 +97,7 @@ def test_two_processes_match_one_when_the_ratio_guard_skips_minibatches(tmp_path
     assert [row["skipped"] for row in one] == [False, True, True, True]
 
 
+@pytest.mark.slow  # a 2-process accelerate launch (about 45 s)
 def test_two_processes_match_one_with_a_lora_policy(tmp_path):
     """DDP over the adapters and value head; the reference is the same prepared policy, adapters off."""
     lora = {"lora_r": 4, "lora_alpha": 8.0, "lora_target_modules": ["c_attn"]}

@@ -158,6 +158,7 @@ with open(f"{out}/rank{{dp.rank}}.txt", "w") as f:  # one file per rank: a share
 """
 
 
+@pytest.mark.slow  # a 2-process accelerate launch
 def test_multi_gpu_config_launches_two_processes_on_cpu(tmp_path):
     """The config file gives drlc's DataParallel two ranks (gloo on CPU) whose all-reduce sums 1 + 2."""
     script = tmp_path / "probe.py"

@@ -6,6 +6,7 @@ both rounds and calls train_round directly with the same per-round seeds. Equali
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -148,3 +149,42 @@ def test_round_cursor_rejects_a_checkpoint_of_the_same_or_a_later_round(base_dir
     with pytest.raises(ConfigError, match="holds the checkpoint of round 2, but this is round 2"):
         run_stage_round(base_dir, tmp_path / "round=0002", tmp_path / "again", 2, uninterrupted[2]["tables"])
     assert not (tmp_path / "again").exists()
+
+
+def test_round_2_trains_at_its_own_learning_rate_not_the_checkpoints(base_dir, uninterrupted, tmp_path):
+    """optimizer.pt holds round 1's lr in its param_groups; round 2 must train at its own ppo.learning_rate.
+
+    The update is checked against one computed here by hand: round 1's weights, Adam moments and
+    step count set into a fresh Adam at the new lr, and the round's KL controller and score moments.
+    """
+    round_1 = tmp_path / "round=0001"
+    run_stage_round(base_dir, base_dir, round_1, 1, uninterrupted[1]["tables"])
+    assert torch.load(round_1 / "optimizer.pt", weights_only=True)["param_groups"][0]["lr"] == PARAMS.learning_rate
+    lowered = dataclasses.replace(PARAMS, learning_rate=PARAMS.learning_rate / 7)
+    rows = ppo_round(*uninterrupted[2]["tables"], policy_dir=str(round_1), reference_dir=str(base_dir),
+                     out_dir=str(tmp_path / "round=0002"), params=lowered, run_id="t", round_=2, seed=SEED)
+
+    assert [row["lr"] for row in rows] == [lowered.learning_rate] * len(rows)
+    saved = torch.load(tmp_path / "round=0002" / "optimizer.pt", weights_only=True)
+    assert [group["lr"] for group in saved["param_groups"]] == [lowered.learning_rate]
+    assert [group["fused"] for group in saved["param_groups"]] == [True]
+    # the same round by hand: Adam built at the new lr, its state (not its lr) taken from round 1
+    torch.manual_seed(round_seed(SEED, 2, 3))
+    policy, _ = load_policy(round_1, seed=SEED)
+    optimizer = make_optimizer(policy, lowered.learning_rate)
+    previous = torch.load(round_1 / "optimizer.pt", weights_only=True)["state"]
+    for i, param in enumerate(optimizer.param_groups[0]["params"]):
+        optimizer.state[param] = {key: value.clone() for key, value in previous[i].items()}
+    trainer_state = json.loads((round_1 / "trainer_state.json").read_text())
+    controller, moments = new_kl_controller(lowered), RunningMoments()
+    controller.load_state_dict(trainer_state["kl_controller"])
+    moments.load_state_dict(trainer_state["score_moments"])
+    stats = train_round(policy=policy, ref_model=load_reference(base_dir), optimizer=optimizer,
+                        batch=as_batch(*uninterrupted[2]["tables"]), params=lowered, kl_controller=controller,
+                        score_moments=moments, seed=round_seed(SEED, 2, 4), progress=False)
+    assert without_timing(rows) == without_timing([step_row(s, run_id="t", round_=2, step=i)
+                                                   for i, s in enumerate(stats)])
+    weights, expected = saved_weights(tmp_path / "round=0002"), policy.state_dict()
+    assert all(torch.equal(weights[k], expected[k]) for k in weights)
+    # and it is not the update at round 1's lr
+    assert any(not torch.equal(weights[k], uninterrupted[2]["weights"][k]) for k in weights)

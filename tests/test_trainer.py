@@ -13,10 +13,10 @@ from pipeline.core.errors import DataError, PPOInputError
 from pipeline.model.logprobs import score_responses
 from pipeline.model.policy import PolicyWithValueHead, _fresh_value_head, frozen_copy
 from pipeline.model.sampling import sample_responses
+from pipeline.parallel.single import clip_grad_norm
 from pipeline.train.ppo import AdaptiveKLController, FixedKLController, RunningMoments
 from pipeline.train.trainer import (
     RolloutBatch,
-    clip_grad_norm,
     load_trainer_state,
     make_optimizer,
     save_trainer_state,

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.core.errors import ConfigError, DataError
-from pipeline.parallel.distributed import (
-    _indexed_optimizer_state,
-    _materialized,
-    _meta_copy,
-    _named_optimizer_state,
-    _parameter_names,
+from pipeline.parallel.plain_state import (
+    indexed_optimizer_state,
+    materialized,
+    meta_copy,
+    named_optimizer_state,
+    parameter_names,
 )
 
 MOMENTS = ("exp_avg", "exp_avg_sq")  # torch Adam's per-parameter state besides "step"
@@ -53,11 +53,11 @@ def prepare_zero(dp, policy, optimizer, reference, separate: bool, *, max_grad_n
     plugin = dp.accelerator.state.deepspeed_plugin
     stage = _configure(plugin, max_grad_norm=max_grad_norm, micro_batch_size=micro_batch_size,
                        world_size=dp.world_size)
-    full_state = _named_optimizer_state(optimizer.state_dict(), optimizer, _parameter_names(policy))
+    full_state = named_optimizer_state(optimizer.state_dict(), optimizer, parameter_names(policy))
     optimizer.state.clear()
-    plain = PlainPolicy(_meta_copy(policy), full_state["param_groups"])
+    plain = PlainPolicy(meta_copy(policy), full_state["param_groups"])
     engine, optimizer = dp.accelerator.prepare(policy, optimizer)
-    dp._plain[id(engine)] = plain
+    dp.register_plain(engine, plain)
     if full_state["state"]:
         _set_adam_state(engine, full_state["state"])
     if separate and stage == 3:
@@ -174,7 +174,7 @@ def full_zero_state(dp, engine) -> tuple[torch.nn.Module | None, dict | None]:
     """
     from deepspeed.utils import safe_get_full_optimizer_state
 
-    plain = dp._plain[id(engine)]
+    plain = dp.plain_of(engine)
     weights = _gathered_state_dict(engine.module, dp.is_main)
     adam, flats = engine.optimizer.optimizer, _flat_partitions(engine.optimizer)
     state = {}
@@ -186,8 +186,8 @@ def full_zero_state(dp, engine) -> tuple[torch.nn.Module | None, dict | None]:
                 state[name] = {"step": step.detach().clone().cpu(), **moments}
     if not dp.is_main:
         return None, None
-    return (_materialized(plain.module, weights),
-            _indexed_optimizer_state({"state": state, "param_groups": plain.param_groups}))
+    return (materialized(plain.module, weights),
+            indexed_optimizer_state({"state": state, "param_groups": plain.param_groups}))
 
 
 def _gathered_state_dict(module: torch.nn.Module, is_main: bool) -> dict | None:

@@ -19,7 +19,8 @@ PPO round `prepare`s the policy, optimizer and reference with it:
 Every process then calls `full_state`, which gathers the full weights and Adam state for the
 checkpoint, in the layout of a single process. A plain `python stages/ppo.py` has no
 WORLD_SIZE: it gets None, and neither accelerate nor torch.distributed is touched, so a
-single-process run is unchanged.
+single-process run is unchanged; it trains with pipeline.parallel.single.SingleProcess, which has
+DataParallel's methods.
 
 Why not `accelerate launch --cpu --num_processes N`: accelerate 1.15 then starts ONE process
 (its CPU multi-process path needs mpirun), so it would silently train single-process.
@@ -27,7 +28,6 @@ Why not `accelerate launch --cpu --num_processes N`: accelerate 1.15 then starts
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import sys
 import warnings
@@ -36,6 +36,13 @@ from dataclasses import dataclass, field
 import torch
 
 from pipeline.core.errors import ConfigError
+from pipeline.parallel.plain_state import (
+    indexed_optimizer_state,
+    materialized,
+    meta_copy,
+    named_optimizer_state,
+    parameter_names,
+)
 
 
 def is_main_process() -> bool:
@@ -72,7 +79,7 @@ class DataParallel:
     device: torch.device
     accelerator: object  # accelerate.Accelerator (imported only by multi-process runs)
     sharding: str = "ddp"  # "ddp", "fsdp2" or "deepspeed"
-    _plain: dict = field(default_factory=dict, repr=False)  # id(prepared model) -> its plain meta-device copy
+    _plain: dict = field(default_factory=dict, repr=False)  # id(prepared model) -> register_plain's plain copy
 
     @classmethod
     def from_environment(cls) -> DataParallel | None:
@@ -143,16 +150,16 @@ class DataParallel:
         plugin = self._fsdp2_plugin()
         if plugin.transformer_cls_names_to_wrap is None:  # accelerate would look on the policy, which has none
             plugin.transformer_cls_names_to_wrap = list(getattr(policy.lm, "_no_split_modules", None) or ())
-        names = _parameter_names(policy)
-        full_state = _named_optimizer_state(optimizer.state_dict(), optimizer, names)
+        names = parameter_names(policy)
+        full_state = named_optimizer_state(optimizer.state_dict(), optimizer, names)
         optimizer.state.clear()
-        self._plain[id(policy)] = _meta_copy(policy)
+        plain = meta_copy(policy)  # before fully_shard turns the policy's parameters into DTensors
         if _accelerate_shards(self.accelerator):
             model, optimizer = self.accelerator.prepare(policy, optimizer)
         else:
             model = _fully_shard(policy.to(self.device), plugin)
             _repoint(optimizer, names, dict(model.named_parameters()))
-        self._plain[id(model)] = self._plain.pop(id(policy))
+        self.register_plain(model, plain)
         if full_state["state"]:
             set_optimizer_state_dict(model, _torch_optimizer(optimizer), full_state,
                                      options=StateDictOptions(full_state_dict=True))
@@ -195,7 +202,16 @@ class DataParallel:
         optimizer_state = get_optimizer_state_dict(model, _torch_optimizer(optimizer), options=options)
         if not self.is_main:
             return None, None
-        return _materialized(self._plain[id(model)], weights), _indexed_optimizer_state(optimizer_state)
+        return materialized(self.plain_of(model), weights), indexed_optimizer_state(optimizer_state)
+
+    def register_plain(self, model: torch.nn.Module, plain) -> None:
+        """Keep `plain`, what full_state needs of the policy as it was before `prepare` turned it into
+        `model` (FSDP2: its meta copy; DeepSpeed: deepspeed_zero.PlainPolicy)."""
+        self._plain[id(model)] = plain
+
+    def plain_of(self, model: torch.nn.Module):
+        """What register_plain kept for the prepared `model`."""
+        return self._plain[id(model)]
 
     def gradient_sync(self, model: torch.nn.Module, sync: bool):
         """Context for one forward+backward: all-reduce its gradients (sync) or only accumulate them.
@@ -245,7 +261,7 @@ class DataParallel:
 
     def clip_and_step(self, model: torch.nn.Module, optimizer, parameters: list, max_norm: float) -> float:
         """Clip the gradients of `parameters` to `max_norm`, step `optimizer`; return the total norm
-        before clipping (one process: torch.nn.utils.clip_grad_norm_).
+        before clipping (one process: SingleProcess.clip_and_step, pipeline.parallel.single).
 
         DDP and FSDP2: accelerate's clip (DTensor-aware under FSDP2). DeepSpeed: the engine's step,
         which reduces, clips at the ppo.max_grad_norm prepare put in its config and steps; its
@@ -343,54 +359,7 @@ def _sharding_summary(model: torch.nn.Module) -> str:
             f"{local} of {sum(p.numel() for p in params)} elements here")
 
 
-def _parameter_names(module: torch.nn.Module) -> dict[int, str]:
-    """id(parameter) -> its name in `module` (a tied parameter: its first name)."""
-    return {id(param): name for name, param in module.named_parameters()}
-
-
 def _repoint(optimizer: torch.optim.Optimizer, names: dict[int, str], sharded: dict) -> None:
     """Point `optimizer`'s parameter groups at the sharded parameters that replaced the plain ones."""
     for group in optimizer.param_groups:
         group["params"] = [sharded[names[id(param)]] for param in group["params"]]
-
-
-def _named_optimizer_state(state_dict: dict, optimizer: torch.optim.Optimizer, names: dict[int, str]) -> dict:
-    """`optimizer.state_dict()` (parameters numbered in group order) keyed by parameter name instead,
-    the layout torch.distributed.checkpoint's full optimizer state dict has."""
-    order = [names[id(param)] for group in optimizer.param_groups for param in group["params"]]
-    return {"state": {order[i]: value for i, value in state_dict["state"].items()},
-            "param_groups": [{**group, "params": [order[i] for i in group["params"]]}
-                             for group in state_dict["param_groups"]]}
-
-
-def _indexed_optimizer_state(state_dict: dict) -> dict:
-    """The inverse of _named_optimizer_state: a name-keyed full state dict as `optimizer.state_dict()` lays it out."""
-    order = [name for group in state_dict["param_groups"] for name in group["params"]]
-    index = {name: i for i, name in enumerate(order)}
-    return {"state": {index[name]: value for name, value in state_dict["state"].items()},
-            "param_groups": [{**group, "params": [index[name] for name in group["params"]]}
-                             for group in state_dict["param_groups"]]}
-
-
-def _meta_copy(module: torch.nn.Module) -> torch.nn.Module:
-    """A copy of `module` whose parameters are on the meta device (no memory): the plain module
-    that a gathered full state dict is loaded into for the checkpoint."""
-    memo = {id(param): torch.nn.Parameter(torch.empty_like(param, device="meta"), param.requires_grad)
-            for param in module.parameters()}
-    return copy.deepcopy(module, memo)
-
-
-def _materialized(meta_module: torch.nn.Module, state_dict: dict) -> torch.nn.Module:
-    """`meta_module` on CPU holding `state_dict`, with its tied parameters (an LM head tied to the
-    embeddings) one tensor again: to_empty gives each name its own tensor, and save_pretrained
-    would then write the head twice."""
-    names = {}
-    for name, param in meta_module.named_parameters(remove_duplicate=False):
-        names.setdefault(id(param), []).append(name)
-    module = meta_module.to_empty(device="cpu")
-    for first, *others in names.values():
-        for other in others:
-            owner, _, leaf = other.rpartition(".")
-            setattr(module.get_submodule(owner), leaf, module.get_parameter(first))
-    module.load_state_dict(state_dict)
-    return module

@@ -14,6 +14,7 @@ from pipeline.model.lora import add_adapters, has_adapters
 from pipeline.model.policy import PolicyWithValueHead, load_policy, write_policy_files
 from pipeline.model.reference import make_reference
 from pipeline.parallel.distributed import DataParallel
+from pipeline.parallel.single import SingleProcess
 from pipeline.train.ppo import AdaptiveKLController, FixedKLController, RunningMoments
 from pipeline.train.trainer import RolloutBatch, load_trainer_state, make_optimizer, save_trainer_state, train_round
 
@@ -75,15 +76,14 @@ def ppo_round(rollouts: list[dict], scores: list[dict], annotations: list[dict],
     Raises ConfigError if policy_dir holds the checkpoint of this round or a later one.
     """
     batch = join_round(rollouts, scores, annotations)
-    data_parallel = DataParallel.from_environment()
+    processes = DataParallel.from_environment() or SingleProcess()
     torch.manual_seed(round_seed(seed, round_, 3))
     state = load_ppo_state(policy_dir, reference_dir=reference_dir, params=params, seed=seed, round_=round_, base=base,
-                           device=device if data_parallel is None else "cpu")  # accelerate places its own
-    stats = train_ppo_round(state, batch, params=params, seed=seed, round_=round_, data_parallel=data_parallel)
-    if data_parallel is None or data_parallel.is_main:
+                           device=device if processes.world_size == 1 else "cpu")  # accelerate places its own
+    stats = train_ppo_round(state, batch, params=params, seed=seed, round_=round_, data_parallel=processes)
+    if processes.is_main:
         save_ppo_state(state, out_dir, round_=round_)
-    if data_parallel is not None:
-        data_parallel.close()  # after the checkpoint is written: no rank exits before it exists
+    processes.close()  # after the checkpoint is written: no rank exits before it exists
     return [step_row(stat, run_id=run_id, round_=round_, step=i) for i, stat in enumerate(stats)]
 
 
@@ -114,24 +114,23 @@ def load_ppo_state(policy_dir: str, *, reference_dir: str, params: PPOParams, se
 
 
 def train_ppo_round(state: PPOState, batch: RolloutBatch, *, params: PPOParams, seed: int, round_: int,
-                    data_parallel: DataParallel | None = None) -> list[dict]:
+                    data_parallel: DataParallel | SingleProcess | None = None) -> list[dict]:
     """One round of PPO epochs on `batch` (train_round); updates `state` in place, returns the stats dicts.
 
+    data_parallel: None or a SingleProcess for one process, whose state keeps its policy and optimizer.
     Data parallel, state.policy becomes the full gathered module and state.optimizer the full Adam
     state dict (on the main process; what save_ppo_state writes), the same for any process count.
     """
-    model, optimizer, reference = state.policy, state.optimizer, state.reference  # what trains
-    if data_parallel is not None:  # after the trainer state is loaded into the plain optimizer
-        model, optimizer, reference = data_parallel.prepare(state.policy, state.optimizer, state.reference,
-                                                            max_grad_norm=params.max_grad_norm,
-                                                            mini_batch_size=params.mini_batch_size)
+    dp = SingleProcess() if data_parallel is None else data_parallel
+    # prepared after the trainer state is loaded into the plain optimizer (one process: as they are)
+    model, optimizer, reference = dp.prepare(state.policy, state.optimizer, state.reference,
+                                             max_grad_norm=params.max_grad_norm, mini_batch_size=params.mini_batch_size)
     stats = train_round(
         policy=model, ref_model=reference, optimizer=optimizer, batch=batch, params=params,
         kl_controller=state.kl_controller, score_moments=state.score_moments, seed=round_seed(seed, round_, 4),
-        progress=data_parallel is None or data_parallel.is_main, data_parallel=data_parallel,
+        progress=dp.is_main, data_parallel=dp,
     )
-    if data_parallel is not None:  # every rank gathers; DDP, FSDP2 or ZeRO alike
-        state.policy, state.optimizer = data_parallel.full_state(model, optimizer)
+    state.policy, state.optimizer = dp.full_state(model, optimizer)  # every rank gathers; DDP, FSDP2 or ZeRO alike
     return stats
 
 

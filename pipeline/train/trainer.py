@@ -14,11 +14,11 @@ scores its share of the rows and of every minibatch; per-token tensors are gathe
 statistics summed with token weights, and gradients averaged by the prepared model (DDP all-reduce,
 FSDP2 reduce-scatter, the DeepSpeed ZeRO engine's reduction) with token-weighted losses, so N
 processes make the update one process makes
-on the whole batch.
+on the whole batch. One process runs the same code with a `SingleProcess` (pipeline.parallel.single),
+whose share is the whole batch, whose gathers and sums return their input and whose token share is 1.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import time
@@ -35,6 +35,7 @@ from pipeline.core.round_metrics import intrinsic_reward_sum
 from pipeline.model.logprobs import score_responses
 from pipeline.model.policy import PolicyWithValueHead
 from pipeline.parallel.distributed import DataParallel
+from pipeline.parallel.single import SingleProcess
 from pipeline.train.ppo import (
     gae,
     kl_penalty,
@@ -164,28 +165,25 @@ def train_round(
     score_moments,
     seed: int,
     progress: bool = True,
-    data_parallel: DataParallel | None = None,
+    data_parallel: DataParallel | SingleProcess | None = None,
 ) -> list[dict]:
     """Run `ppo_epochs` of PPO over one batch of rollouts; return one stats dict per optimizer step.
 
     Updates `policy`, `optimizer`, `kl_controller` and `score_moments` in place.
-    data_parallel: None for one process. Otherwise `policy` and `optimizer` are the ones
-    `data_parallel.prepare` returned, every process passes the same whole `batch`, scores its
-    share of it, and ends with the same weights, optimizer state and stats as a single process
+    data_parallel: None or a SingleProcess for one process. Otherwise `policy` and `optimizer` are
+    the ones `data_parallel.prepare` returned, every process passes the same whole `batch`, scores
+    its share of it, and ends with the same weights, optimizer state and stats as a single process
     would (up to float summation order).
     Raises PPOInputError for a malformed batch (or a minibatch that does not split evenly over the
     processes) before any model is touched.
     """
-    dp = data_parallel
-    validate_batch(batch, params, dp.world_size if dp else 1)
+    dp = SingleProcess() if data_parallel is None else data_parallel
+    validate_batch(batch, params, dp.world_size)
     n, width = len(batch.response_ids), max(len(r) for r in batch.response_ids)
-    # fresh log-probs, old values and per-token KL: one no-grad pass per model per round; data
-    # parallel, each process takes its rows and the (B, T) results are gathered in row order
-    if dp is None:
-        passes = _no_grad_passes(policy, ref_model, batch, width, params)
-    else:
-        mine = _no_grad_passes(policy, ref_model, _subset(batch, dp.shard(range(n))), width, params)
-        passes = {key: dp.gather_rows(tensor) for key, tensor in mine.items()}
+    # fresh log-probs, old values and per-token KL: one no-grad pass per model per round; each
+    # process takes its rows and the (B, T) results are gathered in row order
+    mine = _no_grad_passes(policy, ref_model, _subset(batch, dp.shard(range(n))), width, params)
+    passes = {key: dp.gather_rows(tensor) for key, tensor in mine.items()}
     current_logprobs, old_values, mask, kl = passes["logprobs"], passes["values"], passes["mask"], passes["kl"]
     # old log-probs = the recorded behaviour log-probs; the gap to a fresh pass should be float noise
     old_logprobs = _padded(batch.behaviour_logprobs, width, mask.device)  # (B, T)
@@ -215,7 +213,7 @@ def train_round(
     policy.eval()  # dropout off in the loss pass too: see the module docstring
     steps, early_stop = [], False
     n_steps = params.ppo_epochs * (n // params.backward_batch_size)
-    bar = _progress(n_steps, progress and (dp is None or dp.is_main))
+    bar = _progress(n_steps, progress and dp.is_main)
     for epoch in range(params.ppo_epochs):
         order = torch.randperm(n, generator=generator).tolist()
         for start in range(0, n, params.backward_batch_size):
@@ -243,7 +241,7 @@ STEP_STATS = ("policy_loss", "value_loss", "approx_kl", "policy_kl", "clipfrac",
               "ratio_mean")  # every one a token mean over the minibatch
 
 
-def _optimizer_step(policy, optimizer, batch, tensors, indices, params: PPOParams, width, dp=None) -> dict:
+def _optimizer_step(policy, optimizer, batch, tensors, indices, params: PPOParams, width, dp) -> dict:
     """Accumulate gradients over the minibatches of `indices`, clip, step; return the step's stats.
 
     Data parallel: each process scores its share of every minibatch. Its loss and stats (token
@@ -259,30 +257,22 @@ def _optimizer_step(policy, optimizer, batch, tensors, indices, params: PPOParam
     mini_batches = [indices[s : s + params.mini_batch_size] for s in range(0, len(indices), params.mini_batch_size)]
     for k, mb in enumerate(mini_batches):
         last = k == len(mini_batches) - 1
-        with contextlib.nullcontext() if dp is None else dp.gradient_sync(policy, sync=last):
+        with dp.gradient_sync(policy, sync=last):
             loss, stats = _minibatch_loss(policy, batch, tensors, mb, params, width, dp)
             for key in STEP_STATS:
                 sums[key] += stats[key]
             tokens += int(tensors["mask"][mb].sum().item())
             if ratio_exceeds(stats["ratio_mean"], params.ratio_threshold):
                 skipped += 1  # TRL zeroed this loss with a warning; drlc skips it and counts it
-                if dp is not None:
-                    dp.skipped_forward(policy, last=last)
+                dp.skipped_forward(policy, last=last)
                 continue
-            if dp is None:
-                (loss / params.gradient_accumulation_steps).backward()
-            else:
-                dp.backward(policy, loss / params.gradient_accumulation_steps)
+            dp.backward(policy, loss / params.gradient_accumulation_steps)
             applied += 1
     grad_norm = 0.0
     if applied:
         trainable = [p for p in policy.parameters() if p.requires_grad and p.grad is not None]
         max_norm = params.max_grad_norm if params.max_grad_norm is not None else float("inf")
-        if dp is None:
-            grad_norm = clip_grad_norm(trainable, max_norm)
-            optimizer.step()
-        else:
-            grad_norm = dp.clip_and_step(policy, optimizer, trainable, max_norm)
+        grad_norm = dp.clip_and_step(policy, optimizer, trainable, max_norm)
     optimizer.zero_grad(set_to_none=True)
     elapsed = time.perf_counter() - started
     step = {key: value / len(mini_batches) for key, value in sums.items()}
@@ -291,27 +281,15 @@ def _optimizer_step(policy, optimizer, batch, tensors, indices, params: PPOParam
     return step
 
 
-def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float) -> float:
-    """Scale the gradients of `parameters` down to total norm `max_norm` if above it; return the norm before.
-
-    torch.nn.utils.clip_grad_norm_'s arithmetic (coefficient max_norm / (norm + 1e-6), applied
-    when below 1), minus its multiply by 1 when nothing is clipped: a pass over every gradient
-    that cost 0.6% of a GPT-2 small update on CPU (benchmarks/ppo_update.py).
-    """
-    norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
-    if (max_norm / (norm + 1e-6)).item() < 1.0:
-        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
-    return norm.item()
-
-
-def _minibatch_loss(policy, batch, tensors, mb, params: PPOParams, width, dp=None) -> tuple[torch.Tensor, dict]:
+def _minibatch_loss(policy, batch, tensors, mb, params: PPOParams, width, dp) -> tuple[torch.Tensor, dict]:
     """(loss to backward, STEP_STATS token means) of minibatch `mb`: this process's share of it.
 
-    Data parallel: the stats are summed over the processes with token-share weights (the whole
-    minibatch's means), and the loss is scaled by world_size · token share, so DDP's gradient
-    average is the gradient of the whole minibatch's token mean.
+    The stats are summed over the processes with token-share weights (the whole minibatch's
+    means), and the loss is scaled by world_size · token share, so DDP's gradient average is the
+    gradient of the whole minibatch's token mean. One process: its share is 1 and the sum is its
+    own stats, so both are unchanged (x·1.0 is x exactly).
     """
-    rows = mb if dp is None else dp.shard(mb)
+    rows = dp.shard(mb)
     scored = score_responses(
         policy, query_ids=[batch.query_ids[i] for i in rows], response_ids=[batch.response_ids[i] for i in rows],
         pad_id=PAD_ID, width=width, mixed_precision=params.mixed_precision, with_entropy=True,
@@ -327,12 +305,10 @@ def _minibatch_loss(policy, batch, tensors, mb, params: PPOParams, width, dp=Non
     stats = {**pg_stats, "policy_loss": pg_loss.item(), "value_loss": vf_loss.item(),
              "vf_clipfrac": vf_clipfrac, "entropy": entropy}
     loss = pg_loss + params.vf_coef * vf_loss
-    if dp is not None:
-        share = mask.sum().item() / tensors["mask"][mb].sum().item()  # this process's share of the tokens
-        summed = dp.all_reduce_sum(torch.tensor([stats[k] * share for k in STEP_STATS], dtype=torch.float64,
-                                                device=mask.device))
-        stats, loss = dict(zip(STEP_STATS, summed.tolist())), loss * (share * dp.world_size)
-    return loss, stats
+    share = mask.sum().item() / tensors["mask"][mb].sum().item()  # this process's share of the tokens
+    summed = dp.all_reduce_sum(torch.tensor([stats[k] * share for k in STEP_STATS], dtype=torch.float64,
+                                            device=mask.device))
+    return loss * (share * dp.world_size), dict(zip(STEP_STATS, summed.tolist()))
 
 
 def save_trainer_state(directory: str | Path, optimizer, kl_controller, score_moments, *,
@@ -362,6 +338,9 @@ def save_trainer_state(directory: str | Path, optimizer, kl_controller, score_mo
 def load_trainer_state(directory: str | Path, optimizer, kl_controller, score_moments) -> int | None:
     """Restore what save_trainer_state wrote, in place; return the round that wrote it (or None).
 
+    The optimizer keeps its own learning rate (make_optimizer's, this round's ppo.learning_rate)
+    and Adam kernel: optimizer.pt's param_groups hold the writing round's, which load_state_dict
+    would otherwise restore, so a changed ppo.learning_rate would never train.
     Raises DataError if a file is missing.
     """
     directory = Path(directory)
@@ -369,9 +348,10 @@ def load_trainer_state(directory: str | Path, optimizer, kl_controller, score_mo
         if not (directory / name).is_file():
             raise DataError(f"Trainer state '{directory / name}' is missing: resume from a complete round.")
     kernels = {key: optimizer.defaults[key] for key in ("fused", "foreach") if key in optimizer.defaults}
+    rates = [group["lr"] for group in optimizer.param_groups]
     optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location="cpu", weights_only=True))
-    for group in optimizer.param_groups:  # how Adam runs is make_optimizer's choice, not the checkpoint's
-        group.update(kernels)
+    for group, lr in zip(optimizer.param_groups, rates, strict=True):  # this round's choices, not the checkpoint's
+        group.update(kernels, lr=lr)
     state = json.loads((directory / "trainer_state.json").read_text())
     kl_controller.load_state_dict(state["kl_controller"])
     score_moments.load_state_dict(state["score_moments"])
