@@ -15,13 +15,7 @@ from pipeline.model.policy import PolicyWithValueHead, _fresh_value_head, frozen
 from pipeline.model.sampling import sample_responses
 from pipeline.parallel.single import clip_grad_norm
 from pipeline.train.ppo import AdaptiveKLController, FixedKLController, RunningMoments
-from pipeline.train.trainer import (
-    RolloutBatch,
-    load_trainer_state,
-    make_optimizer,
-    save_trainer_state,
-    train_round,
-)
+from pipeline.train.trainer import RolloutBatch, load_trainer_state, make_optimizer, save_trainer_state, train_round
 
 torch.set_num_threads(1)
 EOS, PAD = 1, 0
