@@ -85,7 +85,7 @@ def _drlc_worker(shape: str, precision: str, device, root: Path = ROOT):
 
     sys.path.insert(0, str(root))
     from pipeline.core.config import PPOParams
-    from pipeline.model.logprobs import score_responses
+    from pipeline.model.logprobs import response_logprobs
     from pipeline.model.policy import (
         PolicyWithValueHead,
         _fresh_value_head,
@@ -101,8 +101,8 @@ def _drlc_worker(shape: str, precision: str, device, root: Path = ROOT):
     ref = frozen_copy(policy)
     queries, responses, scores = _random_batch()
     with torch.no_grad():  # behaviour log-probs as the fp32 rollout stage records them
-        behaviour = score_responses(policy, query_ids=queries.tolist(), response_ids=responses.tolist(),
-                                    pad_id=0).logprobs
+        behaviour = response_logprobs(policy, query_ids=queries.tolist(), response_ids=responses.tolist(),
+                                       pad_id=0).logprobs
     batch = RolloutBatch(queries.tolist(), responses.tolist(), behaviour.tolist(), scores.tolist(),
                          [[0.0] * RESPONSE_LEN for _ in range(BATCH)])
     params = PPOParams(learning_rate=1.41e-5, ppo_epochs=PPO_EPOCHS, mini_batch_size=MINI_BATCH,  # TRL's lr

@@ -10,7 +10,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from pipeline.core.config import PPOParams
 from pipeline.core.errors import DataError, PPOInputError
-from pipeline.model.logprobs import score_responses
+from pipeline.model.logprobs import response_logprobs
 from pipeline.model.policy import PolicyWithValueHead, _fresh_value_head, frozen_copy
 from pipeline.model.sampling import sample_responses
 from pipeline.train.ppo import AdaptiveKLController, FixedKLController, RunningMoments
@@ -95,8 +95,8 @@ def test_first_minibatch_ratio_is_one_and_stats_keys_present():
 
 def mean_logprob_of_good_tokens(policy, batch):
     with torch.no_grad():
-        scores = score_responses(policy, query_ids=batch.query_ids, response_ids=batch.response_ids, pad_id=PAD)
-    logprobs, mask = scores.logprobs, scores.mask
+        out = response_logprobs(policy, query_ids=batch.query_ids, response_ids=batch.response_ids, pad_id=PAD)
+    logprobs, mask = out.logprobs, out.mask
     ids = torch.tensor([r + [PAD] * (logprobs.shape[1] - len(r)) for r in batch.response_ids])
     good = ((ids >= 2) & (ids < 18)).float() * mask
     return (logprobs * good).sum().item() / good.sum().item()

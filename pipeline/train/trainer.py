@@ -8,9 +8,9 @@ TRL disables dropout outright. The first minibatch's ratio is then 1 up to float
 `policy_kl` starts at 0.
 Mixed precision: with params.mixed_precision == "bf16" every model forward runs under bf16
 autocast (the backward follows the dtypes autocast chose); log-probs, values, KL, rewards,
-advantages and losses are fp32 (see pipeline.model.logprobs.score_responses).
+advantages and losses are fp32 (see pipeline.model.logprobs.response_logprobs).
 Data parallel: with a `DataParallel` (pipeline.parallel.distributed, an accelerate.Accelerator) each process
-scores its share of the rows and of every minibatch; per-token tensors are gathered, minibatch
+runs the forward passes on its share of the rows and of every minibatch; per-token tensors are gathered, minibatch
 statistics summed with token weights, and gradients averaged by the prepared model (DDP all-reduce,
 FSDP2 reduce-scatter, the DeepSpeed ZeRO engine's reduction) with token-weighted losses, so N
 processes make the update one process makes
@@ -32,7 +32,7 @@ from pipeline.core.atomic import atomic_file, write_text
 from pipeline.core.config import PPOParams
 from pipeline.core.errors import DataError, PPOInputError
 from pipeline.core.round_metrics import intrinsic_reward_sum
-from pipeline.model.logprobs import score_responses
+from pipeline.model.logprobs import response_logprobs
 from pipeline.model.policy import PolicyWithValueHead
 from pipeline.parallel.distributed import DataParallel
 from pipeline.train.ppo import (
@@ -118,7 +118,7 @@ def _forward_no_grad(model, batch: RolloutBatch, width: int, chunk: int, keep_lo
     """Log-probs, values, mask (and logits if asked) for the whole batch, in chunks, eval mode."""
     model.eval()
     parts = [
-        score_responses(
+        response_logprobs(
             model, query_ids=batch.query_ids[s : s + chunk], response_ids=batch.response_ids[s : s + chunk],
             pad_id=PAD_ID, width=width, mixed_precision=mixed_precision, keep_logits=keep_logits,
         )
@@ -170,8 +170,8 @@ def train_round(
 
     Updates `policy`, `optimizer`, `kl_controller` and `score_moments` in place.
     data_parallel: None for one process. Otherwise `policy` and `optimizer` are the ones
-    `data_parallel.prepare` returned, every process passes the same whole `batch`, scores its
-    share of it, and ends with the same weights, optimizer state and stats as a single process
+    `data_parallel.prepare` returned, every process passes the same whole `batch`, runs the
+    forward passes on its share of it, and ends with the same weights, optimizer state and stats as a single process
     would (up to float summation order).
     Raises PPOInputError for a malformed batch (or a minibatch that does not split evenly over the
     processes) before any model is touched.
@@ -246,7 +246,7 @@ STEP_STATS = ("policy_loss", "value_loss", "approx_kl", "policy_kl", "clipfrac",
 def _optimizer_step(policy, optimizer, batch, tensors, indices, params: PPOParams, width, dp=None) -> dict:
     """Accumulate gradients over the minibatches of `indices`, clip, step; return the step's stats.
 
-    Data parallel: each process scores its share of every minibatch. Its loss and stats (token
+    Data parallel: each process runs the forward pass on its share of every minibatch. Its loss and stats (token
     means over its share) are weighted by its share of the minibatch's tokens and summed over the
     processes, which gives the token means over the whole minibatch, as one process computes
     them; so the ratio guard and the early stop decide the same in every process. Gradients are
@@ -312,18 +312,18 @@ def _minibatch_loss(policy, batch, tensors, mb, params: PPOParams, width, dp=Non
     average is the gradient of the whole minibatch's token mean.
     """
     rows = mb if dp is None else dp.shard(mb)
-    scored = score_responses(
+    forward = response_logprobs(
         policy, query_ids=[batch.query_ids[i] for i in rows], response_ids=[batch.response_ids[i] for i in rows],
         pad_id=PAD_ID, width=width, mixed_precision=params.mixed_precision, with_entropy=True,
     )
-    logprobs, vpreds = scored.logprobs, scored.values  # (b, T) each, fp32
+    logprobs, vpreds = forward.logprobs, forward.values  # (b, T) each, fp32
     mask = tensors["mask"][rows]  # (b, T)
     pg_loss, pg_stats = policy_loss(logprobs=logprobs, old_logprobs=tensors["old_logprobs"][rows],
                                     advantages=tensors["advantages"][rows], mask=mask, cliprange=params.cliprange)
     vf_loss, vf_clipfrac = value_loss(vpreds=vpreds, old_values=tensors["old_values"][rows],
                                       returns=tensors["returns"][rows], mask=mask,
                                       cliprange_value=params.cliprange_value)
-    entropy = masked_mean(scored.entropy, mask).item()
+    entropy = masked_mean(forward.entropy, mask).item()
     stats = {**pg_stats, "policy_loss": pg_loss.item(), "value_loss": vf_loss.item(),
              "vf_clipfrac": vf_clipfrac, "entropy": entropy}
     loss = pg_loss + params.vf_coef * vf_loss
