@@ -11,7 +11,6 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
@@ -70,7 +69,8 @@ def round_tables(policy, round_: int) -> tuple[list[dict], list[dict], list[dict
 def as_batch(rollouts, scores, annotations) -> RolloutBatch:
     return RolloutBatch(query_ids=[r["query_ids"] for r in rollouts], response_ids=[r["response_ids"] for r in rollouts],
                         behaviour_logprobs=[r["behaviour_logprobs"] for r in rollouts],
-                        scores=[s["env_reward"] for s in scores], intrinsic=[a["token_rewards"] for a in annotations])
+                        env_rewards=[s["env_reward"] for s in scores],
+                        intrinsic_rewards=[a["token_rewards"] for a in annotations])
 
 
 def without_timing(rows: list[dict]) -> list[dict]:

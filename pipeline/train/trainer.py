@@ -42,7 +42,7 @@ from pipeline.train.ppo import (
     policy_loss,
     ratio_exceeds,
     scale_scores,
-    token_rewards,
+    total_rewards,
     value_loss,
 )
 
@@ -56,8 +56,8 @@ class RolloutBatch:
     query_ids: list[list[int]]
     response_ids: list[list[int]]
     behaviour_logprobs: list[list[float]]  # log-prob of each response token when sampled
-    scores: list[float]  # environment reward per response
-    intrinsic: list[list[float]]  # per-token critic reward, same length as the response
+    env_rewards: list[float]  # environment reward per response (scores table: env_reward)
+    intrinsic_rewards: list[list[float]]  # critic reward per response token (annotations table: token_rewards)
 
 
 def _finite(values) -> bool:
@@ -72,7 +72,7 @@ def validate_batch(batch: RolloutBatch, params: PPOParams, world_size: int = 1) 
     n = len(batch.response_ids)
     if n == 0:
         raise PPOInputError("The PPO batch is empty: the rollout produced no responses.")
-    for name in ("query_ids", "behaviour_logprobs", "scores", "intrinsic"):
+    for name in ("query_ids", "behaviour_logprobs", "env_rewards", "intrinsic_rewards"):
         if len(getattr(batch, name)) != n:
             rows = len(getattr(batch, name))
             raise PPOInputError(f"RolloutBatch.{name} has {rows} rows but there are {n} responses.")
@@ -91,15 +91,15 @@ def validate_batch(batch: RolloutBatch, params: PPOParams, world_size: int = 1) 
         length = len(batch.response_ids[i])
         if length == 0 or len(batch.query_ids[i]) == 0:
             raise PPOInputError(f"Row {i} has an empty query or response: every row needs both.")
-        for name in ("behaviour_logprobs", "intrinsic"):
+        for name in ("behaviour_logprobs", "intrinsic_rewards"):
             if len(getattr(batch, name)[i]) != length:
                 raise PPOInputError(
                     f"Row {i}: {name} has {len(getattr(batch, name)[i])} values for {length} response tokens."
                 )
             if not _finite(getattr(batch, name)[i]):
                 raise PPOInputError(f"Row {i}: {name} contains NaN or inf.")
-        if not math.isfinite(batch.scores[i]):
-            raise PPOInputError(f"Row {i}: score {batch.scores[i]} is not finite.")
+        if not math.isfinite(batch.env_rewards[i]):
+            raise PPOInputError(f"Row {i}: env reward {batch.env_rewards[i]} is not finite.")
     if sum(len(r) for r in batch.response_ids) < 2:
         raise PPOInputError("The batch has fewer than 2 response tokens: advantages cannot be whitened.")
 
@@ -190,22 +190,23 @@ def train_round(
     # old log-probs = the recorded behaviour log-probs; the gap to a fresh pass should be float noise
     old_logprobs = _padded(batch.behaviour_logprobs, width, mask.device)  # (B, T)
     behaviour_gap = ((current_logprobs - old_logprobs).abs() * mask).max().item()
-    # score scaling / clipping (every process holds every score: the moments see the whole batch)
-    raw_scores = torch.tensor(batch.scores, dtype=torch.float32, device=mask.device)  # (B,)
-    scores = scale_scores(scores=raw_scores, moments=score_moments, use_score_scaling=params.use_score_scaling,
+    # score scaling / clipping (every process holds every env reward: the moments see the whole batch)
+    env_rewards = torch.tensor(batch.env_rewards, dtype=torch.float32, device=mask.device)  # (B,)
+    scaled = scale_scores(scores=env_rewards, moments=score_moments, use_score_scaling=params.use_score_scaling,
                           use_score_norm=params.use_score_norm, score_clip=params.score_clip)  # (B,)
-    # per-token rewards: env score at the end + intrinsic critic rewards − β·KL
+    # total per-token rewards: (scaled) env reward at the end + intrinsic critic rewards − β·KL
     kl_coef = kl_controller.value
-    intrinsic = _padded(batch.intrinsic, width, mask.device)  # (B, T)
-    rewards, _ = token_rewards(scores=scores, kl=kl, intrinsic=intrinsic, mask=mask, kl_coef=kl_coef)  # (B, T)
+    intrinsic_rewards = _padded(batch.intrinsic_rewards, width, mask.device)  # (B, T)
+    rewards, _ = total_rewards(env_rewards=scaled, kl=kl, intrinsic_rewards=intrinsic_rewards, mask=mask,
+                               kl_coef=kl_coef)  # (B, T)
     # GAE and advantage whitening over the whole batch (also data parallel: global whitening)
     advantages, returns = gae(values=old_values, rewards=rewards, mask=mask, gamma=params.gamma,
                               lam=params.lam, whiten_rewards=params.whiten_rewards)  # (B, T) each
     round_stats = {  # names: docs/metrics.md
         "kl": kl.sum(-1).mean().item(),
         "kl_coef": kl_coef,
-        "env_reward_mean": raw_scores.mean().item(),
-        "intrinsic_reward_sum": intrinsic_reward_sum(batch.intrinsic),
+        "env_reward_mean": env_rewards.mean().item(),
+        "intrinsic_reward_sum": intrinsic_reward_sum(batch.intrinsic_rewards),
         "behaviour_logprob_gap": behaviour_gap,
     }
     tensors = {"old_logprobs": old_logprobs, "old_values": old_values, "advantages": advantages,
