@@ -62,7 +62,7 @@ WIDTH = 6
 
 
 def test_keyword_only_for_three_or_more_tensors():
-    for name in ("kl_penalty", "token_rewards", "gae", "policy_loss", "value_loss", "scale_scores"):
+    for name in ("kl_penalty", "total_rewards", "gae", "policy_loss", "value_loss", "scale_scores"):
         params = inspect.signature(getattr(ppo, name)).parameters.values()
         assert all(p.kind == p.KEYWORD_ONLY for p in params), name
 
