@@ -66,8 +66,8 @@ def _random_batch():
     generator = torch.Generator().manual_seed(0)
     queries = torch.randint(0, VOCAB - 1, (BATCH, QUERY_LEN), generator=generator)  # (B, Q)
     responses = torch.randint(0, VOCAB - 1, (BATCH, RESPONSE_LEN), generator=generator)  # (B, R)
-    scores = torch.randn(BATCH, generator=generator)  # (B,)
-    return queries, responses, scores
+    env_rewards = torch.randn(BATCH, generator=generator)  # (B,)
+    return queries, responses, env_rewards
 
 
 def _synchronize(device) -> None:
@@ -85,7 +85,7 @@ def _drlc_worker(shape: str, precision: str, device, root: Path = ROOT):
 
     sys.path.insert(0, str(root))
     from pipeline.core.config import PPOParams
-    from pipeline.model.logprobs import score_responses
+    from pipeline.model.logprobs import response_logprobs
     from pipeline.model.policy import PolicyWithValueHead, _fresh_value_head, frozen_copy
     from pipeline.train.ppo import AdaptiveKLController, RunningMoments
     from pipeline.train.trainer import RolloutBatch, make_optimizer, train_round
@@ -95,11 +95,11 @@ def _drlc_worker(shape: str, precision: str, device, root: Path = ROOT):
         lm = GPT2LMHeadModel(_config(shape))
     policy = PolicyWithValueHead(lm, _fresh_value_head(SHAPES[shape][1], 0)).to(device).eval()
     ref = frozen_copy(policy)
-    queries, responses, scores = _random_batch()
+    queries, responses, env_rewards = _random_batch()
     with torch.no_grad():  # behaviour log-probs as the fp32 rollout stage records them
-        behaviour = score_responses(policy, query_ids=queries.tolist(), response_ids=responses.tolist(),
-                                    pad_id=0).logprobs
-    batch = RolloutBatch(queries.tolist(), responses.tolist(), behaviour.tolist(), scores.tolist(),
+        behaviour = response_logprobs(policy, query_ids=queries.tolist(), response_ids=responses.tolist(),
+                                       pad_id=0).logprobs
+    batch = RolloutBatch(queries.tolist(), responses.tolist(), behaviour.tolist(), env_rewards.tolist(),
                          [[0.0] * RESPONSE_LEN for _ in range(BATCH)])
     params = PPOParams(learning_rate=1.41e-5, ppo_epochs=PPO_EPOCHS, mini_batch_size=MINI_BATCH,  # TRL's lr
                        mixed_precision="bf16" if precision == "bf16" else "fp32")
@@ -187,8 +187,8 @@ def _trl_worker(shape: str, precision: str, device):
                                         pad_token="<pad>", eos_token=f"w{VOCAB - 1}")
     config = PPOConfig(batch_size=BATCH, mini_batch_size=MINI_BATCH, ppo_epochs=PPO_EPOCHS, seed=0)
     trainer = PPOTrainer(config=config, model=model, ref_model=None, tokenizer=tokenizer)
-    queries, responses, scores = _random_batch()
-    q, r, s = list(queries), list(responses), list(scores)
+    queries, responses, env_rewards = _random_batch()
+    q, r, s = list(queries), list(responses), list(env_rewards)
 
     def run():
         _synchronize(device)

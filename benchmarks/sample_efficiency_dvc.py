@@ -45,6 +45,7 @@ from benchmarks.sample_efficiency_lib.analysis import (  # noqa: E402
 from benchmarks.sample_efficiency_lib.arms import ALL, study_arms  # noqa: E402
 from pipeline.commands.rounds import exp_run_overrides  # noqa: E402
 from pipeline.core.errors import ConfigError, DataError  # noqa: E402
+from pipeline.steps.score import population_std  # noqa: E402
 
 PHASE_1 = ("sparse", "dense_all", "dense_selective", "dense_zero_mean")
 ARMS = PHASE_1 + ("sparse_scaled",)
@@ -154,11 +155,7 @@ def response_spread(project: Path, rev: str, round_: int, scale: float) -> dict:
     scores, notes = table("scores"), table("annotations")
     env = [scores[i]["env_reward"] for i in scores]
     total = [scores[i]["env_reward"] + sum(notes[i]["token_rewards"] or []) for i in scores]
-
-    def std(values):
-        m = mean(values)
-        return mean([(v - m) ** 2 for v in values]) ** 0.5
-    return {"env_reward_std": std(env) / scale, "total_reward_std": std(total)}
+    return {"env_reward_std": population_std(env) / scale, "total_reward_std": population_std(total)}
 
 
 def run_record(project: Path, exp: dict, arm: str, seed: int, *, with_spread: bool) -> dict:

@@ -1,4 +1,4 @@
-"""critique: send low-reward responses to the critic (through the cache); store span rewards.
+"""critique: send low-reward responses to the critic (through the cache); store the per-token intrinsic rewards.
 
 Exits 2 with one line, writing nothing, when the round fails critic.max_error_rate or its budget.
 """

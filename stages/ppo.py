@@ -1,4 +1,4 @@
-"""ppo: one round of PPO on the round's rollouts with env + critic span rewards.
+"""ppo: one round of PPO on the round's rollouts with env + intrinsic (critic) rewards.
 
 Data parallel: `accelerate launch --multi_gpu --num_processes N stages/ppo.py ...` (docs/ppo.md).
 """

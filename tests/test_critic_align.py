@@ -36,10 +36,10 @@ def align(text, spans, *, ids=None, mode="exact"):
                        spans=spans, rewards=REWARDS, mode=mode)
 
 
-def rewarded_text(text, ids, token_rewards, sign):
+def rewarded_text(text, ids, intrinsic_rewards, sign):
     """Concatenate the decoded tokens whose reward has the given sign (independent of align's ranges)."""
     tokenizer = build_tokenizer()
-    return "".join(tokenizer.decode([i]) for i, r in zip(ids, token_rewards) if r * sign > 0)
+    return "".join(tokenizer.decode([i]) for i, r in zip(ids, intrinsic_rewards) if r * sign > 0)
 
 
 def test_tokenizer_is_byte_level_with_space_marker_and_splits_words():
@@ -53,15 +53,15 @@ def test_repeated_span_rewards_every_occurrence():
     result = align(text, [("negative", "bad")], ids=ids)
     # the exact rule finds the two lower-case words, so the tolerant rule (which would add "Bad") is not used
     assert [(s["start"], s["end"]) for s in result.spans] == [(10, 13), (39, 42)]
-    assert rewarded_text(text, ids, result.token_rewards, -1) == " bad bad"
-    assert len(result.token_rewards) == len(ids)
+    assert rewarded_text(text, ids, result.intrinsic_rewards, -1) == " bad bad"
+    assert len(result.intrinsic_rewards) == len(ids)
 
 
 def test_case_and_whitespace_tolerant_match_when_exact_fails():
     text = "The cast was  Really\nGreat today."
     result = align(text, [("positive", "really great")])
     assert result.spans == [{"label": "positive", "text": "really great", "start": 14, "end": 26, "reward": 1.0}]
-    assert rewarded_text(text, encode(text), result.token_rewards, 1).split() == ["Really", "Great"]
+    assert rewarded_text(text, encode(text), result.intrinsic_rewards, 1).split() == ["Really", "Great"]
 
 
 def test_word_boundaries_beat_case():
@@ -74,24 +74,24 @@ def test_span_not_in_text_gets_minus_one_and_no_reward():
     text = "The plot was fine."
     result = align(text, [("negative", "dreadful"), ("positive", "fine")])
     assert result.spans[0] == {"label": "negative", "text": "dreadful", "start": -1, "end": -1, "reward": -1.0}
-    assert sum(result.token_rewards) > 0 and min(result.token_rewards) == 0.0
+    assert sum(result.intrinsic_rewards) > 0 and min(result.intrinsic_rewards) == 0.0
 
 
 def test_multi_token_word_gets_reward_on_every_token():
     text = "It was wonderful acting."
     ids = encode(text)
     result = align(text, [("positive", "wonderful")], ids=ids)
-    assert sum(r > 0 for r in result.token_rewards) >= 2
-    assert rewarded_text(text, ids, result.token_rewards, 1) == " wonderful"
+    assert sum(r > 0 for r in result.intrinsic_rewards) >= 2
+    assert rewarded_text(text, ids, result.intrinsic_rewards, 1) == " wonderful"
 
 
 def test_spans_at_start_and_end():
     text = "Terrible acting but a fun ending"
     ids = encode(text)
     result = align(text, [("negative", "Terrible"), ("positive", "fun ending")], ids=ids)
-    assert result.token_rewards[0] < 0 and result.token_rewards[-1] > 0
-    assert rewarded_text(text, ids, result.token_rewards, -1) == "Terrible"
-    assert rewarded_text(text, ids, result.token_rewards, 1) == " fun ending"
+    assert result.intrinsic_rewards[0] < 0 and result.intrinsic_rewards[-1] > 0
+    assert rewarded_text(text, ids, result.intrinsic_rewards, -1) == "Terrible"
+    assert rewarded_text(text, ids, result.intrinsic_rewards, 1) == " fun ending"
 
 
 def test_non_ascii_and_emoji_split_across_byte_tokens():
@@ -101,10 +101,10 @@ def test_non_ascii_and_emoji_split_across_byte_tokens():
     assert len(tokens) > len(text.split()) + 4  # each emoji is several byte tokens
     result = align(text, [("positive", "fun 😀"), ("negative", "naïve 🎬")], ids=ids)
     emoji_tokens = [i for i, t in enumerate(tokens) if build_tokenizer().decode([ids[i]]) in ("\ufffd", "")]
-    assert emoji_tokens and all(result.token_rewards[i] != 0 for i in emoji_tokens)
-    assert rewarded_text(text, ids, result.token_rewards, 1).replace("\ufffd", "") == " fun "
-    assert build_tokenizer().decode([i for i, r in zip(ids, result.token_rewards) if r > 0]) == " fun 😀"
-    assert build_tokenizer().decode([i for i, r in zip(ids, result.token_rewards) if r < 0]) == " naïve 🎬"
+    assert emoji_tokens and all(result.intrinsic_rewards[i] != 0 for i in emoji_tokens)
+    assert rewarded_text(text, ids, result.intrinsic_rewards, 1).replace("\ufffd", "") == " fun "
+    assert build_tokenizer().decode([i for i, r in zip(ids, result.intrinsic_rewards) if r > 0]) == " fun 😀"
+    assert build_tokenizer().decode([i for i, r in zip(ids, result.intrinsic_rewards) if r < 0]) == " naïve 🎬"
 
 
 def test_token_ranges_follow_the_actual_ids_not_a_re_encoding():
@@ -116,7 +116,7 @@ def test_token_ranges_follow_the_actual_ids_not_a_re_encoding():
     decoded, ranges = token_char_ranges(tokenizer, ids)
     assert decoded == text and ranges == [(i, i + 1) for i in range(len(text))]
     result = align(text, [("negative", "good")], ids=ids)
-    assert result.token_rewards == [0.0] * 5 + [-1.0] * 4
+    assert result.intrinsic_rewards == [0.0] * 5 + [-1.0] * 4
 
 
 def test_special_tokens_get_no_reward_and_keep_length():
@@ -124,20 +124,20 @@ def test_special_tokens_get_no_reward_and_keep_length():
     text = "bad movie"
     ids = encode(text) + [tokenizer.eos_token_id]
     result = align(text, [("negative", "movie")], ids=ids)
-    assert len(result.token_rewards) == len(ids) and result.token_rewards[-1] == 0.0
-    assert result.token_rewards[-2] == -1.0
+    assert len(result.intrinsic_rewards) == len(ids) and result.intrinsic_rewards[-1] == 0.0
+    assert result.intrinsic_rewards[-2] == -1.0
     inside = encode("bad") + [tokenizer.eos_token_id] + encode(" movie")
     result = align(text, [("negative", "bad movie")], ids=inside)
-    assert result.token_rewards[len(encode("bad"))] == 0.0 and result.token_rewards[0] == -1.0
+    assert result.intrinsic_rewards[len(encode("bad"))] == 0.0 and result.intrinsic_rewards[0] == -1.0
 
 
 def test_overlapping_spans_sum_on_shared_tokens():
     text = "not good at all"
     ids = encode(text)
     result = align(text, [("negative", "not good"), ("negative", "good"), ("positive", "good at all")], ids=ids)
-    by_token = {build_tokenizer().decode([i]): r for i, r in zip(ids, result.token_rewards)}
+    by_token = {build_tokenizer().decode([i]): r for i, r in zip(ids, result.intrinsic_rewards)}
     assert by_token.get(" good", by_token.get(" go")) == -1.0 - 1.0 + 1.0
-    assert result.token_rewards[-1] == 1.0
+    assert result.intrinsic_rewards[-1] == 1.0
 
 
 def test_exact_and_substring_modes_differ_on_repeated_word():
@@ -146,9 +146,9 @@ def test_exact_and_substring_modes_differ_on_repeated_word():
     exact = align(text, [("negative", "not good")], ids=ids)
     substring = align(text, [("negative", "not good")], ids=ids, mode="substring")
     first_good = [i for i in range(len(ids)) if build_tokenizer().decode(ids[: i + 1]).startswith("good")][0]
-    assert exact.token_rewards[: first_good + 1] == [0.0] * (first_good + 1)
-    assert substring.token_rewards[0] == -1.0  # the first "good" is a substring of "not good"
-    assert rewarded_text(text, ids, exact.token_rewards, -1) == " not good"
+    assert exact.intrinsic_rewards[: first_good + 1] == [0.0] * (first_good + 1)
+    assert substring.intrinsic_rewards[0] == -1.0  # the first "good" is a substring of "not good"
+    assert rewarded_text(text, ids, exact.intrinsic_rewards, -1) == " not good"
     assert exact.spans == substring.spans
 
 
@@ -158,8 +158,8 @@ def test_response_text_with_cleaned_spaces_is_mapped_by_diff():
     cleaned = "It is bad. Very bad!"
     result = align(cleaned, [("negative", "Very bad")], ids=ids)
     assert result.spans[0]["start"] == 11
-    assert rewarded_text(text_from_ids, ids, result.token_rewards, -1).strip() == "Very bad"
-    assert result.token_rewards[-1] == 0.0
+    assert rewarded_text(text_from_ids, ids, result.intrinsic_rewards, -1).strip() == "Very bad"
+    assert result.intrinsic_rewards[-1] == 0.0
 
 
 def test_bad_inputs_raise_config_or_data_errors():
@@ -175,7 +175,7 @@ def test_bad_inputs_raise_config_or_data_errors():
 
 
 def test_empty_response():
-    assert align("", [("positive", "good")], ids=[]).token_rewards == []
+    assert align("", [("positive", "good")], ids=[]).intrinsic_rewards == []
 
 
 VOCAB = list(WORDS) + ["😀", "é", "Naïve", "!", ","]
@@ -190,11 +190,11 @@ def test_property_length_and_coverage(words, data):
     span = " ".join(words[start:stop])
     ids = encode(text)
     result = align(text, [("negative", span)], ids=ids)
-    assert len(result.token_rewards) == len(ids)
-    assert all(r <= 0 for r in result.token_rewards)
+    assert len(result.intrinsic_rewards) == len(ids)
+    assert all(r <= 0 for r in result.intrinsic_rewards)
     # the rewarded tokens, decoded in runs, contain every matched occurrence of the span
     runs, current = [], []
-    for token_id, reward in zip(ids, result.token_rewards):
+    for token_id, reward in zip(ids, result.intrinsic_rewards):
         if reward < 0:
             current.append(token_id)
         elif current:

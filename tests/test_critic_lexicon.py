@@ -26,8 +26,8 @@ def words_by_sign(text, spans, rewards):
     ids = tokenizer.encode(text, add_special_tokens=False)
     result = align_spans(response_text=text, response_ids=ids, tokenizer=tokenizer, spans=spans, rewards=rewards)
     pieces = [tokenizer.decode([i]) for i in ids]
-    positive = "".join(p if r > 0 else "|" for p, r in zip(pieces, result.token_rewards)).replace("|", " ").split()
-    negative = "".join(p if r < 0 else "|" for p, r in zip(pieces, result.token_rewards)).replace("|", " ").split()
+    positive = "".join(p if r > 0 else "|" for p, r in zip(pieces, result.intrinsic_rewards)).replace("|", " ").split()
+    negative = "".join(p if r < 0 else "|" for p, r in zip(pieces, result.intrinsic_rewards)).replace("|", " ").split()
     return positive, negative
 
 

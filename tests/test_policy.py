@@ -6,7 +6,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 import pipeline.model.policy
 from pipeline.core.errors import ConfigError
-from pipeline.model.logprobs import score_responses, token_logprobs
+from pipeline.model.logprobs import response_logprobs, token_logprobs
 from pipeline.model.policy import PolicyWithValueHead, _fresh_value_head, load_policy, load_reference, save_policy
 from pipeline.model.sampling import sample_responses
 from pipeline.train.ppo import entropy_from_logits
@@ -50,12 +50,12 @@ def test_left_and_right_padding_give_same_logits_and_values():
     assert right[1].dtype == torch.float32 and right[1].shape == (3, 7)
 
 
-def test_score_responses_matches_unpadded_single_rows():
+def test_response_logprobs_matches_unpadded_single_rows():
     policy = tiny_policy()
     queries, responses = [[5, 6, 7], [8]], [[20, 21], [22, 23, 24, 25]]
     with torch.no_grad():
-        scores = score_responses(policy, query_ids=queries, response_ids=responses, pad_id=PAD, keep_logits=True)
-        logprobs, values, mask, logits = scores.logprobs, scores.values, scores.mask, scores.logits
+        out = response_logprobs(policy, query_ids=queries, response_ids=responses, pad_id=PAD, keep_logits=True)
+        logprobs, values, mask, logits = out.logprobs, out.values, out.mask, out.logits
         assert logprobs.shape == values.shape == mask.shape == (2, 4) and logits.shape == (2, 4, VOCAB)
         for b, (q, r) in enumerate(zip(queries, responses)):
             ids = torch.tensor([q + r])
@@ -68,7 +68,7 @@ def test_score_responses_matches_unpadded_single_rows():
     assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
 
 
-def test_sampled_logprobs_equal_score_responses_logprobs():
+def test_sampled_logprobs_equal_response_logprobs():
     """The negative-KL guard: behaviour log-probs are the policy's own log-probs."""
     policy = tiny_policy()
     queries = [[5, 6, 7], [8], [9, 10, 11, 12, 13], [14, 15]]
@@ -76,7 +76,7 @@ def test_sampled_logprobs_equal_score_responses_logprobs():
                            batch_size=3, progress=False)
     responses = [o["response_ids"] for o in out]
     with torch.no_grad():
-        logprobs = score_responses(policy, query_ids=queries, response_ids=responses, pad_id=PAD).logprobs
+        logprobs = response_logprobs(policy, query_ids=queries, response_ids=responses, pad_id=PAD).logprobs
     for b, o in enumerate(out):
         assert len(o["behaviour_logprobs"]) == len(o["response_ids"])
         recomputed = logprobs[b, : len(o["response_ids"])].tolist()
@@ -163,24 +163,24 @@ def test_head_on_response_positions_matches_full_logits_path(monkeypatch):
     policy = tiny_policy(n_layer=2)
     assert policy.plain_head
     with torch.no_grad():
-        fast = score_responses(policy, query_ids=QUERIES, response_ids=RESPONSES, pad_id=PAD, keep_logits=True,
-                               with_entropy=True)
+        fast = response_logprobs(policy, query_ids=QUERIES, response_ids=RESPONSES, pad_id=PAD, keep_logits=True,
+                                  with_entropy=True)
         monkeypatch.setattr(pipeline.model.policy, "PLAIN_HEAD_MODEL_TYPES", frozenset())
         assert not policy.plain_head
-        full = score_responses(policy, query_ids=QUERIES, response_ids=RESPONSES, pad_id=PAD, keep_logits=True,
-                               with_entropy=True)
+        full = response_logprobs(policy, query_ids=QUERIES, response_ids=RESPONSES, pad_id=PAD, keep_logits=True,
+                                  with_entropy=True)
     for name in ("logprobs", "values", "mask", "logits", "entropy"):
         torch.testing.assert_close(getattr(fast, name), getattr(full, name), atol=1e-5, rtol=0)
     # entropy = −Σ p log p, checked against the independent softmax/logsumexp formula
     torch.testing.assert_close(fast.entropy, entropy_from_logits(fast.logits), atol=1e-5, rtol=0)
 
 
-def test_bf16_scores_are_fp32_and_close_to_fp32():
+def test_bf16_logprobs_are_fp32_and_close_to_fp32():
     policy = tiny_policy(n_layer=2)
     kwargs = dict(query_ids=QUERIES, response_ids=RESPONSES, pad_id=PAD, keep_logits=True, with_entropy=True)
     with torch.no_grad():
-        fp32 = score_responses(policy, **kwargs)
-        bf16 = score_responses(policy, mixed_precision="bf16", **kwargs)
+        fp32 = response_logprobs(policy, **kwargs)
+        bf16 = response_logprobs(policy, mixed_precision="bf16", **kwargs)
     for name in ("logprobs", "values", "logits", "entropy"):
         assert getattr(bf16, name).dtype == torch.float32
         # bf16 rounds matmul inputs/outputs to 8 significant bits; these tiny-model numbers are O(1)
@@ -191,8 +191,8 @@ def test_bf16_scores_are_fp32_and_close_to_fp32():
 
 def test_bf16_gradients_reach_every_trainable_parameter_in_fp32():
     policy = tiny_policy()
-    scores = score_responses(policy, query_ids=QUERIES, response_ids=RESPONSES, pad_id=PAD, mixed_precision="bf16")
-    (scores.logprobs.sum() + scores.values.sum()).backward()
+    out = response_logprobs(policy, query_ids=QUERIES, response_ids=RESPONSES, pad_id=PAD, mixed_precision="bf16")
+    (out.logprobs.sum() + out.values.sum()).backward()
     for name, param in policy.named_parameters():
         assert param.grad is not None and param.grad.dtype == torch.float32, name
         assert torch.isfinite(param.grad).all(), name
@@ -200,7 +200,7 @@ def test_bf16_gradients_reach_every_trainable_parameter_in_fp32():
 
 def test_unknown_mixed_precision_raises_config_error():
     with pytest.raises(ConfigError, match="fp16"):
-        score_responses(tiny_policy(), query_ids=QUERIES, response_ids=RESPONSES, pad_id=PAD, mixed_precision="fp16")
+        response_logprobs(tiny_policy(), query_ids=QUERIES, response_ids=RESPONSES, pad_id=PAD, mixed_precision="fp16")
 
 
 def test_token_logprobs_gradient_equals_autograd_log_softmax_gather():

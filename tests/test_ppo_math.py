@@ -62,7 +62,7 @@ WIDTH = 6
 
 
 def test_keyword_only_for_three_or_more_tensors():
-    for name in ("kl_penalty", "token_rewards", "gae", "policy_loss", "value_loss", "scale_scores"):
+    for name in ("kl_penalty", "total_rewards", "gae", "policy_loss", "value_loss", "scale_scores"):
         params = inspect.signature(getattr(ppo, name)).parameters.values()
         assert all(p.kind == p.KEYWORD_ONLY for p in params), name
 
@@ -123,19 +123,19 @@ def test_kl_penalty_full_against_loop():
         ppo.kl_penalty(logprobs=torch.zeros(1, 1), ref_logprobs=torch.zeros(1, 1), kind="k2")
 
 
-def test_token_rewards_by_hand():
+def test_total_rewards_by_hand():
     kl = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8], [1.0, 1.0, 1.0, 1.0]])  # (B=3, T=4)
     intrinsic = torch.tensor([[0.0, 1.0, 0.0, 9.0], [0.0, 0.0, -1.0, 0.5], [2.0, 9.0, 9.0, 9.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [0.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
-    rewards, non_score = ppo.token_rewards(scores=torch.tensor([2.0, -1.0, 5.0]), kl=kl, intrinsic=intrinsic,
-                                           mask=mask, kl_coef=0.5)
+    rewards, kl_rewards = ppo.total_rewards(env_rewards=torch.tensor([2.0, -1.0, 5.0]), kl=kl,
+                                            intrinsic_rewards=intrinsic, mask=mask, kl_coef=0.5)
     expected = torch.tensor([
         [-0.05, 1.0 - 0.1, -0.15 + 2.0, 0.0],
         [0.0, -0.3, -1.0 - 0.35, -0.4 + 0.5 - 1.0],  # left padded row: score at the last token
         [-0.5 + 2.0 + 5.0, 0.0, 0.0, 0.0],
     ])
     torch.testing.assert_close(rewards, expected, atol=ATOL, rtol=0)
-    torch.testing.assert_close(non_score, -0.5 * kl * mask, atol=ATOL, rtol=0)
+    torch.testing.assert_close(kl_rewards, -0.5 * kl * mask, atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("whiten_rewards", [False, True])

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from pipeline.core.config import BaseParams, PPOParams
 from pipeline.core.errors import ConfigError
-from pipeline.model.logprobs import score_responses
+from pipeline.model.logprobs import response_logprobs
 from pipeline.model.lora import add_adapters, has_adapters, is_adapter_folder
 from pipeline.model.policy import load_policy, load_reference
 from pipeline.model.reference import AdaptersDisabled, make_reference, shared_parameter_names
@@ -40,8 +40,8 @@ def run_round(tmp_path, policy_dir, reference_dir, name, round_=1, params=PARAMS
 
 def logprobs(model, rollouts) -> torch.Tensor:
     with torch.no_grad():
-        return score_responses(model, query_ids=[r["query_ids"] for r in rollouts],
-                               response_ids=[r["response_ids"] for r in rollouts], pad_id=PAD).logprobs
+        return response_logprobs(model, query_ids=[r["query_ids"] for r in rollouts],
+                                  response_ids=[r["response_ids"] for r in rollouts], pad_id=PAD).logprobs
 
 
 @pytest.fixture(scope="module")

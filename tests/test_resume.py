@@ -70,7 +70,8 @@ def round_tables(policy, round_: int) -> tuple[list[dict], list[dict], list[dict
 def as_batch(rollouts, scores, annotations) -> RolloutBatch:
     return RolloutBatch(query_ids=[r["query_ids"] for r in rollouts], response_ids=[r["response_ids"] for r in rollouts],
                         behaviour_logprobs=[r["behaviour_logprobs"] for r in rollouts],
-                        scores=[s["env_reward"] for s in scores], intrinsic=[a["token_rewards"] for a in annotations])
+                        env_rewards=[s["env_reward"] for s in scores],
+                        intrinsic_rewards=[a["token_rewards"] for a in annotations])
 
 
 def without_timing(rows: list[dict]) -> list[dict]:

@@ -4,7 +4,7 @@ import torch
 from conftest import save_tiny_gpt2, train_bpe
 
 from pipeline.data.world import generate_reviews
-from pipeline.model.logprobs import score_responses
+from pipeline.model.logprobs import response_logprobs
 from pipeline.model.policy import load_policy
 from pipeline.model.pretrain import train_tokenizer
 from pipeline.steps.rollout import response_limits, rollout
@@ -58,15 +58,15 @@ def test_a_cut_response_is_the_prefix_of_the_same_seeds_full_length_sample(polic
         assert c["behaviour_logprobs"] == f["behaviour_logprobs"][:k]
 
 
-def test_cut_behaviour_logprobs_equal_a_fresh_scoring(policy_dir):
+def test_cut_behaviour_logprobs_equal_a_fresh_pass(policy_dir):
     rows = run(policy_dir, min_new_tokens=2)
     policy, tokenizer = load_policy(policy_dir)
     with torch.no_grad():
-        scores = score_responses(policy, query_ids=[r["query_ids"] for r in rows],
-                                 response_ids=[r["response_ids"] for r in rows], pad_id=tokenizer.pad_token_id)
+        fresh = response_logprobs(policy, query_ids=[r["query_ids"] for r in rows],
+                                  response_ids=[r["response_ids"] for r in rows], pad_id=tokenizer.pad_token_id)
     for b, r in enumerate(rows):
         n = len(r["response_ids"])
-        assert scores.logprobs[b, :n].tolist() == pytest.approx(r["behaviour_logprobs"], abs=1e-5)
+        assert fresh.logprobs[b, :n].tolist() == pytest.approx(r["behaviour_logprobs"], abs=1e-5)
 
 
 def test_a_gpt2_style_tokenizer_without_bos_and_pad_equal_to_eos_works(tmp_path):

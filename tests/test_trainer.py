@@ -10,7 +10,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from pipeline.core.config import PPOParams
 from pipeline.core.errors import DataError, PPOInputError
-from pipeline.model.logprobs import score_responses
+from pipeline.model.logprobs import response_logprobs
 from pipeline.model.policy import PolicyWithValueHead, _fresh_value_head, frozen_copy
 from pipeline.model.sampling import sample_responses
 from pipeline.parallel.single import clip_grad_norm
@@ -47,7 +47,8 @@ def rollout(policy, seed, intrinsic_fn=None):
     intrinsic_fn = intrinsic_fn or (lambda ids: [0.0] * len(ids))
     return RolloutBatch(
         query_ids=QUERIES, response_ids=responses, behaviour_logprobs=[o["behaviour_logprobs"] for o in out],
-        scores=[sum(t in GOOD for t in r) / len(r) for r in responses], intrinsic=[intrinsic_fn(r) for r in responses],
+        env_rewards=[sum(t in GOOD for t in r) / len(r) for r in responses],
+        intrinsic_rewards=[intrinsic_fn(r) for r in responses],
     )
 
 
@@ -67,11 +68,11 @@ def test_rounds_raise_the_reward_on_a_toy_task(precision):
     means = []
     for r in range(8):
         batch = rollout(policy, seed=r)
-        means.append(sum(batch.scores) / len(batch.scores))
+        means.append(sum(batch.env_rewards) / len(batch.env_rewards))
         steps = run_round(policy, ref, optimizer, batch, params, seed=r, kl_controller=controller, moments=moments)
         assert len(steps) == params.ppo_epochs * 32 // params.mini_batch_size
     final = rollout(policy, seed=100)
-    assert sum(final.scores) / 32 > means[0] + 0.15, means
+    assert sum(final.env_rewards) / 32 > means[0] + 0.15, means
 
 
 def test_first_minibatch_ratio_is_one_and_stats_keys_present():
@@ -89,8 +90,8 @@ def test_first_minibatch_ratio_is_one_and_stats_keys_present():
 
 def mean_logprob_of_good_tokens(policy, batch):
     with torch.no_grad():
-        scores = score_responses(policy, query_ids=batch.query_ids, response_ids=batch.response_ids, pad_id=PAD)
-    logprobs, mask = scores.logprobs, scores.mask
+        out = response_logprobs(policy, query_ids=batch.query_ids, response_ids=batch.response_ids, pad_id=PAD)
+    logprobs, mask = out.logprobs, out.mask
     ids = torch.tensor([r + [PAD] * (logprobs.shape[1] - len(r)) for r in batch.response_ids])
     good = ((ids >= 2) & (ids < 18)).float() * mask
     return (logprobs * good).sum().item() / good.sum().item()
@@ -101,13 +102,13 @@ def test_intrinsic_reward_on_tokens_moves_their_probability(sign):
     """With zero env score and no KL, only the critic's token rewards drive the update."""
     policy = tiny_policy()
     batch = rollout(policy, seed=0, intrinsic_fn=lambda ids: [sign if t in GOOD else 0.0 for t in ids])
-    batch = dataclasses.replace(batch, scores=[0.0] * 32)
+    batch = dataclasses.replace(batch, env_rewards=[0.0] * 32)
     before = mean_logprob_of_good_tokens(policy, batch)
     steps = run_round(policy, frozen_copy(policy), make_optimizer(policy, 3e-3), batch,
                       toy_params(init_kl_coef=0.0))
     after = mean_logprob_of_good_tokens(policy, batch)
     assert sign * (after - before) > 0.05
-    expected_sum = sum(sum(row) for row in batch.intrinsic) / 32
+    expected_sum = sum(sum(row) for row in batch.intrinsic_rewards) / 32
     assert steps[0]["intrinsic_reward_sum"] == pytest.approx(expected_sum, abs=1e-5)
     assert steps[0]["env_reward_mean"] == 0.0
 
@@ -166,18 +167,19 @@ def test_behaviour_logprob_gap_reports_corrupted_logprobs():
 
 
 BAD_BATCHES = {
-    "intrinsic has 1 values": lambda b: dataclasses.replace(b, intrinsic=[[0.0]] + b.intrinsic[1:]),
+    "intrinsic_rewards has 1 values": lambda b: dataclasses.replace(
+        b, intrinsic_rewards=[[0.0]] + b.intrinsic_rewards[1:]),
     "behaviour_logprobs has 1 values": lambda b: dataclasses.replace(
         b, behaviour_logprobs=[[-1.0]] + b.behaviour_logprobs[1:]),
-    "score nan": lambda b: dataclasses.replace(b, scores=[float("nan")] + b.scores[1:]),
-    "intrinsic contains NaN or inf": lambda b: dataclasses.replace(
-        b, intrinsic=b.intrinsic[:-1] + [[float("inf")] * len(b.response_ids[-1])]),
+    "env reward nan": lambda b: dataclasses.replace(b, env_rewards=[float("nan")] + b.env_rewards[1:]),
+    "intrinsic_rewards contains NaN or inf": lambda b: dataclasses.replace(
+        b, intrinsic_rewards=b.intrinsic_rewards[:-1] + [[float("inf")] * len(b.response_ids[-1])]),
     "empty": lambda b: RolloutBatch([], [], [], [], []),
     "not divisible": lambda b: RolloutBatch(*(getattr(b, f.name)[:30] for f in dataclasses.fields(b))),
-    "scores has 31 rows": lambda b: dataclasses.replace(b, scores=b.scores[:31]),
+    "env_rewards has 31 rows": lambda b: dataclasses.replace(b, env_rewards=b.env_rewards[:31]),
     "empty query or response": lambda b: dataclasses.replace(
         b, response_ids=[[]] + b.response_ids[1:], behaviour_logprobs=[[]] + b.behaviour_logprobs[1:],
-        intrinsic=[[]] + b.intrinsic[1:]),
+        intrinsic_rewards=[[]] + b.intrinsic_rewards[1:]),
 }
 
 
@@ -187,9 +189,10 @@ def test_malformed_batches_raise_before_touching_the_model(message):
     with pytest.raises(PPOInputError) as err:
         train_round(policy=None, ref_model=None, optimizer=None, batch=batch, params=toy_params(),
                     kl_controller=FixedKLController(0.1), score_moments=RunningMoments(), seed=0, progress=False)
-    fragment = {"not divisible": "not divisible", "empty": "empty", "score nan": "not finite"}.get(message, message)
+    fragments = {"not divisible": "not divisible", "empty": "empty", "env reward nan": "not finite"}
+    fragment = fragments.get(message, message)
     assert fragment in str(err.value)
-    if message.startswith(("intrinsic has", "behaviour")):
+    if message.startswith(("intrinsic_rewards has", "behaviour")):
         assert "Row 0" in str(err.value)
 
 

@@ -21,6 +21,7 @@ from pipeline.model.policy import frozen_copy, load_policy
 from pipeline.steps.critique import critique_round
 from pipeline.steps.ppo_round import join_round, new_kl_controller
 from pipeline.steps.rollout import encode_query, sample_rollouts
+from pipeline.steps.score import population_std
 from pipeline.tasks import get_task
 from pipeline.train.ppo import RunningMoments
 from pipeline.train.trainer import make_optimizer, train_round
@@ -67,12 +68,6 @@ def ppo_batch(rows: list[dict], annotated: list[dict], *, env_scale: float = 1.0
     """The PPO batch of the round (pipeline.steps.ppo_round.join_round), env rewards times env_scale."""
     scores = [{"rollout_id": r["rollout_id"], "env_reward": env_scale * r["env_reward"]} for r in rows]
     return join_round(rows, scores, annotated)
-
-
-def population_std(values: list[float]) -> float:
-    """The within-batch standard deviation (ddof 0) of a round's per-response rewards."""
-    m = sum(values) / len(values)
-    return (sum((v - m) ** 2 for v in values) / len(values)) ** 0.5
 
 
 def _round_record(round_: int, rows: list[dict], annotated: list[dict], arm: Arm, stats: list[dict],

@@ -2,7 +2,7 @@
 
 `replay(RUN, OUT, overrides=[...])` starts from RUN's models/base and runs, round by round, the
 `ppo` stage's code (pipeline.steps.ppo_round) over RUN's recorded rollouts, with the stored
-environment rewards and span rewards rebuilt from the cached critic answers under the new
+environment rewards and intrinsic rewards rebuilt from the cached critic answers under the new
 settings; PPO ratios use the recorded behaviour log-probs. Training generates nothing and sends
 no critic request unless `allow_new_calls` (then only the missing answers, stored in RUN's
 cache). Unless `evaluate=False`, the final policy is then evaluated like the `evaluate` stage, so

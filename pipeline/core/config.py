@@ -172,7 +172,7 @@ class ScoreParams:
     endpoint: str | None = None  # perspective: API URL (null = Google's commentanalyzer)
     rate_limit_per_s: float = 1.0  # perspective: requests per second
     cache_dir: str = "cache/scores"  # perspective: content-hashed answer cache
-    normalize: bool = False  # z-normalise the rewards of each scorer batch (the paper's TL;DR reward model)
+    normalize: bool = False  # z-normalise each round's rewards as one batch (the paper's TL;DR reward model)
 
     checks = {
         "scale": (_positive, "> 0"),
@@ -254,8 +254,8 @@ class PPOParams:
     target_kl: float = 1.0  # early-stop bound on the policy KL when early_stopping
     max_grad_norm: float | None = None
     whiten_rewards: bool = False
-    use_score_scaling: bool = False
-    use_score_norm: bool = False
+    use_score_scaling: bool = False  # divide the env rewards by their running std over all rounds (TRL's "score")
+    use_score_norm: bool = False  # with use_score_scaling, subtract the running mean too (not score.normalize)
     score_clip: float | None = None
     # "bf16" = bf16 autocast for forward/backward (log-probs, values stay fp32). Not "no": DVC
     # rewrites params.yaml unquoted on `dvc exp run -S`, and YAML 1.1 reads `no` as false.

@@ -15,7 +15,7 @@ candidate texts is in the response (for summarization, a span that is only in th
 document says so). A token overlapping several matched
 occurrences gets the **sum** of their rewards: two spans that both cover a token are two
 pieces of evidence about it, and summing keeps each span's contribution visible in the
-total (``sum(token_rewards)`` changes when a span is added).
+total (``sum(intrinsic_rewards)`` changes when a span is added).
 
 The character range of each token is taken from the actual ``response_ids`` by decoding
 growing prefixes ``ids[:i+1]``, never by re-encoding the text (a sampled sequence is often
@@ -53,13 +53,14 @@ class AlignedSpans:
     """The result of aligning critic spans to a response's tokens.
 
     Attributes:
-        token_rewards: one float per response token, ``len == len(response_ids)``.
+        intrinsic_rewards: the critic's reward of each response token, ``len == len(response_ids)``
+            (stored in the annotations table's ``token_rewards`` column).
         spans: one dict ``{label, text, start, end, reward}`` per matched occurrence
             (character offsets into ``response_text``, end exclusive), or one with
             ``start == end == -1`` for a span that was not found.
     """
 
-    token_rewards: list[float]
+    intrinsic_rewards: list[float]
     spans: list[dict]
 
 
@@ -97,11 +98,11 @@ def align_spans(*, response_text: str, response_ids: list[int], tokenizer, spans
             listed.append({"label": label, "text": text, "start": start, "end": end, "reward": float(rewards[label])})
 
     if mode == "exact":
-        token_rewards = _overlap_rewards(response_text, response_ids, tokenizer, listed)
+        intrinsic_rewards = _overlap_rewards(response_text, response_ids, tokenizer, listed)
     else:
-        token_rewards = _substring_rewards(response_ids, tokenizer, spans, rewards)
-    assert len(token_rewards) == len(response_ids)
-    return AlignedSpans(token_rewards=token_rewards, spans=listed)
+        intrinsic_rewards = _substring_rewards(response_ids, tokenizer, spans, rewards)
+    assert len(intrinsic_rewards) == len(response_ids)
+    return AlignedSpans(intrinsic_rewards=intrinsic_rewards, spans=listed)
 
 
 def match_items(items, response_text: str, *, rewards: dict[str, float],
@@ -254,24 +255,24 @@ def _position_map(decoded: str, text: str) -> list[int]:
 def _overlap_rewards(response_text: str, response_ids: list[int], tokenizer, listed: list[dict]) -> list[float]:
     decoded, ranges = token_char_ranges(tokenizer, response_ids)
     position = _position_map(decoded, response_text)
-    token_rewards = [0.0] * len(response_ids)  # (T,)
+    intrinsic_rewards = [0.0] * len(response_ids)  # (T,)
     for i, (start, end) in enumerate(ranges):
         token_start, token_end = position[start], position[end]
         if token_start == token_end:  # a special token or one that decodes to nothing
             continue
         for span in listed:
             if span["start"] >= 0 and token_start < span["end"] and token_end > span["start"]:
-                token_rewards[i] += span["reward"]
-    return token_rewards
+                intrinsic_rewards[i] += span["reward"]
+    return intrinsic_rewards
 
 
 def _substring_rewards(response_ids: list[int], tokenizer, spans, rewards: dict[str, float]) -> list[float]:
-    token_rewards = [0.0] * len(response_ids)  # (T,)
+    intrinsic_rewards = [0.0] * len(response_ids)  # (T,)
     for i, token_id in enumerate(response_ids):
         piece = tokenizer.decode([token_id], skip_special_tokens=True).strip()
         if not piece:
             continue
         for label, text in spans:
             if piece in text:
-                token_rewards[i] += float(rewards[label])
-    return token_rewards
+                intrinsic_rewards[i] += float(rewards[label])
+    return intrinsic_rewards

@@ -4,7 +4,8 @@
 whose environment reward is at or below the threshold are rendered with the critic
 template and sent through :class:`~pipeline.critic.client.CriticClient` (cache first,
 identical requests once); each answer is parsed and its spans are aligned to response
-tokens. Every other rollout gets a ``skipped`` row with all-zero token rewards, so the
+tokens: the critic's intrinsic reward of each response token, stored in the ``token_rewards``
+column. Every other rollout gets a ``skipped`` row with all-zero intrinsic rewards, so the
 output has exactly one row per input row, in input order.
 
 Status of a row (``STATUSES``), honest about what the answer gave:
@@ -22,7 +23,7 @@ Each critiqued row records the ``items`` read, the kept ``spans`` (one per align
 occurrence), the ``dropped`` items with reasons, and ``attempts`` (HTTP attempts in this
 run; 0 for a cache hit).
 
-With ``zero_mean`` (``critic.zero_mean``) each critiqued response's aligned token rewards
+With ``zero_mean`` (``critic.zero_mean``) each critiqued response's aligned intrinsic rewards
 get their own mean subtracted, so they sum to zero: the critic then moves credit between a
 response's tokens without adding or removing reward in total. It is post-processing of the
 cached answer, so cache keys do not depend on it and a replay can switch it.
@@ -114,15 +115,15 @@ def skipped_row(row: dict) -> dict:
     }
 
 
-def zero_mean_rewards(token_rewards: list[float]) -> list[float]:
-    """Return ``token_rewards`` minus their mean, so they sum to zero.
+def zero_mean_rewards(intrinsic_rewards: list[float]) -> list[float]:
+    """Return ``intrinsic_rewards`` minus their mean, so they sum to zero.
 
     An all-zero list (a response with no span) stays all zero, an empty list stays empty.
     """
-    if not token_rewards:
+    if not intrinsic_rewards:
         return []
-    mean = sum(token_rewards) / len(token_rewards)
-    return [float(r) - mean for r in token_rewards]
+    mean = sum(intrinsic_rewards) / len(intrinsic_rewards)
+    return [float(r) - mean for r in intrinsic_rewards]
 
 
 @dataclass(frozen=True)
@@ -189,11 +190,11 @@ def _critiqued_row(row: dict, result: CriticResult, *, template, tokenizer, rewa
         response_text=row["response"], response_ids=list(row["response_ids"]), tokenizer=tokenizer,
         spans=read.kept, rewards=rewards, mode=alignment,
     )
-    assert len(aligned.token_rewards) == len(row["response_ids"]), "align_spans must return one reward per token"
-    token_rewards = [float(r) for r in aligned.token_rewards]
+    assert len(aligned.intrinsic_rewards) == len(row["response_ids"]), "align_spans must return one reward per token"
+    intrinsic_rewards = [float(r) for r in aligned.intrinsic_rewards]
     if zero_mean:
-        token_rewards = zero_mean_rewards(token_rewards)
-    return out | {"spans": [dict(span) for span in aligned.spans], "token_rewards": token_rewards}
+        intrinsic_rewards = zero_mean_rewards(intrinsic_rewards)
+    return out | {"spans": [dict(span) for span in aligned.spans], "token_rewards": intrinsic_rewards}
 
 
 def _other_texts(row: dict, fields) -> dict[str, str]:
@@ -211,7 +212,7 @@ def annotate_round(rows: list[dict], *, template, tokenizer, client: CriticClien
     A row is critiqued when ``env_reward <= threshold``; its request is the template
     rendered with ``fields(row)`` (see :func:`round_requests`). The result is deterministic for the
     same rows, template, client settings and cache contents. Only ``ok`` rows carry
-    non-zero token rewards; a failed or budget-stopped request is recorded, not raised
+    non-zero intrinsic rewards (``token_rewards``); a failed or budget-stopped request is recorded, not raised
     (see the module docstring for the statuses).
 
     :param rows: rollouts with rollout_id, response, response_ids and env_reward
@@ -224,7 +225,7 @@ def annotate_round(rows: list[dict], *, template, tokenizer, client: CriticClien
     :param alignment: span-to-token alignment mode, passed to ``align_spans``
     :param progress: show a tqdm bar over critic requests
     :param fields: row -> placeholder values, as in :func:`round_requests`
-    :param zero_mean: subtract each critiqued response's mean token reward (:func:`zero_mean_rewards`);
+    :param zero_mean: subtract each critiqued response's mean intrinsic reward (:func:`zero_mean_rewards`);
         skipped and failed rows stay all zero either way
     :return: dicts with exactly the keys in ``ANNOTATION_FIELDS``, in input order
     :raises DataError: if a row lacks a rollout field

@@ -1,4 +1,4 @@
-"""Scoring given responses: per-token log-probs, values and entropy in one forward pass.
+"""Log-probs of given responses: per-token log-probs, values and entropy in one forward pass.
 
 Mask convention: `mask` (B, T) float, 1 = response token, 0 = padding.
 All log-probs and values are returned in fp32, also under bf16 autocast. The log-prob of a
@@ -109,8 +109,8 @@ def autocast_context(mixed_precision: str, device: torch.device):
 
 
 @dataclass(frozen=True)
-class ResponseScores:
-    """What one forward pass says about each response token; every tensor is fp32."""
+class ResponseLogprobs:
+    """What one forward pass says about each response token (its log-prob and more); every tensor is fp32."""
 
     logprobs: torch.Tensor  # (B, T) log-prob of the response token, 0 on padding
     values: torch.Tensor  # (B, T) value of the state before the token, 0 on padding
@@ -119,7 +119,7 @@ class ResponseScores:
     entropy: torch.Tensor | None  # (B, T) entropy of that distribution (no grad), when with_entropy
 
 
-def score_responses(
+def response_logprobs(
     policy: PolicyWithValueHead,
     *,
     query_ids: list[list[int]],
@@ -129,8 +129,8 @@ def score_responses(
     mixed_precision: str = "fp32",
     keep_logits: bool = False,
     with_entropy: bool = False,
-) -> ResponseScores:
-    """Score responses given their queries in one right-padded forward pass.
+) -> ResponseLogprobs:
+    """Log-probs (and values, logits, entropy) of responses given their queries, in one right-padded forward pass.
 
     Builds input = query + response per row. For response token j of row b (at input
     position p = len(query_b) + j) it uses the logits at p − 1 and the value at p − 1 (the
@@ -139,7 +139,7 @@ def score_responses(
     log-probs, values and entropy are computed from fp32 logits outside autocast.
     width: number of response positions T (default: the longest response).
     Gradients flow through logprobs and values unless the caller disables them.
-    Returns a ResponseScores on the model's device.
+    Returns a ResponseLogprobs on the model's device.
     """
     device = next(policy.parameters()).device
     width = width or max(len(r) for r in response_ids)
@@ -156,4 +156,4 @@ def score_responses(
     with autocast_context(mixed_precision, device):
         logits, values = policy(input_ids=input_ids, attention_mask=attention, positions=before)  # (B,T,V), (B,T)
     logprobs, entropy = token_logprobs(logits=logits, tokens=tokens, with_entropy=with_entropy)  # (B, T) each
-    return ResponseScores(logprobs * mask, values * mask, mask, logits if keep_logits else None, entropy)
+    return ResponseLogprobs(logprobs * mask, values * mask, mask, logits if keep_logits else None, entropy)

@@ -140,7 +140,8 @@ def write_policy_files(policy: PolicyWithValueHead, tokenizer, folder: str | Pat
 def load_reference(model_dir: str | Path) -> PolicyWithValueHead:
     """Load a frozen reference model (eval mode, no gradients) from a local directory.
 
-    It is a PolicyWithValueHead so `pipeline.model.logprobs.score_responses` serves both models; its values are unused.
+    It is a PolicyWithValueHead so `pipeline.model.logprobs.response_logprobs` serves both models; its
+    values are unused.
     """
     policy, _ = load_policy(model_dir)
     return frozen_copy(policy)

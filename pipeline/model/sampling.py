@@ -78,7 +78,8 @@ def sample_responses(
     this process's chunks and gathers all of them: the same list as one process. A row stops
     after EOS (the EOS is kept) or `max_new_tokens` tokens.
     behaviour_logprobs are the fp32 log-probs of the sampled tokens under the distribution
-    they were drawn from (dropout off), equal to `pipeline.model.logprobs.score_responses`' log-probs up to float error.
+    they were drawn from (dropout off), equal to the log-probs of `pipeline.model.logprobs.response_logprobs`
+    up to float error.
     Returns one dict(response_ids: list[int], behaviour_logprobs: list[float]) per query.
     """
     was_training = policy.training

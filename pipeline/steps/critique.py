@@ -1,4 +1,4 @@
-"""`critique` stage: send low-reward responses to the critic, turn its spans into token rewards.
+"""`critique` stage: send low-reward responses to the critic, turn its spans into per-token intrinsic rewards.
 
 With `critic.endpoint: local` the stage starts drlc's own OpenAI-compatible server on
 127.0.0.1 (a free port) for the duration of the stage, so the production client path runs
@@ -242,7 +242,7 @@ def summarize(annotations: list[dict], stats: RunStats) -> dict:
 
     critiqued, status_<status> for every status (STATUSES, plus any other that occurs),
     critic_error_rate (failed / critiqued rows), intrinsic_reward_sum (mean over responses of
-    the summed token rewards); critic_requests (HTTP attempts, retries included),
+    the summed intrinsic rewards); critic_requests (HTTP attempts, retries included),
     critic_retries, critic_failures (requests ended in api_error), cache_hits (requests
     answered from the cache) and critic_cost_usd (dollars paid, failed attempts included)
     from ``stats``, the client's :class:`~pipeline.critic.client.RunStats`.

@@ -1,4 +1,4 @@
-"""`ppo` stage: one round of PPO epochs over the round's rollouts, rewards and critic spans."""
+"""`ppo` stage: one round of PPO epochs over the round's rollouts, env rewards and intrinsic (critic) rewards."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,17 +21,18 @@ from pipeline.train.trainer import RolloutBatch, load_trainer_state, make_optimi
 
 def join_round(rollouts: list[dict], scores: list[dict], annotations: list[dict]) -> RolloutBatch:
     """Line up the round's three tables by rollout_id into one PPO batch."""
-    env = {row["rollout_id"]: row["env_reward"] for row in scores}
-    intrinsic = {row["rollout_id"]: row["token_rewards"] for row in annotations}
-    missing = [r["rollout_id"] for r in rollouts if r["rollout_id"] not in env or r["rollout_id"] not in intrinsic]
+    env_rewards = {row["rollout_id"]: row["env_reward"] for row in scores}
+    intrinsic_rewards = {row["rollout_id"]: row["token_rewards"] for row in annotations}  # the critic's, per token
+    missing = [r["rollout_id"] for r in rollouts
+               if r["rollout_id"] not in env_rewards or r["rollout_id"] not in intrinsic_rewards]
     if missing:
         raise DataError(f"Rollouts {missing[:3]} have no score or annotation row: re-run the score "
                         f"and critique stages of this round (dvc repro).")
     return RolloutBatch(
         query_ids=[r["query_ids"] for r in rollouts], response_ids=[r["response_ids"] for r in rollouts],
         behaviour_logprobs=[r["behaviour_logprobs"] for r in rollouts],
-        scores=[env[r["rollout_id"]] for r in rollouts],
-        intrinsic=[intrinsic[r["rollout_id"]] for r in rollouts],
+        env_rewards=[env_rewards[r["rollout_id"]] for r in rollouts],
+        intrinsic_rewards=[intrinsic_rewards[r["rollout_id"]] for r in rollouts],
     )
 
 

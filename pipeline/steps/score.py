@@ -1,8 +1,10 @@
 """`score` stage: the sparse environment reward of every response (pipeline/rewards/<task>.py).
 
 ``score.normalize`` z-normalises the rewards of the whole round (one PPO rollout batch, the
-unit the paper normalised its TL;DR reward-model scores over), for every task; the chunks
-below only pace the progress bar, so they never change a value.
+unit the paper normalised its TL;DR reward-model scores over), for every task, once, before the
+scores table is written; the chunks below only pace the progress bar, so they never change a
+value. It is not ``ppo.use_score_norm``: that one standardises the env rewards again inside the
+trainer, with running moments over every round so far (``pipeline.train.ppo.scale_scores``).
 """
 from __future__ import annotations
 
@@ -19,10 +21,24 @@ SCORE_CHUNK = 256  # responses per scorer call; the progress bar advances per ch
 NORMALIZED_VERSION_SUFFIX = "+znorm"  # appended to scorer_version when score.normalize is on
 
 
-def z_normalize(values: list[float]) -> list[float]:
-    """(x - mean) / std with the population std (ddof 0); all zeros when std is 0 (one value, or all equal)."""
+def population_std(values: list[float]) -> float:
+    """The standard deviation of `values` with ddof 0: sqrt(Σ (v − mean)² / n).
+
+    >>> population_std([1.0, 3.0])
+    1.0
+    """
     mean = sum(values) / len(values)
-    std = (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+    return (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+
+
+def z_normalize(values: list[float]) -> list[float]:
+    """(x - mean) / std with the population std (ddof 0); all zeros when std is 0 (one value, or all equal).
+
+    >>> z_normalize([1.0, 3.0]), z_normalize([2.0, 2.0])
+    ([-1.0, 1.0], [0.0, 0.0])
+    """
+    mean = sum(values) / len(values)
+    std = population_std(values)
     return [(v - mean) / std if std > 0 else 0.0 for v in values]
 
 

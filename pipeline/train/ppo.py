@@ -92,29 +92,29 @@ def kl_penalty(
     raise ValueError(f"Unknown kl_penalty kind {kind!r}: use one of 'kl', 'abs', 'mse', 'full'.")
 
 
-def token_rewards(
+def total_rewards(
     *,
-    scores: torch.Tensor,
+    env_rewards: torch.Tensor,
     kl: torch.Tensor,
-    intrinsic: torch.Tensor,
+    intrinsic_rewards: torch.Tensor,
     mask: torch.Tensor,
     kl_coef: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dense per-token rewards: KL penalty + intrinsic (critic) reward + the score at the end.
+    """The per-token reward PPO optimises: KL penalty + intrinsic (critic) reward + the env reward at the end.
 
-    non_score_reward_t = −kl_coef · kl_t
-    rewards_t = non_score_reward_t + intrinsic_t, plus scores[b] at the last response token.
-    scores: (B,); kl, intrinsic, mask: (B, T). Everything outside the mask is 0.
-    Returns (rewards (B, T), non_score_reward (B, T)).
+    kl_rewards_t = −kl_coef · kl_t   (TRL's non_score_reward)
+    rewards_t = kl_rewards_t + intrinsic_rewards_t, plus env_rewards[b] at the last response token.
+    env_rewards: (B,) after scale_scores; kl, intrinsic_rewards, mask: (B, T). Everything outside the mask is 0.
+    Returns (rewards (B, T), kl_rewards (B, T)).
     """
-    non_score_reward = -kl_coef * kl * mask  # (B, T)
-    rewards = non_score_reward + intrinsic * mask  # (B, T)
+    kl_rewards = -kl_coef * kl * mask  # (B, T)
+    rewards = kl_rewards + intrinsic_rewards * mask  # (B, T)
     positions = torch.arange(1, mask.shape[1] + 1, device=mask.device, dtype=mask.dtype)  # (T,)
     last = (mask * positions).argmax(dim=1)  # (B,) index of the last response token
     has_tokens = mask.sum(dim=1) > 0  # (B,)
-    score_at_end = torch.zeros_like(rewards)  # (B, T)
-    score_at_end[torch.arange(rewards.shape[0]), last] = torch.where(has_tokens, scores, 0.0).to(rewards.dtype)
-    return rewards + score_at_end, non_score_reward
+    env_at_end = torch.zeros_like(rewards)  # (B, T)
+    env_at_end[torch.arange(rewards.shape[0]), last] = torch.where(has_tokens, env_rewards, 0.0).to(rewards.dtype)
+    return rewards + env_at_end, kl_rewards
 
 
 def gae(
@@ -272,7 +272,7 @@ class AdaptiveKLController:
 
 
 class RunningMoments:
-    """Running mean and std of all scores seen so far (parallel-variance merge, as TRL).
+    """Running mean and std of all env rewards seen so far (parallel-variance merge, as TRL).
 
     Starts at mean 0, var 1, std 1 and a vanishing count (1e-24), so the first batch
     effectively replaces the prior. `std` is the unbiased running standard deviation.
@@ -287,7 +287,7 @@ class RunningMoments:
     def update(self, xs: torch.Tensor) -> tuple[float, float]:
         """Merge a batch `xs` (N,) into the running moments.
 
-        Returns the batch's (mean, unbiased std); the std of a single score is reported as 0.
+        Returns the batch's (mean, unbiased std); the std of a single value is reported as 0.
         """
         xs = xs.detach().double().flatten()  # (N,)
         xs_count = xs.numel()
@@ -320,8 +320,11 @@ def scale_scores(
     use_score_norm: bool,
     score_clip: float | None,
 ) -> torch.Tensor:
-    """Scale, normalise and clip environment scores as TRL's step did.
+    """Scale, normalise and clip the environment rewards as TRL's step did.
 
+    "score" is TRL's word for the environment reward; this function, its options and the running
+    moments keep it because the options are params keys (ppo.use_score_scaling, ppo.use_score_norm,
+    ppo.score_clip) and the moments are saved as trainer_state.json's "score_moments".
     With use_score_scaling: update `moments` with the batch, then
         scores / (std + eps), or (scores − mean) / (std + eps) when use_score_norm too,
     using the running moments after the update (eps = machine epsilon of the dtype).

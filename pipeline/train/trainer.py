@@ -8,9 +8,9 @@ TRL disables dropout outright. The first minibatch's ratio is then 1 up to float
 `policy_kl` starts at 0.
 Mixed precision: with params.mixed_precision == "bf16" every model forward runs under bf16
 autocast (the backward follows the dtypes autocast chose); log-probs, values, KL, rewards,
-advantages and losses are fp32 (see pipeline.model.logprobs.score_responses).
+advantages and losses are fp32 (see pipeline.model.logprobs.response_logprobs).
 Data parallel: with a `DataParallel` (pipeline.parallel.distributed, an accelerate.Accelerator) each process
-scores its share of the rows and of every minibatch; per-token tensors are gathered, minibatch
+runs the forward passes on its share of the rows and of every minibatch; per-token tensors are gathered, minibatch
 statistics summed with token weights, and gradients averaged by the prepared model (DDP all-reduce,
 FSDP2 reduce-scatter, the DeepSpeed ZeRO engine's reduction) with token-weighted losses, so N
 processes make the update one process makes
@@ -32,7 +32,7 @@ from pipeline.core.atomic import atomic_file, write_text
 from pipeline.core.config import PPOParams
 from pipeline.core.errors import DataError, PPOInputError
 from pipeline.core.round_metrics import intrinsic_reward_sum
-from pipeline.model.logprobs import score_responses
+from pipeline.model.logprobs import response_logprobs
 from pipeline.model.policy import PolicyWithValueHead
 from pipeline.parallel.distributed import DataParallel
 from pipeline.parallel.single import SingleProcess
@@ -43,7 +43,7 @@ from pipeline.train.ppo import (
     policy_loss,
     ratio_exceeds,
     scale_scores,
-    token_rewards,
+    total_rewards,
     value_loss,
 )
 
@@ -57,8 +57,8 @@ class RolloutBatch:
     query_ids: list[list[int]]
     response_ids: list[list[int]]
     behaviour_logprobs: list[list[float]]  # log-prob of each response token when sampled
-    scores: list[float]  # environment reward per response
-    intrinsic: list[list[float]]  # per-token critic reward, same length as the response
+    env_rewards: list[float]  # environment reward per response (scores table: env_reward)
+    intrinsic_rewards: list[list[float]]  # critic reward per response token (annotations table: token_rewards)
 
 
 def _finite(values) -> bool:
@@ -73,7 +73,7 @@ def validate_batch(batch: RolloutBatch, params: PPOParams, world_size: int = 1) 
     n = len(batch.response_ids)
     if n == 0:
         raise PPOInputError("The PPO batch is empty: the rollout produced no responses.")
-    for name in ("query_ids", "behaviour_logprobs", "scores", "intrinsic"):
+    for name in ("query_ids", "behaviour_logprobs", "env_rewards", "intrinsic_rewards"):
         if len(getattr(batch, name)) != n:
             rows = len(getattr(batch, name))
             raise PPOInputError(f"RolloutBatch.{name} has {rows} rows but there are {n} responses.")
@@ -92,15 +92,15 @@ def validate_batch(batch: RolloutBatch, params: PPOParams, world_size: int = 1) 
         length = len(batch.response_ids[i])
         if length == 0 or len(batch.query_ids[i]) == 0:
             raise PPOInputError(f"Row {i} has an empty query or response: every row needs both.")
-        for name in ("behaviour_logprobs", "intrinsic"):
+        for name in ("behaviour_logprobs", "intrinsic_rewards"):
             if len(getattr(batch, name)[i]) != length:
                 raise PPOInputError(
                     f"Row {i}: {name} has {len(getattr(batch, name)[i])} values for {length} response tokens."
                 )
             if not _finite(getattr(batch, name)[i]):
                 raise PPOInputError(f"Row {i}: {name} contains NaN or inf.")
-        if not math.isfinite(batch.scores[i]):
-            raise PPOInputError(f"Row {i}: score {batch.scores[i]} is not finite.")
+        if not math.isfinite(batch.env_rewards[i]):
+            raise PPOInputError(f"Row {i}: env reward {batch.env_rewards[i]} is not finite.")
     if sum(len(r) for r in batch.response_ids) < 2:
         raise PPOInputError("The batch has fewer than 2 response tokens: advantages cannot be whitened.")
 
@@ -119,7 +119,7 @@ def _forward_no_grad(model, batch: RolloutBatch, width: int, chunk: int, keep_lo
     """Log-probs, values, mask (and logits if asked) for the whole batch, in chunks, eval mode."""
     model.eval()
     parts = [
-        score_responses(
+        response_logprobs(
             model, query_ids=batch.query_ids[s : s + chunk], response_ids=batch.response_ids[s : s + chunk],
             pad_id=PAD_ID, width=width, mixed_precision=mixed_precision, keep_logits=keep_logits,
         )
@@ -171,8 +171,8 @@ def train_round(
 
     Updates `policy`, `optimizer`, `kl_controller` and `score_moments` in place.
     data_parallel: None or a SingleProcess for one process. Otherwise `policy` and `optimizer` are
-    the ones `data_parallel.prepare` returned, every process passes the same whole `batch`, scores
-    its share of it, and ends with the same weights, optimizer state and stats as a single process
+    the ones `data_parallel.prepare` returned, every process passes the same whole `batch`, runs the
+    forward passes on its share of it, and ends with the same weights, optimizer state and stats as a single process
     would (up to float summation order).
     Raises PPOInputError for a malformed batch (or a minibatch that does not split evenly over the
     processes) before any model is touched.
@@ -188,22 +188,23 @@ def train_round(
     # old log-probs = the recorded behaviour log-probs; the gap to a fresh pass should be float noise
     old_logprobs = _padded(batch.behaviour_logprobs, width, mask.device)  # (B, T)
     behaviour_gap = ((current_logprobs - old_logprobs).abs() * mask).max().item()
-    # score scaling / clipping (every process holds every score: the moments see the whole batch)
-    raw_scores = torch.tensor(batch.scores, dtype=torch.float32, device=mask.device)  # (B,)
-    scores = scale_scores(scores=raw_scores, moments=score_moments, use_score_scaling=params.use_score_scaling,
+    # score scaling / clipping (every process holds every env reward: the moments see the whole batch)
+    env_rewards = torch.tensor(batch.env_rewards, dtype=torch.float32, device=mask.device)  # (B,)
+    scaled = scale_scores(scores=env_rewards, moments=score_moments, use_score_scaling=params.use_score_scaling,
                           use_score_norm=params.use_score_norm, score_clip=params.score_clip)  # (B,)
-    # per-token rewards: env score at the end + intrinsic critic rewards − β·KL
+    # total per-token rewards: (scaled) env reward at the end + intrinsic critic rewards − β·KL
     kl_coef = kl_controller.value
-    intrinsic = _padded(batch.intrinsic, width, mask.device)  # (B, T)
-    rewards, _ = token_rewards(scores=scores, kl=kl, intrinsic=intrinsic, mask=mask, kl_coef=kl_coef)  # (B, T)
+    intrinsic_rewards = _padded(batch.intrinsic_rewards, width, mask.device)  # (B, T)
+    rewards, _ = total_rewards(env_rewards=scaled, kl=kl, intrinsic_rewards=intrinsic_rewards, mask=mask,
+                               kl_coef=kl_coef)  # (B, T)
     # GAE and advantage whitening over the whole batch (also data parallel: global whitening)
     advantages, returns = gae(values=old_values, rewards=rewards, mask=mask, gamma=params.gamma,
                               lam=params.lam, whiten_rewards=params.whiten_rewards)  # (B, T) each
     round_stats = {  # names: docs/metrics.md
         "kl": kl.sum(-1).mean().item(),
         "kl_coef": kl_coef,
-        "env_reward_mean": raw_scores.mean().item(),
-        "intrinsic_reward_sum": intrinsic_reward_sum(batch.intrinsic),
+        "env_reward_mean": env_rewards.mean().item(),
+        "intrinsic_reward_sum": intrinsic_reward_sum(batch.intrinsic_rewards),
         "behaviour_logprob_gap": behaviour_gap,
     }
     tensors = {"old_logprobs": old_logprobs, "old_values": old_values, "advantages": advantages,
@@ -244,7 +245,7 @@ STEP_STATS = ("policy_loss", "value_loss", "approx_kl", "policy_kl", "clipfrac",
 def _optimizer_step(policy, optimizer, batch, tensors, indices, params: PPOParams, width, dp) -> dict:
     """Accumulate gradients over the minibatches of `indices`, clip, step; return the step's stats.
 
-    Data parallel: each process scores its share of every minibatch. Its loss and stats (token
+    Data parallel: each process runs the forward pass on its share of every minibatch. Its loss and stats (token
     means over its share) are weighted by its share of the minibatch's tokens and summed over the
     processes, which gives the token means over the whole minibatch, as one process computes
     them; so the ratio guard and the early stop decide the same in every process. Gradients are
@@ -290,18 +291,18 @@ def _minibatch_loss(policy, batch, tensors, mb, params: PPOParams, width, dp) ->
     own stats, so both are unchanged (x·1.0 is x exactly).
     """
     rows = dp.shard(mb)
-    scored = score_responses(
+    forward = response_logprobs(
         policy, query_ids=[batch.query_ids[i] for i in rows], response_ids=[batch.response_ids[i] for i in rows],
         pad_id=PAD_ID, width=width, mixed_precision=params.mixed_precision, with_entropy=True,
     )
-    logprobs, vpreds = scored.logprobs, scored.values  # (b, T) each, fp32
+    logprobs, vpreds = forward.logprobs, forward.values  # (b, T) each, fp32
     mask = tensors["mask"][rows]  # (b, T)
     pg_loss, pg_stats = policy_loss(logprobs=logprobs, old_logprobs=tensors["old_logprobs"][rows],
                                     advantages=tensors["advantages"][rows], mask=mask, cliprange=params.cliprange)
     vf_loss, vf_clipfrac = value_loss(vpreds=vpreds, old_values=tensors["old_values"][rows],
                                       returns=tensors["returns"][rows], mask=mask,
                                       cliprange_value=params.cliprange_value)
-    entropy = masked_mean(scored.entropy, mask).item()
+    entropy = masked_mean(forward.entropy, mask).item()
     stats = {**pg_stats, "policy_loss": pg_loss.item(), "value_loss": vf_loss.item(),
              "vf_clipfrac": vf_clipfrac, "entropy": entropy}
     loss = pg_loss + params.vf_coef * vf_loss
