@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.core.atomic import atomic_folder, stale_folders
+from pipeline.core.atomic import atomic_file, atomic_folder, stale_folders
 from pipeline.model.policy import VALUE_HEAD_FILE, load_policy, save_policy
 from tests.test_resume import save_tiny_base
 
@@ -98,3 +98,14 @@ def test_a_finished_write_replaces_the_old_folder_and_an_error_leaves_it(base, t
         (folder / "new.txt").write_text("new")
     assert sorted(p.name for p in target.iterdir()) == ["new.txt"]  # replaced, not merged into
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_a_torch_file_written_atomically_has_the_same_bytes_every_time(tmp_path):
+    """torch.save names its archive after the file it writes: a random temporary name changed every
+    optimizer.pt, so a re-run's checkpoint never hashed the same in DVC."""
+    state = {"step": torch.tensor(3.0), "exp_avg": torch.arange(4.0)}
+    for folder in ("a", "b"):
+        with atomic_file(tmp_path / folder / "optimizer.pt") as temp:
+            torch.save(state, temp)
+    assert (tmp_path / "a" / "optimizer.pt").read_bytes() == (tmp_path / "b" / "optimizer.pt").read_bytes()
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["optimizer.pt"]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,17 +39,22 @@ def stale_folders(target: str | Path) -> list[Path]:
 
 @contextmanager
 def atomic_file(target: str | Path):
-    """Yield a temporary path beside `target`; on success it replaces `target`, on an error it is removed."""
+    """Yield the temporary path `.<name>.tmp` beside `target`; on success it replaces `target`, on an error
+    it is removed.
+
+    The name is fixed, not random: torch.save records its file's name inside the archive, so a random
+    name would make every checkpoint's bytes differ. One process writes each output, so no two writers
+    share a temporary name; a killed writer's leftover is overwritten by the next write.
+    """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
+    temp = target.with_name(f".{target.name}.tmp")
     try:
-        yield Path(temp)
+        yield temp
         os.replace(temp, target)
     finally:
-        if os.path.exists(temp):
-            os.remove(temp)
+        if temp.exists():
+            temp.unlink()
 
 
 def write_text(target: str | Path, text: str) -> Path:
