@@ -332,8 +332,9 @@ def baseline_info(tree: Path | None) -> dict | None:
     """The --baseline-tree and the commit checked out there."""
     if tree is None:
         return None
-    if not (tree / "pipeline" / "trainer.py").is_file():
-        raise SystemExit(f"--baseline-tree {tree} is not a drlc checkout (no pipeline/train/trainer.py): "
+    if not (tree / "pipeline" / "train" / "trainer.py").is_file():
+        raise SystemExit(f"--baseline-tree {tree} is not a drlc checkout (no pipeline/train/trainer.py; "
+                         f"checkouts before the layered pipeline/ are not supported): "
                          f"make one with `git worktree add {tree} <commit>`.")
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tree, capture_output=True, text=True).stdout.strip()
     return {"tree": str(tree), "commit": commit or None}

@@ -49,9 +49,10 @@ def configured_cache_type() -> str:
 
 def make_scratch(tmp_path: Path) -> Path:
     project = tmp_path / "scratch"
-    (project / "pipeline").mkdir(parents=True)
+    (project / "pipeline" / "core").mkdir(parents=True)
     (project / "pipeline" / "__init__.py").write_text("")
-    shutil.copy(ROOT / "pipeline" / "checkpoint.py", project / "pipeline" / "checkpoint.py")
+    (project / "pipeline" / "core" / "__init__.py").write_text("")
+    shutil.copy(ROOT / "pipeline" / "core" / "atomic.py", project / "pipeline" / "core" / "atomic.py")
     (project / "step.py").write_text(STAGE)
     (project / "params.yaml").write_text("lr: 1\nrounds:\n" + "".join(
         f"  '{r:04d}': {{prev: {'base' if r == 1 else f'round={r - 1:04d}'}}}\n" for r in (1, 2, 3)))
