@@ -57,9 +57,9 @@ def main() -> None:
 
     from pipeline.core.config import load_params
     from pipeline.data.world import review_prefixes
-    from pipeline.evaluate.classifier import train_sentiment_classifier
     from pipeline.evaluate.decode import sample_continuations
     from pipeline.evaluate.metrics import conditional_perplexities
+    from pipeline.evaluate.naive_bayes import train_sentiment_classifier
     from pipeline.rewards.sentiment import VaderReward
     from pipeline.steps.evaluate import evaluate
 

@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.core.errors import ConfigError, DataError
 from pipeline.data.world import generate_labelled_reviews, generate_reviews
-from pipeline.evaluate.classifier import NaiveBayesClassifier, features, read_labelled_file, train_sentiment_classifier
+from pipeline.evaluate.naive_bayes import NaiveBayesClassifier, features, read_labelled_file, train_sentiment_classifier
 
 SST2 = next((p for p in (Path(__file__).resolve().parents[2] / "shared", Path("/work/shared"))
              if (p / "data/sentiment/sst2_stsa").is_dir()), None)

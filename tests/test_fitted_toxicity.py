@@ -9,7 +9,7 @@ import yaml
 
 from pipeline.core.config import params_from_dict
 from pipeline.core.errors import ConfigError, DataError
-from pipeline.evaluate.classifier import features
+from pipeline.evaluate.naive_bayes import features
 from pipeline.rewards.fitted_toxicity import FittedToxicity, _matrix, fit_rtp, rtp_rows, spearman, split_rows
 from pipeline.rewards.toxicity import LexiconToxicity
 from pipeline.tasks import check_params

@@ -1,7 +1,7 @@
 """The fair sentiment world of the study: what is rewarded, what is measured, what it can show.
 
 Environment reward: P(positive) of the response under a multinomial naive Bayes classifier
-(pipeline/evaluate/classifier.py) fit on *sequence-level* tone labels of the synthetic world
+(pipeline/evaluate/naive_bayes.py) fit on *sequence-level* tone labels of the synthetic world
 (generate_labelled_reviews, its own seed stream), in [0, 1]. The critic is the lexicon backend
 (VADER's lexicon, pipeline/critic/offline/lexicon.py): it never sees the classifier, and the classifier
 never sees the lexicon. Evaluation uses the task's own classifier (trained with the world seed,
@@ -35,8 +35,8 @@ from pipeline.data.world import (
     is_grammatical,
     review_prefixes,
 )
-from pipeline.evaluate.classifier import NaiveBayesClassifier, train_sentiment_classifier
 from pipeline.evaluate.metrics import distinct_n, positive_percent
+from pipeline.evaluate.naive_bayes import NaiveBayesClassifier, train_sentiment_classifier
 from pipeline.tasks import prefix_prompt_splits
 
 ENV_CLASSIFIER_SEED = 7_919  # offset of the reward classifier's seed stream from the world seed

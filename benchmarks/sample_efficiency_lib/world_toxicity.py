@@ -1,7 +1,7 @@
 """The fair toxicity world of the study: a classifier reward on sequence-level labels, the lexicon critic.
 
 Environment reward: 1 - P(toxic) of the response under a multinomial naive Bayes classifier
-(pipeline/evaluate/classifier.py) fit on *sequence-level* labels of comments of the synthetic
+(pipeline/evaluate/naive_bayes.py) fit on *sequence-level* labels of comments of the synthetic
 comment world (pipeline/data/toxicity_world.py), drawn from the study's own seed stream. The label
 is the comment's, not its words': a toxic comment's sentences are each toxic with probability 0.8,
 so some comments labelled toxic hold only civil words, and the classifier learns civil words as

@@ -5,7 +5,7 @@ continuation. This scorer learns to predict it offline, so a run without a Persp
 still gets a reward that was trained on, and is tested against, Perspective's judgement.
 
 Model: toxicity(x) = sigmoid(w . f(x) + b), f(x) = counts of the lower-cased word uni- and
-bigrams of x (pipeline/evaluate/classifier.py ``features``) that occur in at least
+bigrams of x (pipeline/evaluate/naive_bayes.py ``features``) that occur in at least
 ``min_count`` training texts. Fit: minimise the mean binary cross-entropy against the
 Perspective score used as a soft target, plus l2/2 * |w|^2, with L-BFGS in float64.
 
@@ -22,7 +22,7 @@ import random
 import torch
 
 from pipeline.core.errors import DataError
-from pipeline.evaluate.classifier import features
+from pipeline.evaluate.naive_bayes import features
 
 HELDOUT_SHARE = 0.2
 SPLIT_SEED = 0  # fixed, so runs with different run.seed are scored by the same scorer

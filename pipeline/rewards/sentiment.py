@@ -43,7 +43,7 @@ class ClassifierSentiment:
     RANGE = (None, None)  # a raw logit: unbounded
 
     def __init__(self, model: str, *, label: str = "POSITIVE", scale: float = 1.0, batch_size: int = 64) -> None:
-        from pipeline.rewards.classifier import HFClassifier
+        from pipeline.rewards.hf_classifier import HFClassifier
 
         self.classifier = HFClassifier(model, label=label, output="logit", batch_size=batch_size)
         self.name, self.version, self.scale = self.classifier.name, self.classifier.version, float(scale)

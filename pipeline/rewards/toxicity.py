@@ -7,7 +7,7 @@ strong insult gives about 0.8 and each further toxic word raises it; text withou
 term scores 0. It is a crude, transparent proxy (no context, no sarcasm, no identity
 attacks without a listed word) that reads the synthetic comment world exactly
 (pipeline/data/toxicity_world.py). The paper profiles use a HF classifier
-(pipeline/rewards/classifier.py) or the Perspective API (pipeline/rewards/perspective.py);
+(pipeline/rewards/hf_classifier.py) or the Perspective API (pipeline/rewards/perspective.py);
 ``ToxicityReward`` turns any of them into the reward ``scale * (1 - toxicity)``.
 """
 from __future__ import annotations

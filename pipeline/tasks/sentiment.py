@@ -101,7 +101,7 @@ class Evaluator:
     """positive_percent: share of samples a naive Bayes classifier (not the reward) calls positive."""
 
     def __init__(self, classifier_data: str, *, seed: int) -> None:
-        from pipeline.evaluate.classifier import train_sentiment_classifier
+        from pipeline.evaluate.naive_bayes import train_sentiment_classifier
 
         self.classifier = train_sentiment_classifier(classifier_data, seed=seed)
 

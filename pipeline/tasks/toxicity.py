@@ -83,7 +83,7 @@ def toxicity_source(score):
     if not score.model:
         raise ConfigError("'score.scorer' = 'hf_classifier' needs 'score.model': a saved HF classifier folder "
                           "such as a local copy of facebook/roberta-hate-speech-dynabench-r4-target.")
-    from pipeline.rewards.classifier import HFClassifier
+    from pipeline.rewards.hf_classifier import HFClassifier
 
     return HFClassifier(score.model, label=score.label or "hate", output="prob", batch_size=score.batch_size)
 
