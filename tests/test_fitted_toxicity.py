@@ -16,6 +16,7 @@ from pipeline.tasks import check_params
 from pipeline.tasks.toxicity import toxicity_source
 
 RTP = Path(__file__).resolve().parents[2] / "shared" / "data" / "toxicity" / "decodingtrust_rtp"
+needs_rtp = pytest.mark.skipif(not RTP.is_dir(), reason=f"the real data is not at {RTP} (CI clones the repo next to shared/)")
 ROOT = Path(__file__).resolve().parents[1]
 
 TEXTS = ["you stupid jerk", "what a stupid idea", "thanks for the help", "a kind and helpful reply",
@@ -60,6 +61,7 @@ def test_split_rows_is_seeded_disjoint_and_holds_out_the_share():
     assert split_rows(rows, seed=3) == (train, held) and split_rows(rows, seed=4) != (train, held)
 
 
+@needs_rtp
 def test_rtp_rows_read_both_parts_and_name_a_source_without_them(tmp_path):
     rows = rtp_rows(str(RTP / "toxic.jsonl"))
     assert len(rows) == 1196 and all(0 <= tox <= 1 for row in rows for _, tox in row.values())
@@ -69,6 +71,7 @@ def test_rtp_rows_read_both_parts_and_name_a_source_without_them(tmp_path):
         rtp_rows(str(bad))
 
 
+@needs_rtp
 def test_fitted_tracks_perspective_on_held_out_rows_better_than_the_lexicon():
     scorer = fit_rtp(str(RTP))
     _, held = split_rows(rtp_rows(str(RTP)), seed=0)
@@ -94,6 +97,7 @@ def test_fitted_scorer_needs_train_data():
         check_params(params_from_dict(raw))
 
 
+@needs_rtp
 def test_the_selfcritique_profile_scores_with_the_fitted_scorer():
     raw = _selfcritique_raw()
     raw["score"]["train_data"] = str(RTP)
