@@ -1,4 +1,4 @@
-"""Each DVC stage's code deps equal the import closure of its stage script (pipeline/commands/code_deps.py).
+"""Each DVC stage's code deps equal the import closure of its stage script (pipeline/core/code_deps.py).
 
 A module the script can import but the stage does not list leaves a stale output after an edit;
 a listed module it cannot import re-runs the stage for nothing. Both fail here, naming the stage
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.commands.code_deps import CODE_ROOT, covers, import_closure
 from pipeline.commands.replay_dvc import STAGE_SCRIPT, dvc_stages
+from pipeline.core.code_deps import CODE_ROOT, covers, import_closure
 from pipeline.core.config import load_params
 
 

@@ -1,6 +1,6 @@
 """The house of pipeline/: layers that import only downwards, no import cycles, narrow stage deps.
 
-The graph is read statically by pipeline/commands/code_deps.py (lazy imports inside functions
+The graph is read statically by pipeline/core/code_deps.py (lazy imports inside functions
 count: they run when their function does). LAYERS lists the folders lowest first.
 """
 import json
@@ -11,7 +11,7 @@ import pytest
 import yaml
 from e2e import dvc, make_project, tiny_params
 
-from pipeline.commands.code_deps import CODE_ROOT, LAYERS, covers, import_closure, import_graph, layer_of
+from pipeline.core.code_deps import CODE_ROOT, LAYERS, covers, import_closure, import_graph, layer_of
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

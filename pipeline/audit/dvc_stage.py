@@ -18,12 +18,13 @@ from pathlib import Path
 import yaml
 
 from pipeline.core import store
+from pipeline.core.code_deps import CODE_ROOT, import_closure
 from pipeline.core.errors import ConfigError
 
 __all__ = ["CODE_DEPS", "write_audit_stage"]
 
-CODE_ROOT = Path(__file__).resolve().parents[2]
-CODE_DEPS = ["pipeline/critic", "pipeline/audit", "pipeline/steps/critique.py", "pipeline/tasks", "pipeline/core/config.py"]
+AUDIT_MODULE = "pipeline/audit/critic_eval.py"  # what `drlc critic eval` runs
+CODE_DEPS = [AUDIT_MODULE] + import_closure(AUDIT_MODULE)  # as a stage's deps: the code it can import
 
 
 def _relative(path: Path, root: Path) -> str:

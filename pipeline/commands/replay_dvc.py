@@ -16,7 +16,6 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.commands.code_deps import CODE_ROOT, import_closure  # CODE_ROOT: the checkout the DVC form runs
 from pipeline.commands.replay import (
     INPUT_TABLES,
     check_evaluation,
@@ -34,6 +33,7 @@ from pipeline.commands.replay import (
     without_remote,
 )
 from pipeline.core import store
+from pipeline.core.code_deps import CODE_ROOT, import_closure  # CODE_ROOT: the checkout the DVC form runs
 from pipeline.core.config import Params, load_params
 from pipeline.core.errors import ConfigError
 from pipeline.steps.preflight import check_inputs

@@ -39,8 +39,8 @@ from pipeline.critic.align import align_spans, match_items
 from pipeline.critic.client import CriticClient, CriticResult
 from pipeline.critic.parse import parse_answer
 
-__all__ = ["ANNOTATION_FIELDS", "STATUSES", "ReadAnswer", "annotate_round", "read_answer", "critiqued_indices", "round_requests", "fields_for", "response_fields",
-           "zero_mean_rewards"]
+__all__ = ["ANNOTATION_FIELDS", "STATUSES", "ReadAnswer", "annotate_round", "critiqued_indices", "fields_for",
+           "read_answer", "response_fields", "round_requests", "zero_mean_rewards"]
 
 ANNOTATION_FIELDS = (
     "rollout_id", "critiqued", "status", "cache_key", "cache_hit", "critic_model", "template_sha",
