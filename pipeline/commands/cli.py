@@ -12,7 +12,7 @@ from pathlib import Path
 from pipeline.commands.estimate import add_estimate_parser
 from pipeline.core.config import CRITIC_BACKENDS
 from pipeline.core.errors import ConfigError, DrlcError
-from pipeline.critic.offline.lexicon import ANSWER_FORMATS
+from pipeline.critic.offline.lexicon import LAYOUTS
 
 
 def cmd_check(args) -> None:
@@ -89,7 +89,7 @@ def cmd_critic_serve(args) -> None:
     serve_forever(host=args.host, port=args.port, backend=args.backend, model_dir=args.model_dir, latency_s=args.latency,
                   error_rate=args.error_rate, rate_limit_rate=args.rate_limit_rate,
                   garbage_rate=args.garbage_rate, drop_rate=args.drop_rate, empty_rate=args.empty_rate,
-                  seed=args.seed, answer_format=args.answer_format)
+                  seed=args.seed, layout=args.layout)
 
 
 def cmd_report(args) -> None:
@@ -280,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--backend", default="lexicon", help=" | ".join(CRITIC_BACKENDS))
     serve.add_argument("--model-dir", default=None, help="local chat-model checkpoint for --backend hf")
-    serve.add_argument("--answer-format", default="drlc", choices=ANSWER_FORMATS,
+    serve.add_argument("--layout", default="drlc", choices=LAYOUTS,
                        help="layout of the lexicon backend's answers (default: drlc, the templates' own format)")
     serve.add_argument("--latency", type=float, default=0.0, help="seconds added to every answer")
     serve.add_argument("--error-rate", type=float, default=0.0, help="share of answers that are HTTP 500")

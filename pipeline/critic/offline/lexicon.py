@@ -4,8 +4,8 @@ It is the ``lexicon`` backend of the local OpenAI-compatible server, so the demo
 runs the production client path with no network. It reads the same messages an LLM reads
 (the ``Task: <task>`` line of the system message and the ``<response>`` / ``<document>`` /
 ``<summary>`` blocks of the last user message) and answers in the templates' output
-format, written by :func:`pipeline.critic.parse.format_answer` (``answer_format="drlc"``).
-Other layouts (``ANSWER_FORMATS``) let tests run the tolerant parser through the real
+format, written by :func:`pipeline.critic.parse.format_answer` (``layout="drlc"``).
+Other layouts (``LAYOUTS``) let tests run the tolerant parser through the real
 HTTP path: ``paper`` (the RELC prompts' headers and ``[Span N]:`` / ``Toxic Span N:`` /
 ``Span N: ... (Label: X)`` items), ``markdown`` (bold headers, bullets, curly quotes) and
 ``messy`` (a preamble, CRLF, varied header wording and case, numbering, quote styles,
@@ -35,9 +35,9 @@ from pipeline.core.errors import CriticError
 from pipeline.critic.parse import format_answer
 from pipeline.data.toxicity_lexicon import TOXIC_TERMS
 
-__all__ = ["ANSWER_FORMATS", "ANSWER_LABELS", "answer", "TOXIC_WORDS"]
+__all__ = ["LAYOUTS", "ANSWER_LABELS", "answer", "TOXIC_WORDS"]
 
-ANSWER_FORMATS = ("drlc", "paper", "markdown", "messy")
+LAYOUTS = ("drlc", "paper", "markdown", "messy")
 # the labels the shipped prompts/*.md templates ask for, in their order: what this critic writes
 ANSWER_LABELS = {"sentiment": ("positive", "negative"), "toxicity": ("toxic",),
                  "summarization": ("irrelevant", "incoherent", "factually incorrect")}
@@ -53,20 +53,20 @@ _STOPWORDS = frozenset(
 )
 
 
-def answer(messages: list[dict], answer_format: str = "drlc") -> str:
+def answer(messages: list[dict], layout: str = "drlc") -> str:
     """Answer a rendered critic prompt in the template's output format (or another layout).
 
     Params:
         messages: OpenAI chat messages as rendered by ``Template.render``.
-        answer_format: one of ``ANSWER_FORMATS``.
+        layout: one of ``LAYOUTS``.
     Returns:
         The answer text, e.g. ``'Positive: "very good"\\nNegative: "not funny"'``.
     Raises:
         CriticError: no ``Task:`` line in a system message, an unknown task, the
             delimited text block missing from the last user message, or an unknown format.
     """
-    if answer_format not in ANSWER_FORMATS:
-        raise CriticError(f"lexicon critic: unknown answer format {answer_format!r}; valid: {list(ANSWER_FORMATS)}")
+    if layout not in LAYOUTS:
+        raise CriticError(f"lexicon critic: unknown layout {layout!r}; valid: {list(LAYOUTS)}")
     task = _task_of(messages)
     user = _last_user_text(messages)
     if task == "sentiment":
@@ -75,12 +75,12 @@ def answer(messages: list[dict], answer_format: str = "drlc") -> str:
         spans = _toxic_spans(_delimited(user, "response"))
     else:
         spans = _unsupported_spans(_delimited(user, "summary"), _delimited(user, "document"))
-    if answer_format == "drlc":
+    if layout == "drlc":
         return format_answer(ANSWER_LABELS[task], spans)
     from pipeline.critic.offline.layouts import write_layout
 
     seed = int(hashlib.sha256(user.encode("utf-8")).hexdigest()[:8], 16)
-    return write_layout(answer_format, task=task, labels=ANSWER_LABELS[task], spans=spans, seed=seed)
+    return write_layout(layout, task=task, labels=ANSWER_LABELS[task], spans=spans, seed=seed)
 
 
 def _task_of(messages: list[dict]) -> str:
