@@ -37,6 +37,7 @@ from pipeline.core.config import CriticParams
 from pipeline.core.errors import ConfigError
 from pipeline.critic.align import find_occurrences
 from pipeline.critic.annotate import read_answer as annotate_read_answer
+from pipeline.critic.structured import shape_requests
 from pipeline.critic.templates import Template, load_template
 from pipeline.steps.critique import check_budget, critic_client, critic_endpoint
 from pipeline.steps.stage import write_json
@@ -69,7 +70,7 @@ class Reading:
     error: str = ""
 
 
-def read_answer(raw_text: str, text: str, *, template: Template) -> Reading:
+def read_answer(raw_text: str, text: str, *, template: Template, answer_format: str = "text") -> Reading:
     """Parse a critic answer and locate its spans in ``text`` (the one adapter to the parser/aligner API).
 
     The round's own reading (:func:`pipeline.critic.annotate.read_answer`) decides which items
@@ -78,7 +79,8 @@ def read_answer(raw_text: str, text: str, *, template: Template) -> Reading:
     would reward. Every template label counts here (the audit scores spans, not rewards).
     """
     read = annotate_read_answer(raw_text, labels=template.labels, leading_label=template.leading_label,
-                                response=text, rewards={label: 1.0 for label in template.labels})
+                                response=text, rewards={label: 1.0 for label in template.labels},
+                                answer_format=answer_format)
     absent = sum(item["reason"].startswith("not in the response") for item in read.dropped)
     located = [(label, start, end) for label, span in read.kept for start, end in find_occurrences(text, span)]
     return Reading(status=read.status, spans=tuple(located), proposed=len(read.items), absent=absent,
@@ -98,15 +100,18 @@ def sample_posts(posts: list[LabelledPost], *, limit: int | None, seed: int) -> 
 def _critic_rows(posts, *, critic: CriticParams, template: Template, fields, cache: CriticCache,
                  base_dir: str | None, progress: bool) -> tuple[list[dict], dict]:
     """Ask `critic` about every post; return one prediction row per post and the call counters."""
-    requests = [template.render(fields(post.request_row())) for post in posts]
+    requests, bodies = shape_requests([template.render(fields(post.request_row())) for post in posts],
+                                      [post.text for post in posts], labels=template.labels,
+                                      answer_format=critic.answer_format)
     with critic_endpoint(critic, base_dir) as (base_url, server_stats):
         client = critic_client(critic, base_url, template_sha=template.sha256)
-        results = client.run(requests, cache, progress=progress)
+        results = client.run(requests, cache, progress=progress, bodies=bodies)
         stats, server_requests = client.last_stats, server_stats().get("requests", 0)
     check_budget([{"status": result.status} for result in results], critic)  # the critique stage's own check
     rows = []
     for post, result in zip(posts, results):
-        reading = (read_answer(result.raw_text, post.text, template=template) if result.status == "ok"
+        reading = (read_answer(result.raw_text, post.text, template=template, answer_format=critic.answer_format)
+                   if result.status == "ok"
                    else Reading(status=result.status, error=result.error))
         rows.append({
             "critic_model": result.model or critic.model, "status": reading.status,

@@ -38,6 +38,7 @@ from pipeline.core.errors import ConfigError, DataError
 from pipeline.critic.align import align_spans, match_items
 from pipeline.critic.client import CriticClient, CriticResult
 from pipeline.critic.parse import parse_answer
+from pipeline.critic.structured import read_structured, shape_requests
 
 __all__ = ["ANNOTATION_FIELDS", "STATUSES", "ReadAnswer", "annotate_round", "critiqued_indices", "fields_for",
            "read_answer", "response_fields", "round_requests", "zero_mean_rewards"]
@@ -146,7 +147,7 @@ class ReadAnswer:
 
 
 def read_answer(raw_text: str, *, labels, leading_label: str | None, response: str, rewards: dict[str, float],
-                elsewhere: dict[str, str] | None = None) -> ReadAnswer:
+                elsewhere: dict[str, str] | None = None, answer_format: str = "text") -> ReadAnswer:
     """Parse a complete critic answer and decide which items are kept for ``response``.
 
     :param raw_text: the answer text (the client's status was ``ok``)
@@ -155,9 +156,12 @@ def read_answer(raw_text: str, *, labels, leading_label: str | None, response: s
     :param response: the critiqued response text
     :param rewards: reward per label; an item whose label has none is dropped
     :param elsewhere: other texts shown to the critic by name (summarization: the document)
+    :param answer_format: ``critic.answer_format``; json and copy answers are read as JSON first
+        (:func:`pipeline.critic.structured.read_structured`)
     :return: a :class:`ReadAnswer`
     """
-    parsed = parse_answer(raw_text, labels=labels, leading_label=leading_label)
+    read = parse_answer if answer_format == "text" else read_structured
+    parsed = read(raw_text, labels=labels, leading_label=leading_label)
     items = [{"label": item.label, "text": item.text} for item in parsed.items]
     if parsed.status != "ok":
         return ReadAnswer(parsed.status, items, [], [], parsed.error)
@@ -169,7 +173,7 @@ def read_answer(raw_text: str, *, labels, leading_label: str | None, response: s
 
 
 def _critiqued_row(row: dict, result: CriticResult, *, template, tokenizer, rewards, alignment,
-                   requested_model: str, zero_mean: bool = False, fields=None) -> dict:
+                   requested_model: str, zero_mean: bool = False, fields=None, answer_format: str = "text") -> dict:
     """Build the annotation of one critiqued rollout from its critic result."""
     out = skipped_row(row) | {
         "critiqued": True, "status": result.status, "cache_key": result.cache_key,
@@ -182,7 +186,7 @@ def _critiqued_row(row: dict, result: CriticResult, *, template, tokenizer, rewa
         return out
     read = read_answer(result.raw_text, labels=template.labels, leading_label=template.leading_label,
                        response=row["response"], rewards=rewards,
-                       elsewhere=_other_texts(row, fields_for(template, fields)))
+                       elsewhere=_other_texts(row, fields_for(template, fields)), answer_format=answer_format)
     out |= {"status": read.status, "items": read.items, "dropped": read.dropped, "error": read.error}
     if read.status != "ok":
         return out
@@ -206,7 +210,8 @@ def _other_texts(row: dict, fields) -> dict[str, str]:
 
 def annotate_round(rows: list[dict], *, template, tokenizer, client: CriticClient, cache: CriticCache,
                    threshold: float, rewards: dict[str, float], alignment: str,
-                   progress: bool = True, fields=None, zero_mean: bool = False) -> list[dict]:
+                   progress: bool = True, fields=None, zero_mean: bool = False,
+                   answer_format: str = "text") -> list[dict]:
     """Critique the low-reward rollouts of one round and return one annotation per rollout.
 
     A row is critiqued when ``env_reward <= threshold``; its request is the template
@@ -227,15 +232,19 @@ def annotate_round(rows: list[dict], *, template, tokenizer, client: CriticClien
     :param fields: row -> placeholder values, as in :func:`round_requests`
     :param zero_mean: subtract each critiqued response's mean intrinsic reward (:func:`zero_mean_rewards`);
         skipped and failed rows stay all zero either way
+    :param answer_format: ``critic.answer_format`` (text, json, copy): how requests ask and answers are read
     :return: dicts with exactly the keys in ``ANNOTATION_FIELDS``, in input order
     :raises DataError: if a row lacks a rollout field
     """
     chosen = critiqued_indices(rows, threshold=threshold)
     requests = round_requests(rows, template=template, threshold=threshold, fields=fields)
-    results = client.run(requests, cache, progress=progress) if requests else []
+    requests, bodies = shape_requests(requests, [rows[i]["response"] for i in chosen], labels=template.labels,
+                                      answer_format=answer_format)
+    shaped = {"bodies": bodies} if any(bodies) else {}  # text: today's call (a stand-in client may lack bodies)
+    results = client.run(requests, cache, progress=progress, **shaped) if requests else []
     annotations = [skipped_row(row) for row in rows]
     for i, result in zip(chosen, results):
         annotations[i] = _critiqued_row(rows[i], result, template=template, tokenizer=tokenizer,
                                         rewards=rewards, alignment=alignment, requested_model=client.model,
-                                        zero_mean=zero_mean, fields=fields)
+                                        zero_mean=zero_mean, fields=fields, answer_format=answer_format)
     return annotations

@@ -47,6 +47,7 @@ class _Request:
 
     prompt_ids: list[int]
     max_new_tokens: int
+    constraint: object = None  # a SpanAutomaton (critic.answer_format json/copy) or None
     answer: Completion | None = None
     error: BaseException | None = None
     done: bool = field(default=False)
@@ -80,6 +81,7 @@ class HFBackend:
             self.model.to(device)
         self.max_batch_size, self.batch_window_s = max_batch_size, batch_window_s
         self.batch_sizes: list[int] = []  # the size of every generate call so far, in order
+        self._trie = None  # the vocabulary's TokenTrie, built on the first constrained request
         self._queue: list[_Request] = []
         self._busy = False
         self._cond = threading.Condition()
@@ -104,7 +106,10 @@ class HFBackend:
                                                         return_dict=False)
         if hasattr(prompt_ids, "keys"):  # some tokenizers return a BatchEncoding even with return_dict=False
             prompt_ids = prompt_ids["input_ids"]
-        item = _Request(prompt_ids=list(prompt_ids), max_new_tokens=_max_new_tokens(request))
+        from pipeline.critic.offline.constrained import constraint_for
+
+        item = _Request(prompt_ids=list(prompt_ids), max_new_tokens=_max_new_tokens(request),
+                        constraint=constraint_for(request))
         with self._cond:
             self._queue.append(item)
             self._cond.notify_all()
@@ -148,10 +153,11 @@ class HFBackend:
         attention_mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids)
                                        for r in batch], device=device)  # (B, P), 0 = left padding
         try:
+            processors = self._constraints(batch, width, eos_id)
             with torch.inference_mode():
                 output = self.model.generate(
                     input_ids, attention_mask=attention_mask, max_new_tokens=max(r.max_new_tokens for r in batch),
-                    do_sample=False, eos_token_id=eos_id, pad_token_id=pad_id,
+                    do_sample=False, eos_token_id=eos_id, pad_token_id=pad_id, logits_processor=processors,
                 )  # (B, P + N)
         except Exception as error:  # handed to every waiting request, re-raised in its own thread
             for r in batch:
@@ -159,13 +165,31 @@ class HFBackend:
             return
         self.batch_sizes.append(len(batch))
         for r, row in zip(batch, output[:, width:].tolist()):
-            r.answer = self._completion(row[:r.max_new_tokens], prompt_tokens=len(r.prompt_ids), eos_id=eos_id)
+            r.answer = self._completion(row[:r.max_new_tokens], prompt_tokens=len(r.prompt_ids), eos_id=eos_id,
+                                        constrained=r.constraint is not None)
 
-    def _completion(self, new_ids: list[int], *, prompt_tokens: int, eos_id: int | None) -> Completion:
+    def _constraints(self, batch: list[_Request], width: int, eos_id: int | None):
+        """The logits processors of a batch: a SpanConstraint if any request is constrained, else none."""
+        from transformers import LogitsProcessorList
+
+        if all(r.constraint is None for r in batch):
+            return LogitsProcessorList()
+        from pipeline.critic.offline.constrained import SpanConstraint, TokenTrie
+
+        if self._trie is None:
+            self._trie = TokenTrie.of(self.tokenizer)
+        return LogitsProcessorList([SpanConstraint([r.constraint for r in batch], self._trie, prompt_width=width,
+                                                   eos_id=eos_id)])
+
+    def _completion(self, new_ids: list[int], *, prompt_tokens: int, eos_id: int | None,
+                    constrained: bool = False) -> Completion:
         ended = eos_id is not None and eos_id in new_ids
         if ended:
             new_ids = new_ids[: new_ids.index(eos_id) + 1]  # the end token counts as generated
-        text = self.tokenizer.decode(new_ids, skip_special_tokens=True)
+        if constrained:  # exactly the token texts the automaton accepted
+            text = "".join(self._trie.pieces[i] or "" for i in new_ids if i != eos_id)
+        else:
+            text = self.tokenizer.decode(new_ids, skip_special_tokens=True)
         return Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=len(new_ids),
                           finish_reason="stop" if ended else "length")
 

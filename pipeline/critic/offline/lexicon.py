@@ -28,6 +28,7 @@ spans, copied exactly, so the spans kept after parsing do not depend on the layo
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from functools import lru_cache
 
@@ -35,7 +36,7 @@ from pipeline.core.errors import CriticError
 from pipeline.critic.parse import format_answer
 from pipeline.data.toxicity_lexicon import TOXIC_TERMS
 
-__all__ = ["LAYOUTS", "ANSWER_LABELS", "answer", "TOXIC_WORDS"]
+__all__ = ["ANSWER_LABELS", "LAYOUTS", "TOXIC_WORDS", "answer", "complete", "spans_of"]
 
 LAYOUTS = ("drlc", "paper", "markdown", "messy")
 # the labels the shipped prompts/*.md templates ask for, in their order: what this critic writes
@@ -67,20 +68,45 @@ def answer(messages: list[dict], layout: str = "drlc") -> str:
     """
     if layout not in LAYOUTS:
         raise CriticError(f"lexicon critic: unknown layout {layout!r}; valid: {list(LAYOUTS)}")
-    task = _task_of(messages)
+    task, spans = spans_of(messages)
     user = _last_user_text(messages)
-    if task == "sentiment":
-        spans = sentiment_spans(_delimited(user, "response"))
-    elif task == "toxicity":
-        spans = _toxic_spans(_delimited(user, "response"))
-    else:
-        spans = _unsupported_spans(_delimited(user, "summary"), _delimited(user, "document"))
     if layout == "drlc":
         return format_answer(ANSWER_LABELS[task], spans)
     from pipeline.critic.offline.layouts import write_layout
 
     seed = int(hashlib.sha256(user.encode("utf-8")).hexdigest()[:8], 16)
     return write_layout(layout, task=task, labels=ANSWER_LABELS[task], spans=spans, seed=seed)
+
+
+def spans_of(messages: list[dict]) -> tuple[str, list[tuple[str, str]]]:
+    """(task, ``(label, text)`` spans) the lexicon critic finds for a rendered prompt."""
+    task = _task_of(messages)
+    user = _last_user_text(messages)
+    if task == "sentiment":
+        return task, sentiment_spans(_delimited(user, "response"))
+    if task == "toxicity":
+        return task, _toxic_spans(_delimited(user, "response"))
+    return task, _unsupported_spans(_delimited(user, "summary"), _delimited(user, "document"))
+
+
+def complete(request: dict, layout: str = "drlc") -> str:
+    """Answer a chat-completions body: drlc's span JSON when it asks for a structured answer
+    (``critic.answer_format`` json: a ``json_schema`` ``response_format``; copy: ``drlc_copy``), else :func:`answer`.
+
+    The lexicon's spans are copied from the response already, so a ``copy`` answer needs no constraint;
+    at most the request's ``max_spans`` (or the schema's ``maxItems``) are written.
+    """
+    response_format = request.get("response_format") or {}
+    copy = request.get("drlc_copy")
+    if copy is None and response_format.get("type") != "json_schema":
+        return answer(request["messages"], layout=layout)
+    if copy is not None:
+        limit = int(copy.get("max_spans", 8))
+    else:
+        limit = int(response_format["json_schema"]["schema"]["properties"]["spans"].get("maxItems", 8))
+    _, spans = spans_of(request["messages"])
+    return json.dumps({"spans": [{"label": label, "text": text} for label, text in spans[:limit]]},
+                      ensure_ascii=False)
 
 
 def _task_of(messages: list[dict]) -> str:

@@ -87,10 +87,12 @@ def _resolve_backend(backend: str | AnswerFn, model_dir: str | None,
         if layout not in lexicon.LAYOUTS:
             raise CriticError(f"unknown lexicon layout {layout!r}; valid: {list(lexicon.LAYOUTS)}")
 
-        def lexicon_answer(messages: list[dict]) -> str:
-            return lexicon.answer(messages, layout=layout)
+        def lexicon_complete(request: dict) -> Completion:
+            text = lexicon.complete(request, layout=layout)
+            return Completion(text=text, prompt_tokens=_prompt_words(request["messages"]),
+                              completion_tokens=len(text.split()))
 
-        return "lexicon", _word_count_completion(lexicon_answer)
+        return "lexicon", lexicon_complete
     if backend == "hf":
         if model_dir is None:
             raise CriticError("critic server backend 'hf' needs model_dir (--model-dir DIR): "
