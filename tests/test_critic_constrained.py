@@ -197,12 +197,26 @@ def test_hf_backend_copy_answers_are_json_with_substring_spans_alone_and_in_a_ba
         assert spans or not source or answer.text == '{"spans": []}'
 
 
-def test_hf_backend_json_answers_parse_as_json(tmp_path_factory):
+def test_hf_backend_json_answers_close_before_the_token_limit(tmp_path_factory):
+    """Within CLOSING_TOKENS of max_tokens a constrained answer may only close its object: never cut off."""
     from pipeline.critic.offline.hf_backend import HFBackend
 
     backend = HFBackend(_model_dir(tmp_path_factory.mktemp("constrained-json")), max_batch_size=1)
-    answer = backend(_request("the cat", "json", max_spans=1))
-    if answer.finish_reason == "stop":  # a free span text may run to max_tokens: then it is "truncated"
-        assert set(json.loads(answer.text)) == {"spans"}
-    else:
-        assert answer.text.startswith('{"spans": [')
+    for source, answer_format in [("the cat and the cat and the cat", "copy"), ("the cat", "json")]:
+        for max_tokens in (45, 60):  # the opening literal alone is ~26 tokens of this tiny vocabulary
+            request = _request(source, answer_format, max_spans=8) | {"max_tokens": max_tokens}
+            answer = backend(request)
+            assert answer.finish_reason == "stop" and answer.completion_tokens <= max_tokens, answer
+            assert set(json.loads(answer.text)) == {"spans"}
+
+
+def test_closing_refuses_a_new_span_and_ends_a_span_that_can_end():
+    automaton = SpanAutomaton(LABELS, 3, "ab")
+    state = automaton.start
+    for ch in '{"spans": [':
+        state = automaton.step(state, ch)
+    assert automaton.step(state, "{", closing=True) is None and automaton.step(state, "]", closing=True)
+    for ch in '{"label": "toxic", "text": "a':
+        state = automaton.step(state, ch)
+    assert automaton.step(state, "b") and automaton.step(state, "b", closing=True) is None
+    assert automaton.step(state, '"', closing=True)

@@ -30,7 +30,10 @@ from __future__ import annotations
 from pipeline.core.errors import CriticError
 from pipeline.critic.grammar import CLOSE, ITEM_CLOSE, ITEM_MID, ITEM_OPEN, OPEN, SEPARATOR, json_units
 
-__all__ = ["SpanAutomaton", "SpanConstraint", "TokenTrie", "constraint_for"]
+__all__ = ["CLOSING_TOKENS", "SpanAutomaton", "SpanConstraint", "TokenTrie", "constraint_for"]
+
+CLOSING_TOKENS = 24
+"""Tokens before its limit at which a constrained answer starts closing its JSON (a new span costs ~15)."""
 
 
 class SpanAutomaton:
@@ -76,11 +79,17 @@ class SpanAutomaton:
         options = ((CLOSE, "done"),) + (((SEPARATOR + ITEM_OPEN, "label"),) if spans < self.max_spans else ())
         return ("lit", options, 0, spans)  # tag "after": a span was closed
 
-    def step(self, state: tuple, ch: str) -> tuple | None:
-        """The state after ``ch``, or None if ``ch`` is not allowed."""
+    def step(self, state: tuple, ch: str, closing: bool = False) -> tuple | None:
+        """The state after ``ch``, or None if ``ch`` is not allowed.
+
+        ``closing``: the token budget is nearly spent, so only the shortest way to a closed
+        object is allowed: no new span, and a span text that could end here must end.
+        """
         kind = state[0]
         if kind == "lit":
             _, options, pos, spans = state
+            if closing and pos == 0 and any(tag == "done" for _, tag in options):
+                options = tuple(option for option in options if option[1] == "done")
             kept = tuple(option for option in options if option[0][pos] == ch)
             if not kept:
                 return None
@@ -89,11 +98,11 @@ class SpanAutomaton:
         if kind == "free":
             if ch == '"':
                 return ("lit", ((ITEM_CLOSE, "after"),), 1, state[1] + 1)
-            return None if ch == "\\" or ord(ch) < 0x20 else state
+            return None if closing or ch == "\\" or ord(ch) < 0x20 else state
         if kind == "copy":
             _, ends, typed, spans = state
-            if ch == '"' and typed and ends <= self.boundaries:  # at a character boundary: the span closes
-                return ("lit", ((ITEM_CLOSE, "after"),), 1, spans + 1)
+            if typed and ends <= self.boundaries and (ch == '"' or closing):  # at a boundary the span may close
+                return ("lit", ((ITEM_CLOSE, "after"),), 1, spans + 1) if ch == '"' else None
             moved = frozenset(j + 1 for j in ends & self.positions.get(ch, set()))
             return ("copy", moved, True, spans) if moved else None
         return None  # "done": only the end of the sequence
@@ -129,15 +138,15 @@ class TokenTrie:
             pieces.append(None if not piece or "\ufffd" in piece else piece)
         return cls(pieces)
 
-    def allowed(self, automaton: SpanAutomaton, state: tuple) -> list[int]:
-        """Ids of the tokens whose whole text the automaton accepts from ``state``."""
+    def allowed(self, automaton: SpanAutomaton, state: tuple, closing: bool = False) -> list[int]:
+        """Ids of the tokens whose whole text the automaton accepts from ``state`` (see ``step``'s ``closing``)."""
         out, stack = [], [(self.root, state)]
         while stack:
             node, current = stack.pop()
             for ch, child in node.items():
                 if ch is None:
                     continue
-                after = automaton.step(current, ch)
+                after = automaton.step(current, ch, closing)
                 if after is None:
                     continue
                 out.extend(child.get(None, ()))
@@ -152,11 +161,14 @@ class SpanConstraint:
     :param trie: the tokenizer's :class:`TokenTrie`
     :param prompt_width: columns of (left-padded) prompt before the first new token
     :param eos_id: the end-of-sequence token, allowed once a row's object is closed
+    :param limits: per row, its token limit; within :data:`CLOSING_TOKENS` of it the row may only
+        close its object (``SpanAutomaton.step``'s ``closing``), so an answer is rarely cut off
     """
 
     def __init__(self, automata: list[SpanAutomaton | None], trie: TokenTrie, *, prompt_width: int,
-                 eos_id: int | None) -> None:
+                 eos_id: int | None, limits: list[int] | None = None) -> None:
         self.automata, self.trie, self.width, self.eos_id = automata, trie, prompt_width, eos_id
+        self.limits = limits or [None] * len(automata)
         self.states = [a.start if a is not None else None for a in automata]
         self.fed = [0] * len(automata)
         self.ended = [False] * len(automata)
@@ -181,13 +193,18 @@ class SpanConstraint:
                 continue
             state = self.states[row]
             allowed = [self.eos_id] if automaton.is_done(state) and self.eos_id is not None \
-                else self.trie.allowed(automaton, state)
+                else self.trie.allowed(automaton, state, self._closing(row))
             if not allowed and self.eos_id is not None:  # a dead end (no token spells the next character): stop
                 allowed = [self.eos_id]
             mask = torch.full_like(scores[row], float("-inf"))
             mask[torch.tensor(allowed, dtype=torch.long, device=scores.device)] = 0.0
             scores[row] = scores[row] + mask
         return scores
+
+
+    def _closing(self, row: int) -> bool:
+        limit = self.limits[row]
+        return limit is not None and limit - self.fed[row] <= CLOSING_TOKENS
 
 
 def constraint_for(request: dict) -> SpanAutomaton | None:

@@ -179,7 +179,7 @@ class HFBackend:
         if self._trie is None:
             self._trie = TokenTrie.of(self.tokenizer)
         return LogitsProcessorList([SpanConstraint([r.constraint for r in batch], self._trie, prompt_width=width,
-                                                   eos_id=eos_id)])
+                                                   eos_id=eos_id, limits=[r.max_new_tokens for r in batch])])
 
     def _completion(self, new_ids: list[int], *, prompt_tokens: int, eos_id: int | None,
                     constrained: bool = False) -> Completion:
