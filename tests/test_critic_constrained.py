@@ -220,3 +220,23 @@ def test_closing_refuses_a_new_span_and_ends_a_span_that_can_end():
         state = automaton.step(state, ch)
     assert automaton.step(state, "b") and automaton.step(state, "b", closing=True) is None
     assert automaton.step(state, '"', closing=True)
+
+
+def test_sampled_answers_follow_their_seed_alone_and_in_a_batch(tmp_path_factory):
+    """temperature > 0 (critic.samples): a seeded draw per row, the same alone and in a batch, greedy untouched."""
+    from test_critic_hf_backend import answer_concurrently
+
+    from pipeline.critic.offline.hf_backend import HFBackend
+
+    model_dir = _model_dir(tmp_path_factory.mktemp("sampled"))
+    requests = [_request("the cat and the cat and the cat", "copy") | {"temperature": 1.0, "seed": seed}
+                for seed in (0, 1, 2)] + [_request("the cat", "copy")]
+    alone = HFBackend(model_dir, max_batch_size=1)
+    singles = [alone(request) for request in requests]
+    together = HFBackend(model_dir, max_batch_size=4, batch_window_s=30.0)
+    assert answer_concurrently(together, requests) == singles and together.batch_sizes == [4]
+    assert len({answer.text for answer in singles[:3]}) > 1  # different seeds, different answers
+    assert alone(requests[1]) == singles[1]  # the same seed, the same answer
+    for answer in singles:
+        spans = json.loads(answer.text)["spans"]
+        assert all(span["text"] in "the cat and the cat and the cat" for span in spans)

@@ -43,7 +43,7 @@ from pipeline.critic.structured import read_structured, shape_requests
 from pipeline.critic.vote import majority, vote_spans
 
 __all__ = ["ANNOTATION_FIELDS", "STATUSES", "ReadAnswer", "annotate_round", "critiqued_indices", "fields_for",
-           "read_answer", "response_fields", "round_requests", "zero_mean_rewards"]
+           "read_answer", "response_fields", "round_requests", "sampled_results", "zero_mean_rewards"]
 
 ANNOTATION_FIELDS = (
     "rollout_id", "critiqued", "status", "cache_key", "cache_hit", "critic_model", "template_sha",
@@ -203,7 +203,7 @@ def _critiqued_row(row: dict, result: CriticResult, *, template, tokenizer, rewa
     return out | {"spans": [dict(span) for span in aligned.spans], "token_rewards": intrinsic_rewards}
 
 
-def _sampled_results(client, requests, bodies, cache, *, samples: int, progress: bool) -> list[list[CriticResult]]:
+def sampled_results(client, requests, bodies, cache, *, samples: int, progress: bool) -> list[list[CriticResult]]:
     """Per request, its ``samples`` results (sample index s sent with seed s); the client's stats summed."""
     from pipeline.critic.client import RunStats
 
@@ -316,7 +316,7 @@ def annotate_round(rows: list[dict], *, template, tokenizer, client: CriticClien
                                       answer_format=answer_format)
     annotations = [skipped_row(row) for row in rows]
     if samples > 1:
-        samples_of = _sampled_results(client, requests, bodies, cache, samples=samples, progress=progress)
+        samples_of = sampled_results(client, requests, bodies, cache, samples=samples, progress=progress)
         for i, results in zip(chosen, samples_of):
             annotations[i] = _voted_row(rows[i], results, template=template, tokenizer=tokenizer, rewards=rewards,
                                         alignment=alignment, requested_model=client.model, zero_mean=zero_mean,

@@ -5,7 +5,14 @@ checkpoint (typically the policy or its base model) instead of a remote API. The
 checkpoint is loaded once per server from a directory (never from the hub) or from a GGUF
 file (``pipeline.model.gguf``: a ``.gguf`` path or ``pkg:<package>``, dequantised at load); each
 chat request is rendered with the tokenizer's chat template (``add_generation_prompt=True``)
-and decoded greedily, so the same request always gets the same answer.
+and decoded greedily, so the same request always gets the same answer. A request with a
+``temperature`` above 0 (``critic.samples`` > 1) is sampled instead, from a generator seeded by
+its ``seed`` field, so it too gets the same answer every time (``top_p`` is not applied).
+
+Structured answers (``critic.answer_format`` json/copy: a ``json_schema`` ``response_format`` or
+``drlc_copy`` in the body) are decoded under a constraint
+(:mod:`pipeline.critic.offline.constrained`): a logits processor lets each constrained row write
+only the span JSON, and for ``copy`` only substrings of the response as span texts.
 
 Requests are batched. The server answers each connection in its own thread; a thread that
 finds no batch running becomes the batch's leader: it waits up to ``batch_window_s`` for
@@ -48,6 +55,8 @@ class _Request:
     prompt_ids: list[int]
     max_new_tokens: int
     constraint: object = None  # a SpanAutomaton (critic.answer_format json/copy) or None
+    temperature: float = 0.0  # > 0: sampled with a generator seeded by the request's seed (critic.samples)
+    seed: int = 0
     answer: Completion | None = None
     error: BaseException | None = None
     done: bool = field(default=False)
@@ -109,7 +118,8 @@ class HFBackend:
         from pipeline.critic.offline.constrained import constraint_for
 
         item = _Request(prompt_ids=list(prompt_ids), max_new_tokens=_max_new_tokens(request),
-                        constraint=constraint_for(request))
+                        constraint=constraint_for(request), temperature=float(request.get("temperature") or 0.0),
+                        seed=int(request.get("seed") or 0))
         with self._cond:
             self._queue.append(item)
             self._cond.notify_all()
@@ -169,17 +179,21 @@ class HFBackend:
                                         constrained=r.constraint is not None)
 
     def _constraints(self, batch: list[_Request], width: int, eos_id: int | None):
-        """The logits processors of a batch: a SpanConstraint if any request is constrained, else none."""
+        """The logits processors of a batch: a SpanConstraint if any request is constrained, then
+        :class:`_SeededSampling` if any request has a temperature; none for a greedy, free batch."""
         from transformers import LogitsProcessorList
 
-        if all(r.constraint is None for r in batch):
-            return LogitsProcessorList()
-        from pipeline.critic.offline.constrained import SpanConstraint, TokenTrie
+        processors = LogitsProcessorList()
+        if any(r.constraint is not None for r in batch):
+            from pipeline.critic.offline.constrained import SpanConstraint, TokenTrie
 
-        if self._trie is None:
-            self._trie = TokenTrie.of(self.tokenizer)
-        return LogitsProcessorList([SpanConstraint([r.constraint for r in batch], self._trie, prompt_width=width,
-                                                   eos_id=eos_id, limits=[r.max_new_tokens for r in batch])])
+            if self._trie is None:
+                self._trie = TokenTrie.of(self.tokenizer)
+            processors.append(SpanConstraint([r.constraint for r in batch], self._trie, prompt_width=width,
+                                             eos_id=eos_id, limits=[r.max_new_tokens for r in batch]))
+        if any(r.temperature > 0 for r in batch):
+            processors.append(_SeededSampling([(r.temperature, r.seed) for r in batch]))
+        return processors
 
     def _completion(self, new_ids: list[int], *, prompt_tokens: int, eos_id: int | None,
                     constrained: bool = False) -> Completion:
@@ -192,6 +206,33 @@ class HFBackend:
             text = self.tokenizer.decode(new_ids, skip_special_tokens=True)
         return Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=len(new_ids),
                           finish_reason="stop" if ended else "length")
+
+
+class _SeededSampling:
+    """Sample the rows that have a temperature, each from its own seeded generator (greedy keeps the draw).
+
+    ``generate`` runs greedily; for a sampled row this processor draws the next token from
+    softmax(scores / temperature) with the row's own ``torch.Generator`` and leaves only that
+    token, so a sampled answer depends on its seed, not on the rest of the batch.
+    """
+
+    def __init__(self, rows: list[tuple[float, int]]) -> None:
+        import torch
+
+        self.rows = [(t, torch.Generator().manual_seed(seed)) if t > 0 else None for t, seed in rows]
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        for row, sampling in enumerate(self.rows):
+            if sampling is None:
+                continue
+            temperature, generator = sampling
+            probs = torch.softmax(scores[row].float().cpu() / temperature, dim=-1)
+            token = int(torch.multinomial(probs, 1, generator=generator))
+            scores[row] = float("-inf")
+            scores[row, token] = 0.0
+        return scores
 
 
 def _load(model_dir: str):
