@@ -11,7 +11,9 @@ less one model load, measured once, divided by the posts). The "everything" and 
 baselines are scored on the same posts.
 
 Run (one CPU-heavy job; about 3 s per answer on two shared cores):
-``flock /tmp/drlc-heavy.lock python benchmarks/critic_formats.py --limit 40``
+``flock /tmp/drlc-heavy.lock python benchmarks/critic_formats.py --limit 40``; voting:
+``--formats copy:3 --out benchmarks/results/critic_formats_k3.json`` (3 samples at temperature 0.7,
+a character kept when 2 of 3 answers mark it; seconds per answer count every sample).
 """
 from __future__ import annotations
 
@@ -52,12 +54,14 @@ def run_setting(critic, *, limit: int, seed: int, load_s: float) -> dict:
     c = summary["critics"]["configured"]
     shares = c["status_share"]
     return {
-        "answer_format": critic.answer_format, "samples": critic.samples, "n_posts": c["n_posts"],
+        "answer_format": critic.answer_format, "samples": critic.samples, "temperature": critic.temperature,
+        "n_posts": c["n_posts"],
         "status_share": shares, "wasted_share": sum(shares.get(s, 0.0) for s in WASTED),
         "verbatim_span_share": None if c["absent_span_share"] is None else 1 - c["absent_span_share"],
         "proposed_spans": c["proposed_spans"], "char_f1": c["char_f1"], "span_precision": c["span_precision"],
         "span_recall": c["span_recall"], "requests_sent": c["requests_sent"], "wall_s": round(wall, 1),
         "seconds_per_answer": round((wall - load_s) / max(c["requests_sent"], 1), 2),
+        "seconds_per_post": round((wall - load_s) / c["n_posts"], 2),
         "baselines": {name: {"char_f1": summary["critics"][name]["char_f1"]} for name in ("everything", "nothing")},
     }
 
@@ -66,7 +70,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--formats", default="text,json,copy")
+    parser.add_argument("--formats", default="text,json,copy",
+                        help="settings, comma-separated: FORMAT or FORMAT:K (K samples at --temperature, "
+                             "voted by a majority)")
+    parser.add_argument("--temperature", type=float, default=0.7, help="critic.temperature of K > 1 settings")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "critic_formats.json"))
     args = parser.parse_args()
     import torch
@@ -76,12 +83,16 @@ def main() -> None:
     load_s = load_seconds()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for answer_format in args.formats.split(","):
+        for setting in args.formats.split(","):
+            answer_format, _, k = setting.partition(":")
+            samples = int(k or 1)
             critic = dataclasses.replace(base, model_dir=GGUF, template=str(REPO / "prompts" / "toxicity.md"),
-                                         cache_dir=str(Path(tmp) / answer_format), answer_format=answer_format)
+                                         cache_dir=str(Path(tmp) / setting.replace(":", "-")),
+                                         answer_format=answer_format, samples=samples,
+                                         temperature=args.temperature if samples > 1 else base.temperature)
             row = run_setting(critic, limit=args.limit, seed=args.seed, load_s=load_s)
             results.append(row)
-            print(f"{answer_format:5s} ok {row['status_share'].get('ok', 0):.2f} wasted {row['wasted_share']:.2f} "
+            print(f"{setting:6s} ok {row['status_share'].get('ok', 0):.2f} wasted {row['wasted_share']:.2f} "
                   f"verbatim {row['verbatim_span_share']} charF1 {row['char_f1']:.3f} "
                   f"P {row['span_precision']} R {row['span_recall']} s/answer {row['seconds_per_answer']}",
                   flush=True)

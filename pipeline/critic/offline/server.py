@@ -19,6 +19,9 @@ Backends: ``lexicon`` (the offline lexicon critic; ``layout`` picks its layout, 
 :data:`pipeline.critic.offline.lexicon.LAYOUTS`), ``echo`` (repeats the last user
 message), ``hf`` (a local causal LM checkpoint in ``model_dir``, loaded once per server;
 see :mod:`pipeline.critic.offline.hf_backend`) or any callable ``messages -> text``.
+``lexicon`` and ``hf`` honour ``critic.answer_format``'s fields (a ``json_schema``
+``response_format``, ``drlc_copy``): the lexicon writes its spans as drlc's span JSON, the hf
+backend decodes under the constraint; a ``grammar`` the hf backend cannot read is an error.
 
 Faults are drawn per chat request from ``random.Random(seed)`` in arrival order (so the
 sequence repeats exactly for sequential clients): ``error`` (500), ``rate_limit`` (429
