@@ -85,6 +85,8 @@ def test_the_automaton_refuses_text_not_in_the_source_and_a_cut_escape():
     assert automaton.step(state, '"') is None  # an empty span
     inside = automaton.step(state, "\\")  # the start of \" (the source's quote)
     assert inside is not None and automaton.step(inside, '"') is not None  # continues the escape
+    space = automaton.step(state, " ")
+    assert automaton.step(space, '"') is None and automaton.step(space, '"', closing=True) is None  # blank span
     for ch in 'say':
         state = automaton.step(state, ch)
     assert automaton.step(state, '"')[0] == "lit"  # closes: "say" is a span
@@ -240,3 +242,25 @@ def test_sampled_answers_follow_their_seed_alone_and_in_a_batch(tmp_path_factory
     for answer in singles:
         spans = json.loads(answer.text)["spans"]
         assert all(span["text"] in "the cat and the cat and the cat" for span in spans)
+
+
+def test_copy_through_drlc_serve_hf_and_the_real_client(tmp_path_factory, cache):
+    """critic.answer_format copy end to end over loopback HTTP: every span the hf critic names is in the response."""
+    from pipeline.critic.client import CriticClient
+    from pipeline.critic.offline.server import serve_in_background
+    from pipeline.critic.structured import read_structured, shape_requests
+
+    model_dir = _model_dir(tmp_path_factory.mktemp("served"))
+    sources = [s for s in SOURCES if s]
+    requests = [[{"role": "user", "content": f"find spans in: {source}"}] for source in sources]
+    requests, bodies = shape_requests(requests, sources, labels=LABELS, answer_format="copy")
+    with serve_in_background(backend="hf", model_dir=model_dir) as (url, stats):
+        client = CriticClient(base_url=url, model="tiny", sampling={"max_tokens": 300}, timeout_s=120)
+        results = client.run(requests, cache, bodies=bodies)
+        again = client.run(requests, cache, bodies=bodies)
+        assert stats()["requests"] == len(sources)  # the second run is answered from the cache
+    assert [r.raw_text for r in again] == [r.raw_text for r in results] and all(r.cache_hit for r in again)
+    for source, result in zip(sources, results):
+        assert result.status == "ok"
+        parsed = read_structured(result.raw_text, labels=LABELS)
+        assert parsed.status in ("ok", "none") and all(text in source for _, text in parsed.spans)

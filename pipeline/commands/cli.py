@@ -125,6 +125,10 @@ def cmd_batch_prepare(args) -> None:
 
     params = load_params(args.params)
     critic = params.critic
+    if critic.answer_format != "text" or critic.samples != 1:
+        raise ConfigError(f"critic batch prepare writes text requests with one sample; critic.answer_format "
+                          f"{critic.answer_format!r} / critic.samples {critic.samples} are live-only: set "
+                          "critic.answer_format: text and critic.samples: 1, or run the round live")
     rows = scored_rows(store.read_table(store.round_partition(args.data, "rollouts", int(args.round)), "rollouts"),
                        store.read_table(store.round_partition(args.data, "scores", int(args.round)), "scores"))
     fields = get_task(params.run.task).critic_fields

@@ -5,9 +5,11 @@ layout, ``{"spans": [{"label": "<label>", "text": "<span>"}, ...]}`` with at mos
 ``max_spans`` spans, where ``<span>`` is
 
 - with a ``source`` (``critic.answer_format: copy``): a non-empty substring of the source as
-  JSON-escaped, cut at character boundaries (the same language as the GBNF grammar); its
-  state is the set of positions in the escaped source where the span written so far could end;
-- without one (``json``): any JSON string without escapes or control characters.
+  JSON-escaped, cut at character boundaries, with a non-space character (the GBNF grammar's
+  language less whitespace-only spans); its state is the set of positions in the escaped source
+  where the span written so far could end;
+- without one (``json``): any JSON string with a non-space character and no escapes or control
+  characters (in closing mode, below, any string).
 
 :class:`SpanConstraint` runs the automaton inside ``generate``: before each token, the
 tokens allowed next are found by walking a trie of the vocabulary's token strings from the
@@ -26,6 +28,8 @@ needs no compile step.
 """
 
 from __future__ import annotations
+
+import json
 
 from pipeline.core.errors import CriticError
 from pipeline.critic.grammar import CLOSE, ITEM_CLOSE, ITEM_MID, ITEM_OPEN, OPEN, SEPARATOR, json_units
@@ -75,7 +79,7 @@ class SpanAutomaton:
         if tag == "label":
             return ("lit", tuple((label + ITEM_MID, "text") for label in self.labels), 0, spans)
         if tag == "text":
-            return ("free", spans) if self.source is None else ("copy", self.starts, False, spans)
+            return ("free", spans, "") if self.source is None else ("copy", self.starts, "", spans)
         options = ((CLOSE, "done"),) + (((SEPARATOR + ITEM_OPEN, "label"),) if spans < self.max_spans else ())
         return ("lit", options, 0, spans)  # tag "after": a span was closed
 
@@ -96,20 +100,26 @@ class SpanAutomaton:
             done = [option for option in kept if len(option[0]) == pos + 1]
             return self._after(done[0][1], spans) if done else ("lit", kept, pos + 1, spans)
         if kind == "free":
-            if ch == '"':
-                return ("lit", ((ITEM_CLOSE, "after"),), 1, state[1] + 1)
-            return None if closing or ch == "\\" or ord(ch) < 0x20 else state
+            _, spans, typed = state
+            if ch == '"' and (typed.strip() or closing):
+                return ("lit", ((ITEM_CLOSE, "after"),), 1, spans + 1)
+            return None if closing or ch in '"\\' or ord(ch) < 0x20 else ("free", spans, typed + ch)
         if kind == "copy":
             _, ends, typed, spans = state
-            if typed and ends <= self.boundaries and (ch == '"' or closing):  # at a boundary the span may close
+            if ends <= self.boundaries and _has_text(typed) and (ch == '"' or closing):  # the span may end here
                 return ("lit", ((ITEM_CLOSE, "after"),), 1, spans + 1) if ch == '"' else None
             moved = frozenset(j + 1 for j in ends & self.positions.get(ch, set()))
-            return ("copy", moved, True, spans) if moved else None
+            return ("copy", moved, typed + ch, spans) if moved else None
         return None  # "done": only the end of the sequence
 
     @staticmethod
     def is_done(state: tuple) -> bool:
         return state[0] == "done"
+
+
+def _has_text(escaped: str) -> bool:
+    """Whether a JSON-escaped span text, cut at a character boundary, holds a non-space character."""
+    return bool(escaped) and bool(json.loads(f'"{escaped}"').strip())
 
 
 class TokenTrie:
@@ -184,9 +194,10 @@ class SpanConstraint:
                 if token_id == self.eos_id:
                     self.ended[row] = True
                     break
+                closing = self._closing(row)  # the mode the token was chosen in
                 for ch in self.trie.pieces[token_id] or "":
-                    self.states[row] = automaton.step(self.states[row], ch) if self.states[row] else None
-            self.fed[row] += len(new)
+                    self.states[row] = automaton.step(self.states[row], ch, closing) if self.states[row] else None
+                self.fed[row] += 1
             if self.states[row] is None:  # only a forced end token can refuse: nothing more to steer
                 self.ended[row] = True
             if self.ended[row]:
