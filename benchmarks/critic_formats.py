@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -48,7 +49,7 @@ def load_seconds() -> float:
 
 def run_setting(critic, *, limit: int, seed: int, load_s: float) -> dict:
     started = time.perf_counter()
-    _, summary = audit_critic(spans_path=TRIAL, critic=critic, task="toxicity", limit=limit, seed=seed,
+    rows, summary = audit_critic(spans_path=TRIAL, critic=critic, task="toxicity", limit=limit, seed=seed,
                               references=True, progress=False)
     wall = time.perf_counter() - started
     c = summary["critics"]["configured"]
@@ -58,7 +59,9 @@ def run_setting(critic, *, limit: int, seed: int, load_s: float) -> dict:
         "n_posts": c["n_posts"],
         "status_share": shares, "wasted_share": sum(shares.get(s, 0.0) for s in WASTED),
         "verbatim_span_share": None if c["absent_span_share"] is None else 1 - c["absent_span_share"],
-        "proposed_spans": c["proposed_spans"], "char_f1": c["char_f1"], "span_precision": c["span_precision"],
+        "proposed_spans": c["proposed_spans"], "char_f1": c["char_f1"],
+        "char_f1_sd": statistics.pstdev(r["char_f1"] for r in rows if r["critic"] == "configured"),
+        "span_precision": c["span_precision"],
         "span_recall": c["span_recall"], "requests_sent": c["requests_sent"], "wall_s": round(wall, 1),
         "seconds_per_answer": round((wall - load_s) / max(c["requests_sent"], 1), 2),
         "seconds_per_post": round((wall - load_s) / c["n_posts"], 2),
