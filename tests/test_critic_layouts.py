@@ -1,4 +1,4 @@
-"""The lexicon critic's other answer layouts (drlc critic serve --answer-format) name the same spans."""
+"""The lexicon critic's other answer layouts (drlc critic serve --layout) name the same spans."""
 import json
 import random
 from pathlib import Path
@@ -8,7 +8,7 @@ from test_critic_server import chat_body, post
 
 from pipeline.core.errors import CriticError
 from pipeline.critic.align import match_items
-from pipeline.critic.offline.lexicon import ANSWER_FORMATS, answer
+from pipeline.critic.offline.lexicon import LAYOUTS, answer
 from pipeline.critic.offline.server import make_server, serve_in_background
 from pipeline.critic.parse import parse_answer
 
@@ -30,7 +30,7 @@ def kept(template, raw, response):
 
 
 @pytest.mark.parametrize("task", ["sentiment", "toxicity", "summarization"])
-@pytest.mark.parametrize("layout", [f for f in ANSWER_FORMATS if f != "drlc"])
+@pytest.mark.parametrize("layout", [f for f in LAYOUTS if f != "drlc"])
 def test_every_layout_keeps_the_drlc_formats_spans(task, layout):
     from pipeline.critic.templates import load_template
 
@@ -40,7 +40,7 @@ def test_every_layout_keeps_the_drlc_formats_spans(task, layout):
         fields = {"response": text} if task != "summarization" else \
             {"document": "The cast was good.", "summary": text, "score": "0.2"}
         messages = template.render(fields)
-        drlc, other = answer(messages), answer(messages, answer_format=layout)
+        drlc, other = answer(messages), answer(messages, layout=layout)
         response = fields.get("response", fields.get("summary"))
         assert kept(template, other, response) == kept(template, drlc, response)
         answers.append(other)
@@ -50,27 +50,27 @@ def test_every_layout_keeps_the_drlc_formats_spans(task, layout):
         assert any("\r\n" in a for a in answers) and len({a.split("\n")[0][:6] for a in answers}) >= 3
 
 
-def test_answer_format_is_served_over_http_and_checked():
+def test_layout_is_served_over_http_and_checked():
     from pipeline.critic.templates import load_template
 
     messages = load_template(PROMPTS / "sentiment.md").render({"response": "The plot was awful."})
-    with serve_in_background(backend="lexicon", answer_format="paper") as (url, _):
+    with serve_in_background(backend="lexicon", layout="paper") as (url, _):
         status, _, body = post(url, chat_body(messages))
     assert status == 200
-    assert json.loads(body)["choices"][0]["message"]["content"] == answer(messages, answer_format="paper")
-    assert "Identified Negative Text Span:\n[Span 1]: awful" in answer(messages, answer_format="paper")
+    assert json.loads(body)["choices"][0]["message"]["content"] == answer(messages, layout="paper")
+    assert "Identified Negative Text Span:\n[Span 1]: awful" in answer(messages, layout="paper")
     with pytest.raises(CriticError, match="only used by backend 'lexicon'"):
-        make_server(backend="echo", answer_format="messy")
-    with pytest.raises(CriticError, match="unknown critic answer format 'yaml'"):
-        make_server(backend="lexicon", answer_format="yaml")
+        make_server(backend="echo", layout="messy")
+    with pytest.raises(CriticError, match="unknown lexicon layout 'yaml'"):
+        make_server(backend="lexicon", layout="yaml")
 
 
-def test_cli_offers_every_answer_format():
+def test_cli_offers_every_layout():
     from pipeline.commands.cli import build_parser
 
     parser = build_parser()
-    args = parser.parse_args(["critic", "serve", "--answer-format", "messy"])
-    assert args.answer_format == "messy"
+    args = parser.parse_args(["critic", "serve", "--layout", "messy"])
+    assert args.layout == "messy"
     serve = parser._subparsers._group_actions[0].choices["critic"]._subparsers._group_actions[0].choices["serve"]
-    choices = next(a.choices for a in serve._actions if a.dest == "answer_format")
-    assert tuple(choices) == ANSWER_FORMATS
+    choices = next(a.choices for a in serve._actions if a.dest == "layout")
+    assert tuple(choices) == LAYOUTS

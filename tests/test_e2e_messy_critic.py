@@ -1,4 +1,4 @@
-"""The tolerant critic path end to end: real DVC, a real `drlc critic serve --answer-format messy`
+"""The tolerant critic path end to end: real DVC, a real `drlc critic serve --layout messy`
 process on loopback, the real HTTP client, and the demo DAG up to the first critique.
 
 The annotations must carry spans, honest statuses, and exactly the spans the drlc format
@@ -36,7 +36,7 @@ def messy_server(tmp_path):
     port = free_port()
     log = open(tmp_path / "server.log", "w")
     process = subprocess.Popen([sys.executable, "-m", "pipeline", "critic", "serve", "--port", str(port),
-                                "--answer-format", "messy"], stdout=log, stderr=subprocess.STDOUT)
+                                "--layout", "messy"], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/v1"
     try:
         for _ in range(100):

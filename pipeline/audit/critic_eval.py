@@ -22,6 +22,7 @@ Results: one row per (critic, post) in the ``critic_eval`` table
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 from collections import Counter
 from dataclasses import dataclass
@@ -37,7 +38,10 @@ from pipeline.core.config import CriticParams
 from pipeline.core.errors import ConfigError
 from pipeline.critic.align import find_occurrences
 from pipeline.critic.annotate import read_answer as annotate_read_answer
+from pipeline.critic.annotate import sampled_results
+from pipeline.critic.structured import shape_requests
 from pipeline.critic.templates import Template, load_template
+from pipeline.critic.vote import majority, vote_spans
 from pipeline.steps.critique import check_budget, critic_client, critic_endpoint
 from pipeline.steps.stage import write_json
 from pipeline.tasks import get_task
@@ -47,7 +51,7 @@ __all__ = ["STATUSES", "Reading", "read_answer", "sample_posts", "audit_critic",
 STATUSES = ("ok", "none", "no_match", "parse_error", "api_error", "truncated")
 # the reference critic: the offline lexicon critic through the local server (free, so no budget)
 LEXICON = {"endpoint": "local", "backend": "lexicon", "model": "drlc-lexicon", "model_dir": None,
-           "max_requests": None, "max_cost_usd": None}
+           "max_requests": None, "max_cost_usd": None, "samples": 1, "vote_min": None}
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,7 @@ class Reading:
     error: str = ""
 
 
-def read_answer(raw_text: str, text: str, *, template: Template) -> Reading:
+def read_answer(raw_text: str, text: str, *, template: Template, answer_format: str = "text") -> Reading:
     """Parse a critic answer and locate its spans in ``text`` (the one adapter to the parser/aligner API).
 
     The round's own reading (:func:`pipeline.critic.annotate.read_answer`) decides which items
@@ -78,7 +82,8 @@ def read_answer(raw_text: str, text: str, *, template: Template) -> Reading:
     would reward. Every template label counts here (the audit scores spans, not rewards).
     """
     read = annotate_read_answer(raw_text, labels=template.labels, leading_label=template.leading_label,
-                                response=text, rewards={label: 1.0 for label in template.labels})
+                                response=text, rewards={label: 1.0 for label in template.labels},
+                                answer_format=answer_format)
     absent = sum(item["reason"].startswith("not in the response") for item in read.dropped)
     located = [(label, start, end) for label, span in read.kept for start, end in find_occurrences(text, span)]
     return Reading(status=read.status, spans=tuple(located), proposed=len(read.items), absent=absent,
@@ -98,16 +103,21 @@ def sample_posts(posts: list[LabelledPost], *, limit: int | None, seed: int) -> 
 def _critic_rows(posts, *, critic: CriticParams, template: Template, fields, cache: CriticCache,
                  base_dir: str | None, progress: bool) -> tuple[list[dict], dict]:
     """Ask `critic` about every post; return one prediction row per post and the call counters."""
-    requests = [template.render(fields(post.request_row())) for post in posts]
+    requests, bodies = shape_requests([template.render(fields(post.request_row())) for post in posts],
+                                      [post.text for post in posts], labels=template.labels,
+                                      answer_format=critic.answer_format)
     with critic_endpoint(critic, base_dir) as (base_url, server_stats):
         client = critic_client(critic, base_url, template_sha=template.sha256)
-        results = client.run(requests, cache, progress=progress)
+        if critic.samples > 1:
+            samples = sampled_results(client, requests, bodies, cache, samples=critic.samples, progress=progress)
+        else:
+            samples = [[result] for result in client.run(requests, cache, progress=progress, bodies=bodies)]
         stats, server_requests = client.last_stats, server_stats().get("requests", 0)
-    check_budget([{"status": result.status} for result in results], critic)  # the critique stage's own check
+    check_budget([{"status": r.status} for results in samples for r in results], critic)  # the stage's own check
     rows = []
-    for post, result in zip(posts, results):
-        reading = (read_answer(result.raw_text, post.text, template=template) if result.status == "ok"
-                   else Reading(status=result.status, error=result.error))
+    for post, results in zip(posts, samples):
+        reading = _voted_reading(post.text, results, template=template, critic=critic)
+        result = _summed(results)
         rows.append({
             "critic_model": result.model or critic.model, "status": reading.status,
             "pred_spans": reading.spans, "proposed_spans": reading.proposed, "absent_spans": reading.absent,
@@ -120,6 +130,33 @@ def _critic_rows(posts, *, critic: CriticParams, template: Template, fields, cac
     calls = {"requests_sent": stats.requests_sent, "retries": stats.retries, "cache_hits": stats.cache_hits,
              "server_requests": server_requests, "cost_usd": stats.cost_usd}
     return rows, calls
+
+
+def _voted_reading(text: str, results, *, template: Template, critic: CriticParams) -> Reading:
+    """One answer's :class:`Reading`, or for critic.samples > 1 the characters that critic.vote_min answers mark."""
+    readings = [read_answer(r.raw_text, text, template=template, answer_format=critic.answer_format)
+                if r.status == "ok" else Reading(status=r.status, error=r.error) for r in results]
+    if len(readings) == 1:
+        return readings[0]
+    voted = tuple(vote_spans([list(r.spans) for r in readings], vote_min=critic.vote_min or majority(len(readings))))
+    statuses = [r.status for r in readings]
+    proposed, absent = sum(r.proposed for r in readings), sum(r.absent for r in readings)
+    if voted:
+        return Reading(status="ok", spans=voted, proposed=proposed, absent=absent)
+    status = "none" if "ok" in statuses else max(STATUSES, key=statuses.count)
+    return Reading(status=status, proposed=proposed, absent=absent,
+                   error=next((r.error for r in readings if r.error), ""))
+
+
+def _summed(results):
+    """The first result with the token counts and costs of all samples added up."""
+    first = results[0]
+    return dataclasses.replace(first, prompt_tokens=sum(r.prompt_tokens for r in results),
+                               completion_tokens=sum(r.completion_tokens for r in results),
+                               cost_usd=sum(r.cost_usd for r in results),
+                               cache_hit=all(r.cache_hit for r in results),
+                               raw_text=first.raw_text if len(results) == 1 else json.dumps(
+                                   [r.raw_text for r in results], ensure_ascii=False))
 
 
 def _baseline_rows(posts, predict, model: str) -> list[dict]:

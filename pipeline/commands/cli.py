@@ -12,7 +12,7 @@ from pathlib import Path
 from pipeline.commands.estimate import add_estimate_parser
 from pipeline.core.config import CRITIC_BACKENDS
 from pipeline.core.errors import ConfigError, DrlcError
-from pipeline.critic.offline.lexicon import ANSWER_FORMATS
+from pipeline.critic.offline.lexicon import LAYOUTS
 
 
 def cmd_check(args) -> None:
@@ -89,7 +89,7 @@ def cmd_critic_serve(args) -> None:
     serve_forever(host=args.host, port=args.port, backend=args.backend, model_dir=args.model_dir, latency_s=args.latency,
                   error_rate=args.error_rate, rate_limit_rate=args.rate_limit_rate,
                   garbage_rate=args.garbage_rate, drop_rate=args.drop_rate, empty_rate=args.empty_rate,
-                  seed=args.seed, answer_format=args.answer_format)
+                  seed=args.seed, layout=args.layout)
 
 
 def cmd_report(args) -> None:
@@ -125,6 +125,10 @@ def cmd_batch_prepare(args) -> None:
 
     params = load_params(args.params)
     critic = params.critic
+    if critic.answer_format != "text" or critic.samples != 1:
+        raise ConfigError(f"critic batch prepare writes text requests with one sample; critic.answer_format "
+                          f"{critic.answer_format!r} / critic.samples {critic.samples} are live-only: set "
+                          "critic.answer_format: text and critic.samples: 1, or run the round live")
     rows = scored_rows(store.read_table(store.round_partition(args.data, "rollouts", int(args.round)), "rollouts"),
                        store.read_table(store.round_partition(args.data, "scores", int(args.round)), "scores"))
     fields = get_task(params.run.task).critic_fields
@@ -280,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--backend", default="lexicon", help=" | ".join(CRITIC_BACKENDS))
     serve.add_argument("--model-dir", default=None, help="local chat-model checkpoint for --backend hf")
-    serve.add_argument("--answer-format", default="drlc", choices=ANSWER_FORMATS,
+    serve.add_argument("--layout", default="drlc", choices=LAYOUTS,
                        help="layout of the lexicon backend's answers (default: drlc, the templates' own format)")
     serve.add_argument("--latency", type=float, default=0.0, help="seconds added to every answer")
     serve.add_argument("--error-rate", type=float, default=0.0, help="share of answers that are HTTP 500")

@@ -74,6 +74,7 @@ def cache_key(
     seed: int | None = None,
     stop: str | list[str] | None = None,
     n: int | None = None,
+    body: dict | None = None,
 ) -> str:
     """Return the cache key of one critic request: a 64-character SHA-256 hex digest.
 
@@ -98,6 +99,8 @@ def cache_key(
     :param sample_index: which sample of the same request this is (0 for the first)
     :param namespace: free text that separates caches (``critic.cache_namespace``; "" = shared)
     :param temperature, top_p, max_tokens, seed, stop, n: sampling parameters as sent
+    :param body: other request fields sent (``critic.extra_body``, ``critic.answer_format``'s
+        ``response_format``/``grammar``); None or {} adds nothing, so keys made without any stay the same
     :return: lowercase hex SHA-256 digest
     """
     sampling = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "stop": stop, "n": n}
@@ -110,6 +113,8 @@ def cache_key(
         "sampling": {k: v for k, v in sampling.items() if v is not None},
         "sample_index": sample_index,
     }
+    if body:
+        payload["body"] = body
     canonical = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 

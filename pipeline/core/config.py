@@ -183,6 +183,9 @@ class ScoreParams:
 
 # the local critic server's backends (pipeline/critic/offline/server.py); the one list, also `drlc critic serve`'s
 CRITIC_BACKENDS = ("lexicon", "echo", "hf")
+# critic.answer_format: free text, a JSON schema, or JSON whose spans are copied from the response
+# (pipeline/critic/structured.py); the one list
+CRITIC_ANSWER_FORMATS = ("text", "json", "copy")
 
 
 @dataclass(frozen=True)
@@ -210,6 +213,10 @@ class CriticParams:
     max_cost_usd: float | None = None
     temperature: float = 0.0
     max_tokens: int = 256
+    answer_format: str = "text"  # one of CRITIC_ANSWER_FORMATS (pipeline/critic/structured.py)
+    extra_body: dict = field(default_factory=dict)  # fields added to every request body; in the cache key
+    samples: int = 1  # answers per critiqued response (sample index 0..k-1), voted per character
+    vote_min: int | None = None  # answers that must mark a character for it to count; None = a majority
     # USD per 1M prompt tokens and per 1M completion tokens, by model (for cost and budgets)
     prices: dict[str, list[float]] = field(default_factory=lambda: {
         "drlc-lexicon": [0.0, 0.0], "gpt-3.5-turbo": [0.5, 1.5], "gpt-4o-mini": [0.15, 0.6]})
@@ -227,6 +234,10 @@ class CriticParams:
         "max_cost_usd": (lambda x: x is None or x >= 0, ">= 0 or null"),
         "temperature": (lambda x: x >= 0, ">= 0"),
         "max_tokens": (_positive, "> 0"),
+        "answer_format": (lambda x: x in CRITIC_ANSWER_FORMATS, f"one of {CRITIC_ANSWER_FORMATS}"),
+        "extra_body": (lambda x: isinstance(x, dict), "a mapping of request field -> value"),
+        "samples": (_positive, "> 0"),
+        "vote_min": (lambda x: x is None or x >= 1, ">= 1 or null"),
     }
 
 
@@ -516,6 +527,7 @@ def params_from_dict(raw: dict) -> Params:
 def _check_combinations(params: Params) -> None:
     """Constraints between keys of different sections that a later stage relies on."""
     r, w, b, ppo = params.rollout, params.world, params.base, params.ppo
+    _check_voting(params.critic)
     if r.min_new_tokens is not None and r.min_new_tokens > r.max_new_tokens:
         raise ConfigError(f"'rollout.min_new_tokens' = {r.min_new_tokens} exceeds "
                           f"'rollout.max_new_tokens' = {r.max_new_tokens}.")
@@ -534,6 +546,16 @@ def _check_combinations(params: Params) -> None:
     if ppo.num_shared_layers is not None and b.model is None and ppo.num_shared_layers >= b.n_layer:
         raise ConfigError(f"'ppo.num_shared_layers' = {ppo.num_shared_layers} leaves no block of the built base model "
                           f"('base.n_layer' = {b.n_layer}) to train: use a value below {b.n_layer} or null.")
+
+
+def _check_voting(c: CriticParams) -> None:
+    """critic.samples > 1 needs sampling (temperature > 0) and a vote_min it can reach."""
+    if c.samples > 1 and c.temperature == 0:
+        raise ConfigError(f"'critic.samples' = {c.samples} at 'critic.temperature' = 0 asks the same greedy answer "
+                          f"{c.samples} times: set critic.temperature > 0 (e.g. 0.7) or critic.samples: 1.")
+    if c.vote_min is not None and c.vote_min > c.samples:
+        raise ConfigError(f"'critic.vote_min' = {c.vote_min} exceeds 'critic.samples' = {c.samples}: "
+                          f"use a value in 1..{c.samples} or null (a majority).")
 
 
 def _batch_fix(batch_size: int, ppo: PPOParams) -> str:

@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from pipeline.core.config import ALIGNMENTS
 from pipeline.core.errors import ConfigError, DataError
 
-__all__ = ["MODES", "AlignedSpans", "align_spans", "token_char_ranges", "find_occurrences", "match_items"]
+__all__ = ["MODES", "AlignedSpans", "align_located", "align_spans", "find_occurrences", "match_items",
+           "token_char_ranges"]
 
 MODES = ALIGNMENTS  # exact: the default; substring: the research code's compatibility mode
 _REPLACEMENT = "\ufffd"
@@ -102,6 +103,24 @@ def align_spans(*, response_text: str, response_ids: list[int], tokenizer, spans
     else:
         intrinsic_rewards = _substring_rewards(response_ids, tokenizer, spans, rewards)
     assert len(intrinsic_rewards) == len(response_ids)
+    return AlignedSpans(intrinsic_rewards=intrinsic_rewards, spans=listed)
+
+
+def align_located(*, response_text: str, response_ids: list[int], tokenizer, located, rewards: dict[str, float],
+                  mode: str = "exact") -> AlignedSpans:
+    """:func:`align_spans` for spans already located: ``(label, start, end)`` character ranges
+    (voted spans, :mod:`pipeline.critic.vote`), each rewarded where it is and nowhere else in mode
+    ``exact``; mode ``substring`` uses their texts as :func:`align_spans` does.
+    """
+    if mode not in MODES:
+        raise ConfigError(f"unknown alignment mode {mode!r}; valid modes: {list(MODES)}")
+    listed = [{"label": label, "text": response_text[start:end], "start": start, "end": end,
+               "reward": float(rewards[label])} for label, start, end in located]
+    if mode == "exact":
+        intrinsic_rewards = _overlap_rewards(response_text, response_ids, tokenizer, listed)
+    else:
+        intrinsic_rewards = _substring_rewards(response_ids, tokenizer,
+                                               [(span["label"], span["text"]) for span in listed], rewards)
     return AlignedSpans(intrinsic_rewards=intrinsic_rewards, spans=listed)
 
 

@@ -31,16 +31,19 @@ cached answer, so cache keys do not depend on it and a replay can switch it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from pipeline.core.cache import CriticCache
 from pipeline.core.errors import ConfigError, DataError
-from pipeline.critic.align import align_spans, match_items
+from pipeline.critic.align import align_located, align_spans, match_items
 from pipeline.critic.client import CriticClient, CriticResult
 from pipeline.critic.parse import parse_answer
+from pipeline.critic.structured import read_structured, shape_requests
+from pipeline.critic.vote import majority, vote_spans
 
 __all__ = ["ANNOTATION_FIELDS", "STATUSES", "ReadAnswer", "annotate_round", "critiqued_indices", "fields_for",
-           "read_answer", "response_fields", "round_requests", "zero_mean_rewards"]
+           "read_answer", "response_fields", "round_requests", "sampled_results", "zero_mean_rewards"]
 
 ANNOTATION_FIELDS = (
     "rollout_id", "critiqued", "status", "cache_key", "cache_hit", "critic_model", "template_sha",
@@ -146,7 +149,7 @@ class ReadAnswer:
 
 
 def read_answer(raw_text: str, *, labels, leading_label: str | None, response: str, rewards: dict[str, float],
-                elsewhere: dict[str, str] | None = None) -> ReadAnswer:
+                elsewhere: dict[str, str] | None = None, answer_format: str = "text") -> ReadAnswer:
     """Parse a complete critic answer and decide which items are kept for ``response``.
 
     :param raw_text: the answer text (the client's status was ``ok``)
@@ -155,9 +158,12 @@ def read_answer(raw_text: str, *, labels, leading_label: str | None, response: s
     :param response: the critiqued response text
     :param rewards: reward per label; an item whose label has none is dropped
     :param elsewhere: other texts shown to the critic by name (summarization: the document)
+    :param answer_format: ``critic.answer_format``; json and copy answers are read as JSON first
+        (:func:`pipeline.critic.structured.read_structured`)
     :return: a :class:`ReadAnswer`
     """
-    parsed = parse_answer(raw_text, labels=labels, leading_label=leading_label)
+    read = parse_answer if answer_format == "text" else read_structured
+    parsed = read(raw_text, labels=labels, leading_label=leading_label)
     items = [{"label": item.label, "text": item.text} for item in parsed.items]
     if parsed.status != "ok":
         return ReadAnswer(parsed.status, items, [], [], parsed.error)
@@ -169,7 +175,7 @@ def read_answer(raw_text: str, *, labels, leading_label: str | None, response: s
 
 
 def _critiqued_row(row: dict, result: CriticResult, *, template, tokenizer, rewards, alignment,
-                   requested_model: str, zero_mean: bool = False, fields=None) -> dict:
+                   requested_model: str, zero_mean: bool = False, fields=None, answer_format: str = "text") -> dict:
     """Build the annotation of one critiqued rollout from its critic result."""
     out = skipped_row(row) | {
         "critiqued": True, "status": result.status, "cache_key": result.cache_key,
@@ -182,7 +188,7 @@ def _critiqued_row(row: dict, result: CriticResult, *, template, tokenizer, rewa
         return out
     read = read_answer(result.raw_text, labels=template.labels, leading_label=template.leading_label,
                        response=row["response"], rewards=rewards,
-                       elsewhere=_other_texts(row, fields_for(template, fields)))
+                       elsewhere=_other_texts(row, fields_for(template, fields)), answer_format=answer_format)
     out |= {"status": read.status, "items": read.items, "dropped": read.dropped, "error": read.error}
     if read.status != "ok":
         return out
@@ -197,6 +203,75 @@ def _critiqued_row(row: dict, result: CriticResult, *, template, tokenizer, rewa
     return out | {"spans": [dict(span) for span in aligned.spans], "token_rewards": intrinsic_rewards}
 
 
+def sampled_results(client, requests, bodies, cache, *, samples: int, progress: bool) -> list[list[CriticResult]]:
+    """Per request, its ``samples`` results (sample index s sent with seed s); the client's stats summed."""
+    from pipeline.critic.client import RunStats
+
+    per_sample, total = [], RunStats()
+    for index in range(samples):
+        seeded = [dict(body, seed=index) for body in bodies]
+        per_sample.append(client.run(requests, cache, sample_index=index, progress=progress, bodies=seeded)
+                          if requests else [])
+        for name in ("requests_sent", "cache_hits", "retries", "failures", "truncated", "budget_stopped",
+                     "cost_usd"):
+            setattr(total, name, getattr(total, name) + getattr(client.last_stats, name))
+    client.last_stats = total
+    return [list(results) for results in zip(*per_sample)] if requests else []
+
+
+def _voted_row(row: dict, results: list[CriticResult], *, template, tokenizer, rewards, alignment,
+               requested_model: str, zero_mean: bool, fields, answer_format: str, vote_min: int) -> dict:
+    """The annotation of a response critiqued ``len(results)`` times: its spans are the voted characters.
+
+    ``raw_text`` is the JSON list of every sample's answer, ``cache_key`` their keys joined by
+    ``,``, ``items`` and ``dropped`` the union over samples; the status is ``ok`` when a span
+    survives the vote, ``budget`` when any sample was budget-stopped, ``none`` when answers
+    named spans but no character reached ``vote_min``, else the samples' most common status.
+    """
+    samples = [_critiqued_row(row, result, template=template, tokenizer=tokenizer, rewards=rewards,
+                              alignment=alignment, requested_model=requested_model, fields=fields,
+                              answer_format=answer_format) for result in results]
+    marks = [[(s["label"], s["start"], s["end"]) for s in sample["spans"] if s["start"] >= 0] for sample in samples]
+    voted = vote_spans(marks, vote_min=vote_min)
+    statuses = [sample["status"] for sample in samples]
+    out = samples[0] | {
+        "cache_key": ",".join(sample["cache_key"] for sample in samples),
+        "cache_hit": all(sample["cache_hit"] for sample in samples),
+        "raw_text": json.dumps([sample["raw_text"] for sample in samples], ensure_ascii=False),
+        "items": _union(sample["items"] for sample in samples),
+        "dropped": _union(sample["dropped"] for sample in samples),
+        **{name: sum(sample[name] for sample in samples)
+           for name in ("prompt_tokens", "completion_tokens", "cost_usd", "attempts")},
+        "spans": [], "token_rewards": [0.0] * len(row["response_ids"]),
+    }
+    if "budget" in statuses:
+        return out | {"status": "budget", "error": next(s["error"] for s in samples if s["status"] == "budget")}
+    if not voted:
+        status = "none" if "ok" in statuses else max(STATUSES, key=statuses.count)
+        error = (f"no character was marked by {vote_min} of {len(samples)} answers (critic.vote_min)"
+                 if status == "none" and "ok" in statuses else next((s["error"] for s in samples if s["error"]), ""))
+        return out | {"status": status, "error": error}
+    aligned = align_located(response_text=row["response"], response_ids=list(row["response_ids"]),
+                            tokenizer=tokenizer, located=voted, rewards=rewards, mode=alignment)
+    intrinsic_rewards = [float(r) for r in aligned.intrinsic_rewards]
+    if zero_mean:
+        intrinsic_rewards = zero_mean_rewards(intrinsic_rewards)
+    return out | {"status": "ok", "error": "", "spans": [dict(span) for span in aligned.spans],
+                  "token_rewards": intrinsic_rewards}
+
+
+def _union(lists) -> list[dict]:
+    """The dicts of every list, first occurrence kept, in order."""
+    seen, out = set(), []
+    for entries in lists:
+        for entry in entries:
+            key = tuple(sorted(entry.items()))
+            if key not in seen:
+                seen.add(key)
+                out.append(entry)
+    return out
+
+
 def _other_texts(row: dict, fields) -> dict[str, str]:
     """The texts other than the response shown to the critic (summarization: the document, not the score)."""
     response = row["response"].strip()
@@ -206,7 +281,8 @@ def _other_texts(row: dict, fields) -> dict[str, str]:
 
 def annotate_round(rows: list[dict], *, template, tokenizer, client: CriticClient, cache: CriticCache,
                    threshold: float, rewards: dict[str, float], alignment: str,
-                   progress: bool = True, fields=None, zero_mean: bool = False) -> list[dict]:
+                   progress: bool = True, fields=None, zero_mean: bool = False,
+                   answer_format: str = "text", samples: int = 1, vote_min: int | None = None) -> list[dict]:
     """Critique the low-reward rollouts of one round and return one annotation per rollout.
 
     A row is critiqued when ``env_reward <= threshold``; its request is the template
@@ -227,15 +303,30 @@ def annotate_round(rows: list[dict], *, template, tokenizer, client: CriticClien
     :param fields: row -> placeholder values, as in :func:`round_requests`
     :param zero_mean: subtract each critiqued response's mean intrinsic reward (:func:`zero_mean_rewards`);
         skipped and failed rows stay all zero either way
+    :param answer_format: ``critic.answer_format`` (text, json, copy): how requests ask and answers are read
+    :param samples: ``critic.samples``: answers per critiqued response (sample indices 0..k-1, each cached
+        on its own, each sent with ``seed`` = its index); more than one are voted (:func:`_voted_row`)
+    :param vote_min: ``critic.vote_min``: answers that must mark a character (None: a majority)
     :return: dicts with exactly the keys in ``ANNOTATION_FIELDS``, in input order
     :raises DataError: if a row lacks a rollout field
     """
     chosen = critiqued_indices(rows, threshold=threshold)
     requests = round_requests(rows, template=template, threshold=threshold, fields=fields)
-    results = client.run(requests, cache, progress=progress) if requests else []
+    requests, bodies = shape_requests(requests, [rows[i]["response"] for i in chosen], labels=template.labels,
+                                      answer_format=answer_format)
     annotations = [skipped_row(row) for row in rows]
+    if samples > 1:
+        samples_of = sampled_results(client, requests, bodies, cache, samples=samples, progress=progress)
+        for i, results in zip(chosen, samples_of):
+            annotations[i] = _voted_row(rows[i], results, template=template, tokenizer=tokenizer, rewards=rewards,
+                                        alignment=alignment, requested_model=client.model, zero_mean=zero_mean,
+                                        fields=fields, answer_format=answer_format,
+                                        vote_min=vote_min or majority(samples))
+        return annotations
+    shaped = {"bodies": bodies} if any(bodies) else {}  # text: today's call (a stand-in client may lack bodies)
+    results = client.run(requests, cache, progress=progress, **shaped) if requests else []
     for i, result in zip(chosen, results):
         annotations[i] = _critiqued_row(rows[i], result, template=template, tokenizer=tokenizer,
                                         rewards=rewards, alignment=alignment, requested_model=client.model,
-                                        zero_mean=zero_mean, fields=fields)
+                                        zero_mean=zero_mean, fields=fields, answer_format=answer_format)
     return annotations

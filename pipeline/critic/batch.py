@@ -40,7 +40,7 @@ def batch_prepare(requests: list[list[dict]], *, client: CriticClient, cache: Cr
     """Write a Batch-API input JSONL with one line per request not already answered in the cache.
 
     Each line is ``{"custom_id": <cache key>, "method": "POST", "url": "/v1/chat/completions",
-    "body": {"model": ..., "messages": ..., <sampling>}}``, the body being exactly what the
+    "body": {<critic.extra_body>, "model": ..., "messages": ..., <sampling>}}``, the body being exactly what the
     client sends and the key exactly :meth:`CriticClient.key_for`. Identical requests get one
     line (a batch needs unique ids). The file is written atomically; with nothing to ask it
     is still written, empty. The client sends nothing here.
@@ -58,7 +58,7 @@ def batch_prepare(requests: list[list[dict]], *, client: CriticClient, cache: Cr
         if key in lines or key in cache:
             continue
         line = {"custom_id": key, "method": "POST", "url": BATCH_URL,
-                "body": {"model": client.model, "messages": messages, **client.sampling}}
+                "body": {**client.extra_body, "model": client.model, "messages": messages, **client.sampling}}
         lines[key] = json.dumps(line, ensure_ascii=False, separators=(",", ":"))
     write_text(out_path, "".join(f"{line}\n" for line in lines.values()))
     return len(lines)

@@ -16,7 +16,14 @@ Retry policy (drlc's own; the ``openai`` package runs with ``max_retries=0``):
 - a ``Retry-After`` (or ``retry-after-ms``) header is honoured exactly when it is at most
   ``backoff_max_s``; a longer one fails that request at once (``retry_after ... >
   backoff_max_s``) instead of stalling the round;
-- not retried: other 4xx and ``content_filter``.
+- not retried: other 4xx and ``content_filter``;
+- a request that carries ``response_format`` or ``grammar`` (``critic.answer_format`` json/copy)
+  and is answered with a 4xx, or with a 5xx whose message names ``response_format``,
+  ``json_schema`` or ``grammar`` (llama.cpp's server answers OpenAI's ``json_schema`` type with
+  HTTP 500), fails at once with one line naming ``critic.answer_format`` and the fix.
+
+Per-request body fields (``bodies`` of :meth:`CriticClient.run`) and ``extra_body`` (the same
+fields for every request, ``critic.extra_body``) are sent as given and are part of the cache key.
 
 Failures are returned as ``status="api_error"`` results and never cached. An answer cut
 off by ``max_tokens`` (``finish_reason == "length"``) is returned with
@@ -172,6 +179,8 @@ class CriticClient:
         backend here (``"drlc-local:<backend>"``) and answers of two backends never mix.
     :param template_sha: SHA-256 of the template that rendered the messages; in every cache key
     :param cache_namespace: separates caches (``critic.cache_namespace``); in every cache key
+    :param extra_body: fields added to every request body (``critic.extra_body``, e.g. llama.cpp's
+        ``repeat_penalty``); in every cache key. A field drlc sets itself may not be overridden.
     :raises CriticError: on a malformed base URL or a missing API key for a remote URL
     :raises ConfigError: on an unknown sampling parameter, or a cost budget without a price
     """
@@ -181,12 +190,13 @@ class CriticClient:
         max_retries: int = 5, backoff_base_s: float = 0.5, backoff_max_s: float = 30.0, seed: int = 0,
         prices: dict[str, tuple[float, float]] | None = None, max_requests: int | None = None,
         max_cost_usd: float | None = None, sampling: dict | None = None, model_id: str | None = None,
-        template_sha: str = "", cache_namespace: str = "",
+        template_sha: str = "", cache_namespace: str = "", extra_body: dict | None = None,
     ) -> None:
         self._api_key = api_key_for(base_url)
         self.base_url, self.model = str(base_url), model
         self.model_id, self.template_sha, self.cache_namespace = model_id or model, template_sha, cache_namespace
         self.sampling = _check_sampling(sampling)
+        self.extra_body = _check_extra_body(extra_body)
         if max_concurrency < 1 or max_retries < 0 or timeout_s <= 0:
             raise ConfigError(
                 f"critic max_concurrency={max_concurrency}, max_retries={max_retries}, timeout_s={timeout_s}: "
@@ -203,10 +213,11 @@ class CriticClient:
     def __repr__(self) -> str:  # never shows the API key
         return f"CriticClient(base_url={self.base_url!r}, model={self.model!r})"
 
-    def key_for(self, messages: list[dict], sample_index: int = 0) -> str:
-        """Return the cache key this client uses for ``messages``."""
+    def key_for(self, messages: list[dict], sample_index: int = 0, body: dict | None = None) -> str:
+        """Return the cache key this client uses for ``messages`` (with per-request ``body`` fields)."""
         return cache_key(model=self.model_id, messages=messages, template_sha=self.template_sha,
-                         sample_index=sample_index, namespace=self.cache_namespace, **self.sampling)
+                         sample_index=sample_index, namespace=self.cache_namespace, **self.sampling,
+                         body={**self.extra_body, **(body or {})})
 
     def cost_of(self, model: str, prompt_tokens: int, completion_tokens: int) -> float:
         """Price tokens with ``prices[model]`` (falling back to the requested model; 0 if unpriced)."""
@@ -214,23 +225,27 @@ class CriticClient:
         return (prompt_tokens * per_million[0] + completion_tokens * per_million[1]) / 1e6
 
     def run(self, requests: list[list[dict]], cache: CriticCache, *, sample_index: int = 0,
-            progress: bool = False) -> list[CriticResult]:
+            progress: bool = False, bodies: list[dict] | None = None) -> list[CriticResult]:
         """Answer every request (a list of chat messages), in order; see the module doc.
 
         :param requests: one message list per request
         :param cache: the critic cache (read first, every complete answer written)
         :param sample_index: sample index put into every cache key
         :param progress: show a tqdm bar over unique requests
+        :param bodies: per request, extra body fields (``response_format``, ``grammar``...); in its cache key
         :return: one :class:`CriticResult` per request; call counters in ``self.last_stats``
         """
-        return asyncio.run(self.arun(requests, cache, sample_index=sample_index, progress=progress))
+        return asyncio.run(self.arun(requests, cache, sample_index=sample_index, progress=progress, bodies=bodies))
 
     async def arun(self, requests: list[list[dict]], cache: CriticCache, *, sample_index: int = 0,
-                   progress: bool = False) -> list[CriticResult]:
+                   progress: bool = False, bodies: list[dict] | None = None) -> list[CriticResult]:
         """Async form of :meth:`run` (for callers already inside an event loop)."""
         stats = self.last_stats = RunStats()
-        keys = [self.key_for(messages, sample_index) for messages in requests]
-        unique = dict(zip(keys, requests))  # first occurrence of each key, in order
+        bodies = [{}] * len(requests) if bodies is None else bodies
+        if len(bodies) != len(requests):
+            raise ConfigError(f"CriticClient.run got {len(bodies)} bodies for {len(requests)} requests")
+        keys = [self.key_for(messages, sample_index, body) for messages, body in zip(requests, bodies)]
+        unique = dict(zip(keys, zip(requests, bodies)))  # first occurrence of each key, in order
         bar = tqdm(total=len(unique), desc="critic requests", unit="req", disable=not progress)
         semaphore = asyncio.Semaphore(self.max_concurrency)
         try:
@@ -238,7 +253,7 @@ class CriticClient:
                     base_url=self.base_url, api_key=self._api_key, max_retries=0, timeout=self.timeout_s,
                     http_client=openai.DefaultAsyncHttpxClient(verify=_tls_context())) as api:
                 answers = await asyncio.gather(
-                    *(self._answer(api, semaphore, key, messages, cache, bar) for key, messages in unique.items()))
+                    *(self._answer(api, semaphore, key, request, cache, bar) for key, request in unique.items()))
         finally:  # one counter write per call, not one per attempt (each is a SQLite commit)
             cache.tally(requests=stats.requests_sent)
             bar.close()
@@ -246,7 +261,7 @@ class CriticClient:
         stats.cache_hits = sum(done[key].cache_hit for key in keys)
         return _expand(keys, done)
 
-    async def _answer(self, api, semaphore, key, messages, cache, bar) -> CriticResult:
+    async def _answer(self, api, semaphore, key, request, cache, bar) -> CriticResult:
         """The cached answer for ``key``, else :meth:`_request`'s.
 
         Each task looks its key up itself, so the first requests are on the wire while the
@@ -254,7 +269,7 @@ class CriticClient:
         """
         value = cache.get(key)
         if value is MISSING:
-            return await self._request(api, semaphore, key, messages, cache, bar)
+            return await self._request(api, semaphore, key, request, cache, bar)
         cache.tally(cost_usd_saved=self.cost_of(value["model"], *_usage_of(value)))
         bar.update()
         return self._result_from_cache(key, value)
@@ -281,7 +296,7 @@ class CriticClient:
                 return f"budget: max_cost_usd={self.max_cost_usd} would be exceeded (spent {stats.cost_usd:.6f})"
         return ""
 
-    async def _request(self, api, semaphore, key, messages, cache, bar) -> CriticResult:
+    async def _request(self, api, semaphore, key, request, cache, bar) -> CriticResult:
         """Send one request with retries; store the answer in the cache if it succeeds."""
         stats, attempts, error = self.last_stats, 0, ""
         async with semaphore:
@@ -296,7 +311,7 @@ class CriticClient:
                 stats.requests_sent += 1
                 stats.in_flight += 1
                 try:
-                    result = await self._attempt(api, key, messages, attempts)
+                    result = await self._attempt(api, key, request, attempts)
                 except _Attempt as failure:
                     stats.cost_usd += failure.cost_usd
                     delay = self._retry_delay(failure, key, attempts)
@@ -335,10 +350,11 @@ class CriticClient:
         jitter = random.Random(f"{self.seed}:{key}:{attempts}").random()
         return min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempts - 1)) * (0.5 + 0.5 * jitter)
 
-    async def _attempt(self, api, key: str, messages: list[dict], attempts: int) -> CriticResult:
+    async def _attempt(self, api, key: str, request: tuple[list[dict], dict], attempts: int) -> CriticResult:
         """Make one HTTP attempt; return an ok or truncated result, or raise :class:`_Attempt`."""
         started = time.monotonic()
-        body = {"model": self.model, "messages": messages, **self.sampling}
+        messages, extra = request
+        body = {**self.extra_body, **extra, "model": self.model, "messages": messages, **self.sampling}
         try:  # post, not chat.completions.create: the body is plain JSON already, and create's
             # recursive parameter transform cost ~1 ms of CPU per request, serialised on the event loop
             completion = await asyncio.wait_for(api.post("/chat/completions", body=body, cast_to=ChatCompletion),
@@ -349,6 +365,9 @@ class CriticClient:
             raise _Attempt(f"connection_error: {error}", retry=True) from None
         except openai.APIStatusError as error:
             status = error.status_code
+            refusal = _format_refusal(status, str(error), body)
+            if refusal:
+                raise _Attempt(refusal, retry=False) from None
             retry = status in _RETRY_STATUS or status >= 500
             raise _Attempt(f"http_{status}: {str(error)[:200]}", retry=retry,
                            retry_after=_retry_after_s(error.response.headers) if retry else None) from None
@@ -384,6 +403,32 @@ class CriticClient:
     def _scrub(self, text: str) -> str:
         """Remove the API key from an error message."""
         return text.replace(self._api_key, "***") if self._api_key else text
+
+
+_RESERVED_BODY = ("model", "messages") + SAMPLING_PARAMS
+
+
+def _check_extra_body(extra_body: dict | None) -> dict:
+    extra_body = dict(extra_body or {})
+    clash = sorted(set(extra_body) & set(_RESERVED_BODY))
+    if clash:
+        raise ConfigError(f"critic.extra_body sets {clash}, which drlc sends itself; set critic.temperature/"
+                          f"critic.max_tokens (or the critic key of that name) instead")
+    return extra_body
+
+
+def _format_refusal(status: int, message: str, body: dict) -> str:
+    """One line when the endpoint refused critic.answer_format's fields, else ""."""
+    sent = [name for name in ("response_format", "grammar") if name in body]
+    if not sent:
+        return ""
+    named = any(word in message.lower() for word in ("response_format", "json_schema", "grammar"))
+    if not (400 <= status < 500 and status not in _RETRY_STATUS) and not (status >= 500 and named):
+        return ""
+    fix = ("set critic.answer_format: copy (a GBNF grammar, for llama.cpp) or text" if "response_format" in sent
+           else "set critic.answer_format: json or text (this endpoint takes no GBNF grammar)")
+    return (f"answer_format_refused: http_{status}: the endpoint refused the {'/'.join(sent)} that "
+            f"critic.answer_format sends ({' '.join(message.split())[:120]}); {fix}")
 
 
 def _usage_of(value: dict) -> tuple[int, int]:

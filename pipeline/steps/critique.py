@@ -97,6 +97,7 @@ def critic_client(critic: CriticParams, base_url: str | None, *, template_sha: s
         max_concurrency=critic.max_concurrency, timeout_s=critic.timeout_s, max_retries=critic.max_retries,
         max_requests=critic.max_requests if base_url else 0, max_cost_usd=critic.max_cost_usd,
         sampling={"temperature": critic.temperature, "max_tokens": critic.max_tokens},
+        extra_body=dict(critic.extra_body),
     )
 
 
@@ -176,7 +177,8 @@ def critique_round(rows: list[dict], *, client, cache: CriticCache, template, fi
     annotations = annotate_round(
         rows, template=template, fields=fields, tokenizer=tokenizer, client=client, cache=cache,
         threshold=critic.threshold, rewards=dict(critic.rewards), alignment=critic.alignment,
-        zero_mean=critic.zero_mean, progress=progress,
+        zero_mean=critic.zero_mean, progress=progress, answer_format=critic.answer_format,
+        samples=critic.samples, vote_min=critic.vote_min,
     )
     check_budget(annotations, critic, error=budget_error)
     check_health(annotations, max_error_rate=critic.max_error_rate)

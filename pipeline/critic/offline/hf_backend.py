@@ -5,7 +5,14 @@ checkpoint (typically the policy or its base model) instead of a remote API. The
 checkpoint is loaded once per server from a directory (never from the hub) or from a GGUF
 file (``pipeline.model.gguf``: a ``.gguf`` path or ``pkg:<package>``, dequantised at load); each
 chat request is rendered with the tokenizer's chat template (``add_generation_prompt=True``)
-and decoded greedily, so the same request always gets the same answer.
+and decoded greedily, so the same request always gets the same answer. A request with a
+``temperature`` above 0 (``critic.samples`` > 1) is sampled instead, from a generator seeded by
+its ``seed`` field, so it too gets the same answer every time (``top_p`` is not applied).
+
+Structured answers (``critic.answer_format`` json/copy: a ``json_schema`` ``response_format`` or
+``drlc_copy`` in the body) are decoded under a constraint
+(:mod:`pipeline.critic.offline.constrained`): a logits processor lets each constrained row write
+only the span JSON, and for ``copy`` only substrings of the response as span texts.
 
 Requests are batched. The server answers each connection in its own thread; a thread that
 finds no batch running becomes the batch's leader: it waits up to ``batch_window_s`` for
@@ -47,6 +54,9 @@ class _Request:
 
     prompt_ids: list[int]
     max_new_tokens: int
+    constraint: object = None  # a SpanAutomaton (critic.answer_format json/copy) or None
+    temperature: float = 0.0  # > 0: sampled with a generator seeded by the request's seed (critic.samples)
+    seed: int = 0
     answer: Completion | None = None
     error: BaseException | None = None
     done: bool = field(default=False)
@@ -80,6 +90,7 @@ class HFBackend:
             self.model.to(device)
         self.max_batch_size, self.batch_window_s = max_batch_size, batch_window_s
         self.batch_sizes: list[int] = []  # the size of every generate call so far, in order
+        self._trie = None  # the vocabulary's TokenTrie, built on the first constrained request
         self._queue: list[_Request] = []
         self._busy = False
         self._cond = threading.Condition()
@@ -104,7 +115,11 @@ class HFBackend:
                                                         return_dict=False)
         if hasattr(prompt_ids, "keys"):  # some tokenizers return a BatchEncoding even with return_dict=False
             prompt_ids = prompt_ids["input_ids"]
-        item = _Request(prompt_ids=list(prompt_ids), max_new_tokens=_max_new_tokens(request))
+        from pipeline.critic.offline.constrained import constraint_for
+
+        item = _Request(prompt_ids=list(prompt_ids), max_new_tokens=_max_new_tokens(request),
+                        constraint=constraint_for(request), temperature=float(request.get("temperature") or 0.0),
+                        seed=int(request.get("seed") or 0))
         with self._cond:
             self._queue.append(item)
             self._cond.notify_all()
@@ -148,10 +163,11 @@ class HFBackend:
         attention_mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids)
                                        for r in batch], device=device)  # (B, P), 0 = left padding
         try:
+            processors = self._constraints(batch, width, eos_id)
             with torch.inference_mode():
                 output = self.model.generate(
                     input_ids, attention_mask=attention_mask, max_new_tokens=max(r.max_new_tokens for r in batch),
-                    do_sample=False, eos_token_id=eos_id, pad_token_id=pad_id,
+                    do_sample=False, eos_token_id=eos_id, pad_token_id=pad_id, logits_processor=processors,
                 )  # (B, P + N)
         except Exception as error:  # handed to every waiting request, re-raised in its own thread
             for r in batch:
@@ -159,15 +175,64 @@ class HFBackend:
             return
         self.batch_sizes.append(len(batch))
         for r, row in zip(batch, output[:, width:].tolist()):
-            r.answer = self._completion(row[:r.max_new_tokens], prompt_tokens=len(r.prompt_ids), eos_id=eos_id)
+            r.answer = self._completion(row[:r.max_new_tokens], prompt_tokens=len(r.prompt_ids), eos_id=eos_id,
+                                        constrained=r.constraint is not None)
 
-    def _completion(self, new_ids: list[int], *, prompt_tokens: int, eos_id: int | None) -> Completion:
+    def _constraints(self, batch: list[_Request], width: int, eos_id: int | None):
+        """The logits processors of a batch: a SpanConstraint if any request is constrained, then
+        :class:`_SeededSampling` if any request has a temperature; none for a greedy, free batch."""
+        from transformers import LogitsProcessorList
+
+        processors = LogitsProcessorList()
+        if any(r.constraint is not None for r in batch):
+            from pipeline.critic.offline.constrained import SpanConstraint, TokenTrie
+
+            if self._trie is None:
+                self._trie = TokenTrie.of(self.tokenizer)
+            processors.append(SpanConstraint([r.constraint for r in batch], self._trie, prompt_width=width,
+                                             eos_id=eos_id, limits=[r.max_new_tokens for r in batch]))
+        if any(r.temperature > 0 for r in batch):
+            processors.append(_SeededSampling([(r.temperature, r.seed) for r in batch]))
+        return processors
+
+    def _completion(self, new_ids: list[int], *, prompt_tokens: int, eos_id: int | None,
+                    constrained: bool = False) -> Completion:
         ended = eos_id is not None and eos_id in new_ids
         if ended:
             new_ids = new_ids[: new_ids.index(eos_id) + 1]  # the end token counts as generated
-        text = self.tokenizer.decode(new_ids, skip_special_tokens=True)
+        if constrained:  # exactly the token texts the automaton accepted
+            text = "".join(self._trie.pieces[i] or "" for i in new_ids if i != eos_id)
+        else:
+            text = self.tokenizer.decode(new_ids, skip_special_tokens=True)
         return Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=len(new_ids),
                           finish_reason="stop" if ended else "length")
+
+
+class _SeededSampling:
+    """Sample the rows that have a temperature, each from its own seeded generator (greedy keeps the draw).
+
+    ``generate`` runs greedily; for a sampled row this processor draws the next token from
+    softmax(scores / temperature) with the row's own ``torch.Generator`` and leaves only that
+    token, so a sampled answer depends on its seed, not on the rest of the batch.
+    """
+
+    def __init__(self, rows: list[tuple[float, int]]) -> None:
+        import torch
+
+        self.rows = [(t, torch.Generator().manual_seed(seed)) if t > 0 else None for t, seed in rows]
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        for row, sampling in enumerate(self.rows):
+            if sampling is None:
+                continue
+            temperature, generator = sampling
+            probs = torch.softmax(scores[row].float().cpu() / temperature, dim=-1)
+            token = int(torch.multinomial(probs, 1, generator=generator))
+            scores[row] = float("-inf")
+            scores[row, token] = 0.0
+        return scores
 
 
 def _load(model_dir: str):

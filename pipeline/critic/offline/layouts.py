@@ -13,7 +13,7 @@
   "N/A" or "(none)" for nothing, a closing remark.
 
 Span texts are written exactly as given, so every layout aligns to the same characters.
-The lexicon critic (``drlc critic serve --answer-format``) is its only production caller.
+The lexicon critic (``drlc critic serve --layout``) is its only production caller.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ It is the ``lexicon`` backend of the local OpenAI-compatible server, so the demo
 runs the production client path with no network. It reads the same messages an LLM reads
 (the ``Task: <task>`` line of the system message and the ``<response>`` / ``<document>`` /
 ``<summary>`` blocks of the last user message) and answers in the templates' output
-format, written by :func:`pipeline.critic.parse.format_answer` (``answer_format="drlc"``).
-Other layouts (``ANSWER_FORMATS``) let tests run the tolerant parser through the real
+format, written by :func:`pipeline.critic.parse.format_answer` (``layout="drlc"``).
+Other layouts (``LAYOUTS``) let tests run the tolerant parser through the real
 HTTP path: ``paper`` (the RELC prompts' headers and ``[Span N]:`` / ``Toxic Span N:`` /
 ``Span N: ... (Label: X)`` items), ``markdown`` (bold headers, bullets, curly quotes) and
 ``messy`` (a preamble, CRLF, varied header wording and case, numbering, quote styles,
@@ -28,6 +28,7 @@ spans, copied exactly, so the spans kept after parsing do not depend on the layo
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from functools import lru_cache
 
@@ -35,9 +36,9 @@ from pipeline.core.errors import CriticError
 from pipeline.critic.parse import format_answer
 from pipeline.data.toxicity_lexicon import TOXIC_TERMS
 
-__all__ = ["ANSWER_FORMATS", "ANSWER_LABELS", "answer", "TOXIC_WORDS"]
+__all__ = ["ANSWER_LABELS", "LAYOUTS", "TOXIC_WORDS", "answer", "complete", "spans_of"]
 
-ANSWER_FORMATS = ("drlc", "paper", "markdown", "messy")
+LAYOUTS = ("drlc", "paper", "markdown", "messy")
 # the labels the shipped prompts/*.md templates ask for, in their order: what this critic writes
 ANSWER_LABELS = {"sentiment": ("positive", "negative"), "toxicity": ("toxic",),
                  "summarization": ("irrelevant", "incoherent", "factually incorrect")}
@@ -53,34 +54,59 @@ _STOPWORDS = frozenset(
 )
 
 
-def answer(messages: list[dict], answer_format: str = "drlc") -> str:
+def answer(messages: list[dict], layout: str = "drlc") -> str:
     """Answer a rendered critic prompt in the template's output format (or another layout).
 
     Params:
         messages: OpenAI chat messages as rendered by ``Template.render``.
-        answer_format: one of ``ANSWER_FORMATS``.
+        layout: one of ``LAYOUTS``.
     Returns:
         The answer text, e.g. ``'Positive: "very good"\\nNegative: "not funny"'``.
     Raises:
         CriticError: no ``Task:`` line in a system message, an unknown task, the
             delimited text block missing from the last user message, or an unknown format.
     """
-    if answer_format not in ANSWER_FORMATS:
-        raise CriticError(f"lexicon critic: unknown answer format {answer_format!r}; valid: {list(ANSWER_FORMATS)}")
-    task = _task_of(messages)
+    if layout not in LAYOUTS:
+        raise CriticError(f"lexicon critic: unknown layout {layout!r}; valid: {list(LAYOUTS)}")
+    task, spans = spans_of(messages)
     user = _last_user_text(messages)
-    if task == "sentiment":
-        spans = sentiment_spans(_delimited(user, "response"))
-    elif task == "toxicity":
-        spans = _toxic_spans(_delimited(user, "response"))
-    else:
-        spans = _unsupported_spans(_delimited(user, "summary"), _delimited(user, "document"))
-    if answer_format == "drlc":
+    if layout == "drlc":
         return format_answer(ANSWER_LABELS[task], spans)
     from pipeline.critic.offline.layouts import write_layout
 
     seed = int(hashlib.sha256(user.encode("utf-8")).hexdigest()[:8], 16)
-    return write_layout(answer_format, task=task, labels=ANSWER_LABELS[task], spans=spans, seed=seed)
+    return write_layout(layout, task=task, labels=ANSWER_LABELS[task], spans=spans, seed=seed)
+
+
+def spans_of(messages: list[dict]) -> tuple[str, list[tuple[str, str]]]:
+    """(task, ``(label, text)`` spans) the lexicon critic finds for a rendered prompt."""
+    task = _task_of(messages)
+    user = _last_user_text(messages)
+    if task == "sentiment":
+        return task, sentiment_spans(_delimited(user, "response"))
+    if task == "toxicity":
+        return task, _toxic_spans(_delimited(user, "response"))
+    return task, _unsupported_spans(_delimited(user, "summary"), _delimited(user, "document"))
+
+
+def complete(request: dict, layout: str = "drlc") -> str:
+    """Answer a chat-completions body: drlc's span JSON when it asks for a structured answer
+    (``critic.answer_format`` json: a ``json_schema`` ``response_format``; copy: ``drlc_copy``), else :func:`answer`.
+
+    The lexicon's spans are copied from the response already, so a ``copy`` answer needs no constraint;
+    at most the request's ``max_spans`` (or the schema's ``maxItems``) are written.
+    """
+    response_format = request.get("response_format") or {}
+    copy = request.get("drlc_copy")
+    if copy is None and response_format.get("type") != "json_schema":
+        return answer(request["messages"], layout=layout)
+    if copy is not None:
+        limit = int(copy.get("max_spans", 8))
+    else:
+        limit = int(response_format["json_schema"]["schema"]["properties"]["spans"].get("maxItems", 8))
+    _, spans = spans_of(request["messages"])
+    return json.dumps({"spans": [{"label": label, "text": text} for label, text in spans[:limit]]},
+                      ensure_ascii=False)
 
 
 def _task_of(messages: list[dict]) -> str:

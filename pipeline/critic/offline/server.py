@@ -15,10 +15,13 @@ Endpoints:
 - ``GET /stats`` returns counters: requests, completions, rejected, faults by kind, and the device
   of the backend's model (null for a backend without one).
 
-Backends: ``lexicon`` (the offline lexicon critic; ``answer_format`` picks its layout, one of
-:data:`pipeline.critic.offline.lexicon.ANSWER_FORMATS`), ``echo`` (repeats the last user
+Backends: ``lexicon`` (the offline lexicon critic; ``layout`` picks its layout, one of
+:data:`pipeline.critic.offline.lexicon.LAYOUTS`), ``echo`` (repeats the last user
 message), ``hf`` (a local causal LM checkpoint in ``model_dir``, loaded once per server;
 see :mod:`pipeline.critic.offline.hf_backend`) or any callable ``messages -> text``.
+``lexicon`` and ``hf`` honour ``critic.answer_format``'s fields (a ``json_schema``
+``response_format``, ``drlc_copy``): the lexicon writes its spans as drlc's span JSON, the hf
+backend decodes under the constraint; a ``grammar`` the hf backend cannot read is an error.
 
 Faults are drawn per chat request from ``random.Random(seed)`` in arrival order (so the
 sequence repeats exactly for sequential clients): ``error`` (500), ``rate_limit`` (429
@@ -69,10 +72,10 @@ def _prompt_words(messages: list[dict]) -> int:
 
 
 def _resolve_backend(backend: str | AnswerFn, model_dir: str | None,
-                     answer_format: str = "drlc", device=None) -> tuple[str, CompleteFn]:
+                     layout: str = "drlc", device=None) -> tuple[str, CompleteFn]:
     """Return (name, request -> Completion) for a backend name or a callable ``messages -> text``."""
-    if answer_format != "drlc" and backend != "lexicon":
-        raise CriticError(f"critic server answer_format (--answer-format) {answer_format!r} is only used by "
+    if layout != "drlc" and backend != "lexicon":
+        raise CriticError(f"critic server layout (--layout) {layout!r} is only used by "
                           f"backend 'lexicon', not {backend!r}; drop it or use --backend lexicon")
     if backend != "hf" and model_dir is not None:
         raise CriticError(f"critic server model_dir (--model-dir) is only used by backend 'hf', "
@@ -84,13 +87,15 @@ def _resolve_backend(backend: str | AnswerFn, model_dir: str | None,
     if backend == "lexicon":
         from pipeline.critic.offline import lexicon
 
-        if answer_format not in lexicon.ANSWER_FORMATS:
-            raise CriticError(f"unknown critic answer format {answer_format!r}; valid: {list(lexicon.ANSWER_FORMATS)}")
+        if layout not in lexicon.LAYOUTS:
+            raise CriticError(f"unknown lexicon layout {layout!r}; valid: {list(lexicon.LAYOUTS)}")
 
-        def lexicon_answer(messages: list[dict]) -> str:
-            return lexicon.answer(messages, answer_format=answer_format)
+        def lexicon_complete(request: dict) -> Completion:
+            text = lexicon.complete(request, layout=layout)
+            return Completion(text=text, prompt_tokens=_prompt_words(request["messages"]),
+                              completion_tokens=len(text.split()))
 
-        return "lexicon", _word_count_completion(lexicon_answer)
+        return "lexicon", lexicon_complete
     if backend == "hf":
         if model_dir is None:
             raise CriticError("critic server backend 'hf' needs model_dir (--model-dir DIR): "
@@ -284,7 +289,7 @@ class _Handler(BaseHTTPRequestHandler):
 def make_server(*, host: str = "127.0.0.1", port: int = 0, backend: str | AnswerFn = "lexicon",
                 latency_s: float = 0.0, error_rate: float = 0.0, rate_limit_rate: float = 0.0,
                 garbage_rate: float = 0.0, drop_rate: float = 0.0, empty_rate: float = 0.0,
-                seed: int = 0, model_dir: str | None = None, answer_format: str = "drlc",
+                seed: int = 0, model_dir: str | None = None, layout: str = "drlc",
                 device=None) -> _CriticServer:
     """Create (bind, not start) a critic server; ``port=0`` picks a free port.
 
@@ -297,12 +302,12 @@ def make_server(*, host: str = "127.0.0.1", port: int = 0, backend: str | Answer
         probabilities per chat request, each in [0, 1], summing to at most 1
     :param seed: seed of the fault draws
     :param model_dir: checkpoint folder of the "hf" backend; must be ``None`` for the others
-    :param answer_format: layout of the "lexicon" backend's answers (drlc, paper, markdown, messy);
+    :param layout: layout of the "lexicon" backend's answers (drlc, paper, markdown, messy);
         must be "drlc" for the others
     :param device: where the "hf" backend's model runs (None: the CPU); the other backends have no model
     :return: a server with ``base_url``, ``stats()``, ``serve_forever()``, ``shutdown()``
-    :raises CriticError: on an unknown backend or answer format, "hf" without a loadable
-        ``model_dir``, or a ``model_dir`` or answer format given to another backend
+    :raises CriticError: on an unknown backend or layout, "hf" without a loadable
+        ``model_dir``, or a ``model_dir`` or layout given to another backend
     :raises ConfigError: on a fault rate out of range
     :raises CriticError: if host:port cannot be bound (in use, out of range, not a local address)
     """
@@ -311,7 +316,7 @@ def make_server(*, host: str = "127.0.0.1", port: int = 0, backend: str | Answer
     _check_rates(rates)
     if latency_s < 0:
         raise ConfigError(f"critic server latency_s={latency_s!r} is negative; use a value >= 0")
-    backend_name, complete_fn = _resolve_backend(backend, model_dir, answer_format, device)  # fail before binding a port
+    backend_name, complete_fn = _resolve_backend(backend, model_dir, layout, device)  # fail before binding a port
     try:
         return _CriticServer((host, port), backend_name=backend_name, complete_fn=complete_fn,
                              latency_s=latency_s, rates=rates, seed=seed)

@@ -1,0 +1,245 @@
+"""Constrained decoding of structured critic answers in drlc's ``hf`` backend: a character automaton and a logits processor.
+
+:class:`SpanAutomaton` accepts exactly the answers of :mod:`pipeline.critic.grammar`'s
+layout, ``{"spans": [{"label": "<label>", "text": "<span>"}, ...]}`` with at most
+``max_spans`` spans, where ``<span>`` is
+
+- with a ``source`` (``critic.answer_format: copy``): a non-empty substring of the source as
+  JSON-escaped, cut at character boundaries, with a non-space character (the GBNF grammar's
+  language less whitespace-only spans); its state is the set of positions in the escaped source
+  where the span written so far could end;
+- without one (``json``): any JSON string with a non-space character and no escapes or control
+  characters (in closing mode, below, any string).
+
+:class:`SpanConstraint` runs the automaton inside ``generate``: before each token, the
+tokens allowed next are found by walking a trie of the vocabulary's token strings from the
+current state (a branch is cut at its first refused character), and every other logit is
+set to ``-inf``. The end-of-sequence token is allowed only once the object is closed.
+Greedy decoding stays deterministic, and a row's mask depends on its own tokens only, so a
+constrained answer is the same alone as in a batch. Tokens whose text is not whole UTF-8
+(byte pieces of a multi-byte character) or special are never allowed, and a constrained
+answer's text is the concatenation of its tokens' texts, so it is exactly what the
+automaton accepted.
+
+Why not a library: xgrammar, outlines and lm-format-enforcer all compile a grammar (or
+schema) per request; for ``copy`` that grammar is new for every response (one rule per
+character), and none of them is installed or pinned here; this automaton is ~150 lines and
+needs no compile step.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pipeline.core.errors import CriticError
+from pipeline.critic.grammar import CLOSE, ITEM_CLOSE, ITEM_MID, ITEM_OPEN, OPEN, SEPARATOR, json_units
+
+__all__ = ["CLOSING_TOKENS", "SpanAutomaton", "SpanConstraint", "TokenTrie", "constraint_for"]
+
+CLOSING_TOKENS = 24
+"""Tokens before its limit at which a constrained answer starts closing its JSON (a new span costs ~15)."""
+
+
+class SpanAutomaton:
+    """Character automaton of a structured answer; states are hashable tuples, ``None`` is refusal.
+
+    :param labels: the span labels
+    :param max_spans: most spans
+    :param source: the text spans are copied from, or None for free span texts
+    """
+
+    def __init__(self, labels, max_spans: int, source: str | None = None) -> None:
+        if not labels or max_spans < 1:
+            raise CriticError(f"a span constraint needs labels and max_spans >= 1, got {labels!r} and {max_spans}")
+        self.labels, self.max_spans, self.source = tuple(str(x) for x in labels), max_spans, source
+        if source is not None:
+            units = json_units(source)
+            self.escaped = "".join(units)
+            offsets = [0]
+            for unit in units:
+                offsets.append(offsets[-1] + len(unit))
+            self.starts = frozenset(offsets[:-1])
+            self.positions: dict[str, set[int]] = {}
+            for j, ch in enumerate(self.escaped):
+                self.positions.setdefault(ch, set()).add(j)
+            self.boundaries = frozenset(offsets)
+
+    @property
+    def start(self) -> tuple:
+        return ("lit", ((OPEN, "first"),), 0, 0)
+
+    def _after(self, tag: str, spans: int) -> tuple:
+        """The state entered when a literal option tagged ``tag`` is complete."""
+        if tag == "done":
+            return ("done",)
+        if tag == "first":
+            can_copy = self.source is None or bool(self.starts)
+            options = ((CLOSE, "done"),) + (((ITEM_OPEN, "label"),) if can_copy else ())
+            return ("lit", options, 0, spans)
+        if tag == "label":
+            return ("lit", tuple((label + ITEM_MID, "text") for label in self.labels), 0, spans)
+        if tag == "text":
+            return ("free", spans, "") if self.source is None else ("copy", self.starts, "", spans)
+        options = ((CLOSE, "done"),) + (((SEPARATOR + ITEM_OPEN, "label"),) if spans < self.max_spans else ())
+        return ("lit", options, 0, spans)  # tag "after": a span was closed
+
+    def step(self, state: tuple, ch: str, closing: bool = False) -> tuple | None:
+        """The state after ``ch``, or None if ``ch`` is not allowed.
+
+        ``closing``: the token budget is nearly spent, so only the shortest way to a closed
+        object is allowed: no new span, and a span text that could end here must end.
+        """
+        kind = state[0]
+        if kind == "lit":
+            _, options, pos, spans = state
+            if closing and pos == 0 and any(tag == "done" for _, tag in options):
+                options = tuple(option for option in options if option[1] == "done")
+            kept = tuple(option for option in options if option[0][pos] == ch)
+            if not kept:
+                return None
+            done = [option for option in kept if len(option[0]) == pos + 1]
+            return self._after(done[0][1], spans) if done else ("lit", kept, pos + 1, spans)
+        if kind == "free":
+            _, spans, typed = state
+            if ch == '"' and (typed.strip() or closing):
+                return ("lit", ((ITEM_CLOSE, "after"),), 1, spans + 1)
+            return None if closing or ch in '"\\' or ord(ch) < 0x20 else ("free", spans, typed + ch)
+        if kind == "copy":
+            _, ends, typed, spans = state
+            if ends <= self.boundaries and _has_text(typed) and (ch == '"' or closing):  # the span may end here
+                return ("lit", ((ITEM_CLOSE, "after"),), 1, spans + 1) if ch == '"' else None
+            moved = frozenset(j + 1 for j in ends & self.positions.get(ch, set()))
+            return ("copy", moved, typed + ch, spans) if moved else None
+        return None  # "done": only the end of the sequence
+
+    @staticmethod
+    def is_done(state: tuple) -> bool:
+        return state[0] == "done"
+
+
+def _has_text(escaped: str) -> bool:
+    """Whether a JSON-escaped span text, cut at a character boundary, holds a non-space character."""
+    return bool(escaped) and bool(json.loads(f'"{escaped}"').strip())
+
+
+class TokenTrie:
+    """The vocabulary's token texts as a character trie: node = {char: child, None: [token ids]}.
+
+    :param pieces: token id -> its text, or None for a token never allowed (special, not whole UTF-8)
+    """
+
+    def __init__(self, pieces: list[str | None]) -> None:
+        self.pieces = pieces
+        self.root: dict = {}
+        for token_id, piece in enumerate(pieces):
+            if not piece:
+                continue
+            node = self.root
+            for ch in piece:
+                node = node.setdefault(ch, {})
+            node.setdefault(None, []).append(token_id)
+
+    @classmethod
+    def of(cls, tokenizer) -> TokenTrie:
+        special = set(tokenizer.all_special_ids)
+        pieces = []
+        for token_id in range(len(tokenizer)):
+            piece = None if token_id in special else tokenizer.decode([token_id])
+            pieces.append(None if not piece or "\ufffd" in piece else piece)
+        return cls(pieces)
+
+    def allowed(self, automaton: SpanAutomaton, state: tuple, closing: bool = False) -> list[int]:
+        """Ids of the tokens whose whole text the automaton accepts from ``state`` (see ``step``'s ``closing``)."""
+        out, stack = [], [(self.root, state)]
+        while stack:
+            node, current = stack.pop()
+            for ch, child in node.items():
+                if ch is None:
+                    continue
+                after = automaton.step(current, ch, closing)
+                if after is None:
+                    continue
+                out.extend(child.get(None, ()))
+                stack.append((child, after))
+        return out
+
+
+class SpanConstraint:
+    """A ``generate`` logits processor: each constrained row may only continue its automaton.
+
+    :param automata: per batch row, a :class:`SpanAutomaton` or None (unconstrained)
+    :param trie: the tokenizer's :class:`TokenTrie`
+    :param prompt_width: columns of (left-padded) prompt before the first new token
+    :param eos_id: the end-of-sequence token, allowed once a row's object is closed
+    :param limits: per row, its token limit; within :data:`CLOSING_TOKENS` of it the row may only
+        close its object (``SpanAutomaton.step``'s ``closing``), so an answer is rarely cut off
+    """
+
+    def __init__(self, automata: list[SpanAutomaton | None], trie: TokenTrie, *, prompt_width: int,
+                 eos_id: int | None, limits: list[int] | None = None) -> None:
+        self.automata, self.trie, self.width, self.eos_id = automata, trie, prompt_width, eos_id
+        self.limits = limits or [None] * len(automata)
+        self.states = [a.start if a is not None else None for a in automata]
+        self.fed = [0] * len(automata)
+        self.ended = [False] * len(automata)
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        for row, automaton in enumerate(self.automata):
+            if automaton is None or self.ended[row]:
+                continue
+            new = input_ids[row, self.width + self.fed[row]:].tolist()
+            for token_id in new:
+                if token_id == self.eos_id:
+                    self.ended[row] = True
+                    break
+                closing = self._closing(row)  # the mode the token was chosen in
+                for ch in self.trie.pieces[token_id] or "":
+                    self.states[row] = automaton.step(self.states[row], ch, closing) if self.states[row] else None
+                self.fed[row] += 1
+            if self.states[row] is None:  # only a forced end token can refuse: nothing more to steer
+                self.ended[row] = True
+            if self.ended[row]:
+                continue
+            state = self.states[row]
+            allowed = [self.eos_id] if automaton.is_done(state) and self.eos_id is not None \
+                else self.trie.allowed(automaton, state, self._closing(row))
+            if not allowed and self.eos_id is not None:  # a dead end (no token spells the next character): stop
+                allowed = [self.eos_id]
+            mask = torch.full_like(scores[row], float("-inf"))
+            mask[torch.tensor(allowed, dtype=torch.long, device=scores.device)] = 0.0
+            scores[row] = scores[row] + mask
+        return scores
+
+
+    def _closing(self, row: int) -> bool:
+        limit = self.limits[row]
+        return limit is not None and limit - self.fed[row] <= CLOSING_TOKENS
+
+
+def constraint_for(request: dict) -> SpanAutomaton | None:
+    """The automaton a chat-completions body asks for: ``drlc_copy`` (copy), a ``json_schema``
+    ``response_format`` of drlc's span shape (json), or None.
+
+    :raises CriticError: for a ``response_format``, ``grammar`` or ``drlc_copy`` this backend cannot honour
+    """
+    copy = request.get("drlc_copy")
+    if copy is not None:
+        if not (isinstance(copy, dict) and isinstance(copy.get("source"), str) and copy.get("labels")
+                and isinstance(copy.get("max_spans"), int)):
+            raise CriticError("drlc_copy must be {source: str, labels: [str], max_spans: int}")
+        return SpanAutomaton(copy["labels"], copy["max_spans"], copy["source"])
+    if request.get("grammar") is not None:
+        raise CriticError("drlc's hf backend does not read GBNF grammars; send drlc_copy (critic.answer_format: copy)")
+    response_format = request.get("response_format")
+    if response_format is None or response_format.get("type") == "text":
+        return None
+    try:
+        schema = response_format["json_schema"]["schema"]
+        spans = schema["properties"]["spans"]
+        labels = spans["items"]["properties"]["label"]["enum"]
+        return SpanAutomaton(labels, int(spans.get("maxItems", 8)))
+    except (KeyError, TypeError) as error:
+        raise CriticError(f"drlc's hf backend honours only drlc's span json_schema response_format "
+                          f"(critic.answer_format: json), not this one (missing {error})") from None

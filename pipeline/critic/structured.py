@@ -1,0 +1,151 @@
+"""Structured critic answers (``critic.answer_format``): a JSON schema of labelled spans, how it is asked for, how it is read.
+
+``text`` (the default) is drlc's free-text answer, read by :mod:`pipeline.critic.parse`.
+``json`` and ``copy`` ask for one JSON object::
+
+    {"spans": [{"label": "toxic", "text": "you absolute clown"}]}
+
+with ``label`` one of the template's labels and at most :data:`MAX_SPANS` spans:
+
+- ``json`` sends the schema as OpenAI's strict ``response_format`` (``json_schema``), which
+  OpenAI, vLLM and drlc's own server honour;
+- ``copy`` also restricts every span's ``text`` to a substring of the response: drlc's
+  server decodes under that constraint (its ``drlc_copy`` body field, see
+  :mod:`pipeline.critic.offline.constrained`), and llama.cpp-style servers get the same
+  constraint as a GBNF ``grammar`` (:mod:`pipeline.critic.grammar`). No ``response_format``
+  is sent with ``copy``: llama.cpp's server answers the ``json_schema`` type with HTTP 500.
+
+Either way the last user message gets one more paragraph asking for the structure in words
+(:func:`instruction`), so an endpoint that ignores the schema usually still complies. The
+request fields are part of the cache key (they go through the client's per-request body).
+
+:func:`read_structured` reads an answer: the JSON object if the answer is one (code fences
+allowed), else the free-text parser as a fallback; an answer that is neither is
+``parse_error`` with the JSON error, never silently empty.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from pipeline.core.config import CRITIC_ANSWER_FORMATS as ANSWER_FORMATS
+from pipeline.core.errors import ConfigError
+from pipeline.critic.items import Item, canonical
+from pipeline.critic.parse import ParsedAnswer, parse_answer
+
+__all__ = ["ANSWER_FORMATS", "MAX_SPANS", "SCHEMA_NAME", "check_format", "instruction", "read_structured",
+           "request_body", "shape_requests", "span_schema", "with_instruction"]
+
+MAX_SPANS = 8
+"""Most spans one structured answer may hold (the schema's ``maxItems``)."""
+SCHEMA_NAME = "critic_spans"
+_FENCE = re.compile(r"^```\w*\s*|\s*```$")
+
+
+def check_format(answer_format: str) -> str:
+    """Return ``answer_format``; raise a one-line ConfigError naming the key if it is unknown."""
+    if answer_format not in ANSWER_FORMATS:
+        raise ConfigError(f"critic.answer_format {answer_format!r} is unknown; use one of {list(ANSWER_FORMATS)}")
+    return answer_format
+
+
+def span_schema(labels, max_spans: int = MAX_SPANS) -> dict:
+    """The JSON schema of a structured answer for ``labels`` (strict: no other keys).
+
+    >>> span_schema(["toxic"])["properties"]["spans"]["items"]["properties"]["label"]
+    {'type': 'string', 'enum': ['toxic']}
+    """
+    labels = [str(label) for label in labels]
+    if not labels or max_spans < 1:
+        raise ConfigError(f"a span schema needs labels and max_spans >= 1, got {labels!r} and {max_spans}")
+    item = {"type": "object", "additionalProperties": False, "required": ["label", "text"],
+            "properties": {"label": {"type": "string", "enum": labels}, "text": {"type": "string"}}}
+    return {"type": "object", "additionalProperties": False, "required": ["spans"],
+            "properties": {"spans": {"type": "array", "items": item, "maxItems": max_spans}}}
+
+
+def instruction(labels, *, copy: bool, max_spans: int = MAX_SPANS) -> str:
+    """The paragraph that asks for the JSON structure in words (drlc's own wording)."""
+    shown = " or ".join(json.dumps(str(label)) for label in labels)
+    source = "a part of the text, copied character for character" if copy else "the span, copied from the text"
+    return (f"Answer format for this reply: instead of the lines described above, write one JSON object and "
+            f'nothing else, of the form {{"spans": [{{"label": <label>, "text": <span>}}]}}, where <label> is '
+            f"{shown} and <span> is {source}. List at most {max_spans} spans; when there is none, write "
+            f'{{"spans": []}}.')
+
+
+def with_instruction(messages: list[dict], text: str) -> list[dict]:
+    """``messages`` with ``text`` appended, after a blank line, to the last user message (a new list)."""
+    out = [dict(m) for m in messages]
+    last = max((i for i, m in enumerate(out) if m.get("role") == "user"), default=None)
+    if last is None or not isinstance(out[last].get("content"), str):
+        raise ConfigError("critic.answer_format json/copy needs a user message with text content in the template")
+    out[last]["content"] = f"{out[last]['content'].rstrip()}\n\n{text}"
+    return out
+
+
+def request_body(answer_format: str, labels, *, source: str, max_spans: int = MAX_SPANS) -> dict:
+    """The extra request fields for one critic request in ``answer_format`` ({} for ``text``).
+
+    :param source: the text spans are copied from (the critiqued response), used by ``copy``
+    """
+    check_format(answer_format)
+    if answer_format == "text":
+        return {}
+    schema = span_schema(labels, max_spans)
+    if answer_format == "json":
+        return {"response_format": {"type": "json_schema",
+                                    "json_schema": {"name": SCHEMA_NAME, "strict": True, "schema": schema}}}
+    from pipeline.critic.grammar import copy_grammar
+
+    return {"grammar": copy_grammar(source, labels, max_spans=max_spans),
+            "drlc_copy": {"source": source, "labels": [str(label) for label in labels], "max_spans": max_spans}}
+
+
+def shape_requests(requests: list[list[dict]], sources: list[str], *, labels,
+                   answer_format: str) -> tuple[list[list[dict]], list[dict]]:
+    """Rendered requests as ``answer_format`` sends them: (messages with the instruction, body fields).
+
+    ``text`` returns the requests unchanged and empty bodies, so its cache keys are today's.
+
+    :param sources: per request, the critiqued response (what ``copy`` spans are copied from)
+    """
+    check_format(answer_format)
+    if answer_format == "text":
+        return requests, [{} for _ in requests]
+    line = instruction(labels, copy=answer_format == "copy")
+    return ([with_instruction(messages, line) for messages in requests],
+            [request_body(answer_format, labels, source=source) for source in sources])
+
+
+def read_structured(text: str, *, labels, leading_label: str | None = None) -> ParsedAnswer:
+    """Read a structured answer; fall back to :func:`pipeline.critic.parse.parse_answer`.
+
+    ``{"spans": []}`` is ``none``; an answer that is neither the JSON object nor free text
+    with items is ``parse_error`` and its error names the JSON problem.
+    """
+    labels = tuple(str(label).strip().lower() for label in labels)
+    stripped = _FENCE.sub("", (text or "").strip())
+    try:
+        data = json.loads(stripped)
+    except ValueError as error:
+        fallback = parse_answer(text, labels=labels, leading_label=leading_label)
+        if fallback.status != "parse_error":
+            return fallback
+        return ParsedAnswer("parse_error", (), f"not valid JSON ({error}); free-text reading found no item either")
+    spans = data.get("spans") if isinstance(data, dict) else None
+    if not isinstance(spans, list):
+        return ParsedAnswer("parse_error", (), 'JSON answer has no "spans" list')
+    items = []
+    for entry in spans:
+        if not isinstance(entry, dict) or not isinstance(entry.get("text"), str) or not entry["text"].strip():
+            continue
+        label = canonical(str(entry.get("label", "")), labels)
+        items.append(Item(label, entry["text"], (entry["text"],)))
+    unique = tuple(dict.fromkeys(items))
+    if unique:
+        return ParsedAnswer("ok", unique, "")
+    if spans:
+        return ParsedAnswer("parse_error", (), f'JSON answer has {len(spans)} span(s) but none with a "text" string')
+    return ParsedAnswer("none", (), "")
