@@ -17,10 +17,10 @@ from pipeline.critic.offline.lexicon import ANSWER_FORMATS
 
 def cmd_check(args) -> None:
     from pipeline.core.config import load_params
-    from pipeline.steps.preflight import check_inputs
+    from pipeline.steps.preflight import check_run_inputs
 
     params = load_params(args.params, args.set)
-    check_inputs(params)
+    check_run_inputs(params)
     print(f"{args.params}: ok ({len(params.rounds)} rounds, task {params.run.task}, "
           f"critic {'on' if params.critic.enabled else 'off'})")
 
