@@ -140,3 +140,27 @@ def test_a_missing_params_file_suggests_no_flag_the_command_lacks(workdir):
     result = drlc(["estimate", "configs/paper/nope.yaml"], workdir)
     assert_clean_failure(result, "configs/paper/nope.yaml", "not found", "fix the path")
     assert "--params" not in result.stderr
+
+
+def scores_rows(round_):
+    return [{"run_id": "demo", "round": round_, "rollout_id": f"r{i}", "env_reward": float(i), "scorer": "vader",
+             "scorer_version": "1"} for i in range(3)]
+
+
+def test_sql_names_a_corrupt_partition_and_other_tables_still_answer(workdir):
+    from pipeline.core import store
+
+    for round_ in (1, 2):
+        store.write_table(scores_rows(round_), "scores", workdir / f"data/scores/round={round_:04d}")
+    store.write_table([{"run_id": "demo", "round": 0, "prompt_id": "0", "split": "eval", "text": "t", "reference": ""}],
+                      "prompts", workdir / "data/prompts/round=0000")
+    ok = drlc(["sql", "SELECT count(*) AS n FROM scores"], workdir)
+    assert ok.returncode == 0 and "6" in ok.stdout, ok.stderr
+    bad = workdir / "data/scores/round=0002/part-0.parquet"
+    bad.write_bytes(bad.read_bytes()[:40])  # a truncated copy: no footer
+    result = drlc(["sql", "SELECT count(*) AS n FROM scores"], workdir)
+    assert_clean_failure(result, "Table 'scores'", "data/scores/round=0002/part-0.parquet",
+                         "dvc checkout data/scores/round=0002", "dvc repro")
+    other = drlc(["sql", "SELECT split, count(*) AS n FROM prompts GROUP BY 1"], workdir)
+    assert other.returncode == 0 and "eval" in other.stdout, other.stderr
+    assert bad.stat().st_size == 40  # nothing rewritten

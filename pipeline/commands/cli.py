@@ -5,6 +5,7 @@ The pipeline itself runs with `dvc repro`; this command covers what sits around 
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -46,13 +47,14 @@ def _shell_word(value: str) -> str:
 def cmd_sql(args) -> None:
     import duckdb
 
-    from pipeline.core.store import connect
+    from pipeline.core.store import connect_skipping_broken
 
-    con = connect(args.data)
+    con, broken = connect_skipping_broken(args.data)
     try:
         result = con.sql(args.query)
     except duckdb.Error as err:
-        raise DrlcError(f"Query failed: {str(err).splitlines()[0]}") from None
+        named = [message for table, message in broken.items() if re.search(rf"\b{table}\b", args.query)]
+        raise DrlcError(named[0] if named else f"Query failed: {str(err).splitlines()[0]}") from None
     if result is None:
         return
     print(result.df().to_string(index=False) if args.format == "table" else result.df().to_csv(index=False))
@@ -148,8 +150,6 @@ def cmd_batch_ingest(args) -> None:
 
 def _audit_name(args, critic) -> str:
     """--name, or `<span file stem>-<critic.model>` with characters unsafe in a folder name replaced."""
-    import re
-
     name = args.name or f"{Path(args.spans).stem}-{critic.model}"
     if args.name and not re.fullmatch(r"[A-Za-z0-9._-]+", name):
         raise ConfigError(f"--name {name!r}: use letters, digits, '.', '_' and '-' only (it names a folder)")
