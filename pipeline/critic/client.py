@@ -16,7 +16,10 @@ Retry policy (drlc's own; the ``openai`` package runs with ``max_retries=0``):
 - a ``Retry-After`` (or ``retry-after-ms``) header is honoured exactly when it is at most
   ``backoff_max_s``; a longer one fails that request at once (``retry_after ... >
   backoff_max_s``) instead of stalling the round;
-- not retried: other 4xx and ``content_filter``.
+- not retried: other 4xx and ``content_filter``;
+- an endpoint that cannot be reached at all (connection refused, DNS failure) before it has
+  answered anything in this call raises CriticError naming the URL at once, instead of
+  retrying every request into a dead port; once it has answered, connection errors are retried.
 
 Failures are returned as ``status="api_error"`` results and never cached. An answer cut
 off by ``max_tokens`` (``finish_reason == "length"``) is returned with
@@ -229,6 +232,7 @@ class CriticClient:
                    progress: bool = False) -> list[CriticResult]:
         """Async form of :meth:`run` (for callers already inside an event loop)."""
         stats = self.last_stats = RunStats()
+        self._answered = False  # until an HTTP response arrives, a failed connect stops the run (see _attempt)
         keys = [self.key_for(messages, sample_index) for messages in requests]
         unique = dict(zip(keys, requests))  # first occurrence of each key, in order
         bar = tqdm(total=len(unique), desc="critic requests", unit="req", disable=not progress)
@@ -238,7 +242,11 @@ class CriticClient:
                     base_url=self.base_url, api_key=self._api_key, max_retries=0, timeout=self.timeout_s,
                     http_client=openai.DefaultAsyncHttpxClient(verify=_tls_context())) as api:
                 answers = await asyncio.gather(
-                    *(self._answer(api, semaphore, key, messages, cache, bar) for key, messages in unique.items()))
+                    *(self._answer(api, semaphore, key, messages, cache, bar) for key, messages in unique.items()),
+                    return_exceptions=True)  # every task ends before one error is raised: no stray tracebacks
+            raised = next((a for a in answers if isinstance(a, BaseException)), None)
+            if raised is not None:
+                raise raised
         finally:  # one counter write per call, not one per attempt (each is a SQLite commit)
             cache.tally(requests=stats.requests_sent)
             bar.close()
@@ -346,14 +354,21 @@ class CriticClient:
         except (openai.APITimeoutError, asyncio.TimeoutError):
             raise _Attempt(f"timeout after {self.timeout_s:g}s", retry=True) from None
         except openai.APIConnectionError as error:
+            if isinstance(error.__cause__, httpx2.ConnectError) and not self._answered:  # ends the call (arun)
+                raise CriticError(f"critic endpoint {self.base_url} is unreachable ({error.__cause__}) and has "
+                                  f"answered nothing in this run: start the server there or fix critic.endpoint"
+                                  ) from None
             raise _Attempt(f"connection_error: {error}", retry=True) from None
         except openai.APIStatusError as error:
+            self._answered = True  # it answers, with an error: retried as documented
             status = error.status_code
             retry = status in _RETRY_STATUS or status >= 500
             raise _Attempt(f"http_{status}: {str(error)[:200]}", retry=retry,
                            retry_after=_retry_after_s(error.response.headers) if retry else None) from None
         except (json.JSONDecodeError, openai.APIResponseValidationError, ValueError) as error:  # pydantic's too
+            self._answered = True
             raise _Attempt(f"bad_body: {type(error).__name__}: {str(error)[:120]}", retry=True) from None
+        self._answered = True
         latency = time.monotonic() - started
         return self._check_completion(completion, key, attempts, latency)
 
@@ -406,11 +421,11 @@ def _retry_after_s(headers) -> float | None:
 
 
 def _expand(keys: list[str], done: dict[str, CriticResult]) -> list[CriticResult]:
-    """One result per request; repeats of a key within the call cost nothing."""
+    """One result per request; a repeat of a key within the call was not sent again: no cost, 0 attempts."""
     seen: set[str] = set()
     results = []
     for key in keys:
         result = done[key]
-        results.append(replace(result, cost_usd=0.0) if key in seen else result)
+        results.append(replace(result, cost_usd=0.0, attempts=0) if key in seen else result)
         seen.add(key)
     return results
