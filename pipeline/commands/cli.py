@@ -102,6 +102,12 @@ def cmd_report(args) -> None:
         print(f"{kind}: {path}")
 
 
+def cmd_view(args) -> None:
+    from pipeline.commands.view import write_view
+
+    print(f"wrote {write_view(args.run, args.out, args.tokenizer)}")
+
+
 def cmd_replay(args) -> None:
     from pipeline.commands.replay import replay
     from pipeline.commands.replay_dvc import write_dvc_replay
@@ -266,6 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("runs", nargs="+", help="run folders (each with metrics/eval.json and metrics/rounds.json)")
     report.add_argument("--out", default="reports", help="output folder (default: reports)")
     report.set_defaults(func=cmd_report)
+
+    view = sub.add_parser("view", help="write one HTML page of a run's critic spans and per-token rewards")
+    view.add_argument("run", nargs="?", default=".", help="a finished run's folder (default: .)")
+    view.add_argument("--out", default=None, help="HTML file to write (default: RUN/reports/view.html)")
+    view.add_argument("--tokenizer", default=None, help="tokenizer folder (default: RUN/models/base)")
+    view.set_defaults(func=cmd_view)
 
     cache = sub.add_parser("cache", help="inspect, export or import the critic cache")
     cache.add_argument("action", choices=["stats", "export", "import"])
