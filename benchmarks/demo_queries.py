@@ -6,7 +6,8 @@ rows with the run's provenance (git commit, sha256 of its dvc.lock, torch thread
 machine). `render` turns that JSON, and only that JSON, into the Markdown that sits in
 README.md between `README_START` and `README_END`; tests/test_readme_queries.py regenerates
 it from the committed JSON and compares, so the SQL shown is the SQL run and the numbers shown
-are the numbers recorded.
+are the numbers recorded; tests/test_e2e_demo_queries.py (slow) runs a fresh default demo and
+compares its rows with the committed JSON, so a code change that moves a number fails there.
 
 Usage:
     git clone . /tmp/demo_run && (cd /tmp/demo_run && dvc repro)     # a fresh demo run
@@ -50,13 +51,14 @@ QUERIES: tuple[Query, ...] = (
     Query(
         "critic_calls",
         "Critic calls and cache hits per round (`critic_requests`: HTTP attempts actually sent, "
-        "retries included, 0 for a cache hit):",
+        "retries included, 0 for a cache hit and for a repeat within the round; the stage line's number):",
         """SELECT round, count(*) FILTER (WHERE critiqued) AS critiqued,
        count(*) FILTER (WHERE critiqued AND cache_hit) AS cache_hits,
        coalesce(sum(attempts), 0) AS critic_requests
 FROM annotations GROUP BY round ORDER BY round""",
-        "(On a first run, the hits are responses identical to one already sent in the same round; "
-        "a `dvc repro --force` hits the cache for every call and sends no request.)",
+        "(On a first run, the hits are responses identical to one answered in an earlier round: every "
+        "round shares the cache. A response repeated within a round is sent once, and its repeats are "
+        "neither requests nor hits. A `dvc repro --force` hits the cache for every call and sends no request.)",
     ),
     Query(
         "negative_spans",

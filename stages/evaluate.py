@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pipeline.core import store
 from pipeline.core.device import resolve_device
+from pipeline.data.inputs import check_eval_prompts
 from pipeline.evaluate.curves import round_curves
 from pipeline.parallel.shard import Shard
 from pipeline.steps import stage
@@ -17,7 +18,7 @@ def main():
     parser = stage.parser(__doc__, "prompts", "base", "policy", "data", "metrics", "curves", "out", "samples")
     parser.add_argument("--stage-metrics", help="JSON of the stage itself: device, samples, seconds")
     args = parser.parse_args()
-    params = stage.start(args, check_params)
+    params = stage.start(args, check_params, check_eval_prompts)
     device, shard = resolve_device(params.run.device), Shard.from_environment()
     policy_name = Path(args.policy).name
     rows, samples, metrics, info = evaluate_models(

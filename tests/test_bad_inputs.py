@@ -141,7 +141,7 @@ def busy_port(workdir):
 
 @pytest.mark.parametrize("make_args, needles", [
     (lambda w: (w / "bad.yaml").write_text("run: [\n") and ["check", "--params", "bad.yaml"], ["bad.yaml", "YAML"]),
-    (lambda w: ["check", "--params", "nope.yaml"], ["nope.yaml", "--params"]),
+    (lambda w: ["check", "--params", "nope.yaml"], ["nope.yaml", "not found", "fix the path"]),
     (lambda w: ["check", "--set", "nokey"], ["'nokey'", "section.key=value"]),
     (lambda w: ["check", "--set", "rounds.0002={prev: round=0009}"], ["round=0009", "round=0001"]),
     (lambda w: ["check", "--set", "evaluate.policy=round=0002"], ["evaluate.policy", "round=0002", "last round"]),

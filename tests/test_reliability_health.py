@@ -11,6 +11,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -153,12 +154,24 @@ def test_a_dead_endpoint_stops_the_round_with_one_line(tmp_path, dead):
             line = assert_failed_cleanly(run_stage(workdir, "run"), workdir, "run")
             assert server.stats()["requests"] == 10 * 2
         assert "most common: http_500: Error code: 500" in line and "injected server error" in line
-    else:  # nothing listens on the port
+        assert "critique: 10 of 10 critiqued responses failed (100% > critic.max_error_rate 20%)" in line
+        assert "(10); every good answer is cached, re-run to retry only the failures" in line
+    else:  # nothing listens on the port: the first refused connect stops the stage, naming the URL
+        started = time.monotonic()
         line = assert_failed_cleanly(run_stage(workdir, "run"), workdir, "run")
-        assert "most common: connection_error: Connection error. (10)" in line
-    assert "critique: 10 of 10 critiqued responses failed (100% > critic.max_error_rate 20%)" in line
-    assert "(10); every good answer is cached, re-run to retry only the failures" in line
+        assert time.monotonic() - started < 30  # the process start dominates; no retry backoff
+        assert f"critic endpoint http://127.0.0.1:{port}/v1 is unreachable" in line
+        assert "start the server there or fix critic.endpoint" in line
     assert cached_keys(workdir) == set()
+
+
+def test_an_unresolvable_endpoint_host_stops_the_round_with_one_line(tmp_path):  # stage_env() sets the API key
+    workdir = make_round(tmp_path, free_port())
+    raw = yaml.safe_load((workdir / "params.yaml").read_text())
+    raw["critic"]["endpoint"] = "https://no-such-host.invalid/v1"  # .invalid never resolves (RFC 2606)
+    (workdir / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    line = assert_failed_cleanly(run_stage(workdir, "run"), workdir, "run")
+    assert "critic endpoint https://no-such-host.invalid/v1 is unreachable" in line
 
 
 def annotation(status: str, error: str = "") -> dict:

@@ -5,6 +5,7 @@ The pipeline itself runs with `dvc repro`; this command covers what sits around 
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -17,10 +18,10 @@ from pipeline.critic.offline.lexicon import LAYOUTS
 
 def cmd_check(args) -> None:
     from pipeline.core.config import load_params
-    from pipeline.steps.preflight import check_inputs
+    from pipeline.steps.preflight import check_run_inputs
 
     params = load_params(args.params, args.set)
-    check_inputs(params)
+    check_run_inputs(params)
     print(f"{args.params}: ok ({len(params.rounds)} rounds, task {params.run.task}, "
           f"critic {'on' if params.critic.enabled else 'off'})")
 
@@ -46,13 +47,14 @@ def _shell_word(value: str) -> str:
 def cmd_sql(args) -> None:
     import duckdb
 
-    from pipeline.core.store import connect
+    from pipeline.core.store import connect_skipping_broken
 
-    con = connect(args.data)
+    con, broken = connect_skipping_broken(args.data)
     try:
         result = con.sql(args.query)
     except duckdb.Error as err:
-        raise DrlcError(f"Query failed: {str(err).splitlines()[0]}") from None
+        named = [message for table, message in broken.items() if re.search(rf"\b{table}\b", args.query)]
+        raise DrlcError(named[0] if named else f"Query failed: {str(err).splitlines()[0]}") from None
     if result is None:
         return
     print(result.df().to_string(index=False) if args.format == "table" else result.df().to_csv(index=False))
@@ -98,6 +100,12 @@ def cmd_report(args) -> None:
     paths = write_report(args.runs, args.out)
     for kind, path in paths.items():
         print(f"{kind}: {path}")
+
+
+def cmd_view(args) -> None:
+    from pipeline.commands.view import write_view
+
+    print(f"wrote {write_view(args.run, args.out, args.tokenizer)}")
 
 
 def cmd_replay(args) -> None:
@@ -152,8 +160,6 @@ def cmd_batch_ingest(args) -> None:
 
 def _audit_name(args, critic) -> str:
     """--name, or `<span file stem>-<critic.model>` with characters unsafe in a folder name replaced."""
-    import re
-
     name = args.name or f"{Path(args.spans).stem}-{critic.model}"
     if args.name and not re.fullmatch(r"[A-Za-z0-9._-]+", name):
         raise ConfigError(f"--name {name!r}: use letters, digits, '.', '_' and '-' only (it names a folder)")
@@ -270,6 +276,12 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("runs", nargs="+", help="run folders (each with metrics/eval.json and metrics/rounds.json)")
     report.add_argument("--out", default="reports", help="output folder (default: reports)")
     report.set_defaults(func=cmd_report)
+
+    view = sub.add_parser("view", help="write one HTML page of a run's critic spans and per-token rewards")
+    view.add_argument("run", nargs="?", default=".", help="a finished run's folder (default: .)")
+    view.add_argument("--out", default=None, help="HTML file to write (default: RUN/reports/view.html)")
+    view.add_argument("--tokenizer", default=None, help="tokenizer folder (default: RUN/models/base)")
+    view.set_defaults(func=cmd_view)
 
     cache = sub.add_parser("cache", help="inspect, export or import the critic cache")
     cache.add_argument("action", choices=["stats", "export", "import"])

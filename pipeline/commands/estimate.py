@@ -360,6 +360,11 @@ def cmd_estimate(args) -> None:
     print(format_report(args.config, params, critic=critic, stages=planned_stages(params, args.dvc_file),
                         inputs=inputs_of(params), scorer_calls=remote_scorer_calls(params, args.root),
                         warnings=warnings, root=args.root, disk=disk, load=load))
+    missing = [f"{role} = {name!r}" for role, name, kind in inputs_of(params)
+               if kind != "built" and source_status(name, kind=kind, root=args.root) == "MISSING local path"]
+    if missing:
+        raise ConfigError(f"{args.config}: missing local path(s) {'; '.join(missing)}: fix the path "
+                          f"(relative to {Path(args.root).resolve()}) before `dvc repro`.")
 
 
 def add_estimate_parser(subparsers) -> None:

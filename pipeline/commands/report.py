@@ -163,6 +163,18 @@ def _run_names(run_dirs: list[str]) -> list[str]:
     return [f"{i}:{n}" for i, n in enumerate(names)]  # the same folder given twice
 
 
+def view_links(names: list[str], run_dirs: list[str], out: Path) -> str:
+    """The report's section linking each run's span viewer page (`drlc view RUN` writes RUN/reports/view.html)."""
+    import os
+
+    lines = []
+    for name, run in zip(names, run_dirs):
+        page = Path(run) / "reports" / "view.html"
+        lines.append(f"- `{name}`: [{page.name}]({Path(os.path.relpath(page.resolve(), out.resolve())).as_posix()})"
+                     if page.is_file() else f"- `{name}`: no page yet; run `drlc view {run}`")
+    return "## Critic spans per token\n\n" + "\n".join(lines) + "\n\n"
+
+
 def write_report(run_dirs: list[str], out_dir: str = "reports") -> dict[str, Path]:
     """Write `report.md` (metrics side by side, deltas vs the first run) and `curves.png` to out_dir.
 
@@ -183,6 +195,7 @@ def write_report(run_dirs: list[str], out_dir: str = "reports") -> dict[str, Pat
             f"## Metrics\n\n{markdown_table(names, [m for m, _ in loaded])}\n"
             f"`final` = the run's evaluated policy (evaluate.policy). Curve columns: {', '.join(CURVE_COLUMNS)}.\n\n"
             f"{win_rate_table(names, [load_rm_scores(r) for r in run_dirs])}"
+            f"{view_links(names, run_dirs, out)}"
             f"## Training curves\n\n![training curves]({png.name})\n")
     md = out / "report.md"
     md.write_text(text, encoding="utf-8")

@@ -30,7 +30,19 @@ ROUND_KEY = re.compile(r"^\d{4}$")
 
 
 class _YamlLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, plus YAML 1.2 floats without a dot such as `1e-4` (1.1 reads a string)."""
+    """PyYAML's safe loader, plus YAML 1.2 floats without a dot such as `1e-4` (1.1 reads a string),
+    and a duplicate key in one mapping is an error (PyYAML keeps the last silently; DVC refuses the file)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {seen[key] + 1}): keep one; a second "
+                    f"section or key replaces the first", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
 
 
 _YamlLoader.add_implicit_resolver(
@@ -42,6 +54,15 @@ _YamlLoader.add_implicit_resolver(
 
 def read_yaml(text: str):
     return yaml.load(text, Loader=_YamlLoader)
+
+
+def yaml_error_line(err: yaml.YAMLError) -> str:
+    """A PyYAML error as one line: 'line L, column C: <problem>' (PyYAML's own text spans several lines)."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    context = getattr(err, "context", None)
+    return f"{where}{problem}" + (f" ({context})" if context else "")
 
 
 def _positive(x) -> bool:
@@ -570,11 +591,12 @@ def load_params(path: str | Path = "params.yaml", overrides: list[str] | tuple =
     """Read, override and validate a params file. Raises ConfigError on any bad value."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"Params file '{path}' not found: run from the project root or pass --params.")
+        raise ConfigError(f"Params file '{path}' not found in {Path.cwd()}: fix the path, or run from the "
+                          f"project root for the default params.yaml.")
     try:
         raw = read_yaml(path.read_text()) or {}
     except yaml.YAMLError as err:
-        raise ConfigError(f"Params file '{path}' is not valid YAML: {str(err).splitlines()[0]}") from None
+        raise ConfigError(f"Params file '{path}' is not valid YAML: {yaml_error_line(err)}") from None
     for assignment in overrides:
         apply_override(raw, assignment)
     return params_from_dict(raw)

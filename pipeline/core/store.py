@@ -159,11 +159,44 @@ def read_table(path: str | Path, table: str | None = None) -> list[dict]:
 
 
 def connect(data_root: str | Path = "data") -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with one view per table that has data under data_root."""
-    con = duckdb.connect()
-    for sql in view_statements(data_root):
-        con.execute(sql)
+    """An in-memory DuckDB connection with one view per table that has data under data_root.
+
+    Raises StoreError naming the file when a partition is unreadable (connect_skipping_broken names it too).
+    """
+    con, broken = connect_skipping_broken(data_root)
+    if broken:
+        raise StoreError(next(iter(broken.values())))
     return con
+
+
+def connect_skipping_broken(data_root: str | Path = "data") -> tuple[duckdb.DuckDBPyConnection, dict[str, str]]:
+    """connect(), but a table with an unreadable partition gets no view: (connection, {table: one-line error}).
+
+    DuckDB reads every file's footer when it creates a view over them, so one corrupt file would
+    fail every query; here only the queries that read its table fail (`drlc sql`).
+    """
+    con, broken = duckdb.connect(), {}
+    for sql in view_statements(data_root):
+        table = sql.split()[4]  # CREATE OR REPLACE VIEW <table> AS ...
+        try:
+            con.execute(sql)
+        except duckdb.Error as error:
+            broken[table] = unreadable_partition(Path(data_root), table) or \
+                f"Table '{table}' cannot be read: {str(error).splitlines()[0]}"
+    return con, broken
+
+
+def unreadable_partition(data_root: Path, table: str) -> str | None:
+    """The one-line error for the first partition of `table` whose Parquet footer cannot be read, or None."""
+    key = PARTITION_KEYS.get(table, "round")
+    for layout in LAYOUTS:
+        for path in sorted((data_root / table).glob(layout.format(key=key))):
+            try:
+                pq.read_metadata(path)
+            except (pa.ArrowException, OSError) as error:
+                return (f"Table '{table}': Parquet file '{path}' is unreadable ({str(error).splitlines()[0]}); "
+                        f"restore it with `dvc checkout {path.parent}` or re-create it with `dvc repro`.")
+    return None
 
 
 def view_statements(data_root: str | Path = "data") -> list[str]:

@@ -21,7 +21,8 @@ Status of a row (``STATUSES``), honest about what the answer gave:
 
 Each critiqued row records the ``items`` read, the kept ``spans`` (one per aligned
 occurrence), the ``dropped`` items with reasons, and ``attempts`` (HTTP attempts in this
-run; 0 for a cache hit).
+run; 0 for a cache hit and for a repeat of a request already sent in the round, so the
+round's ``sum(attempts)`` is its ``critic_requests``).
 
 With ``zero_mean`` (``critic.zero_mean``) each critiqued response's aligned intrinsic rewards
 get their own mean subtracted, so they sum to zero: the critic then moves credit between a

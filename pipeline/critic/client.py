@@ -21,6 +21,9 @@ Retry policy (drlc's own; the ``openai`` package runs with ``max_retries=0``):
   and is answered with a 4xx, or with a 5xx whose message names ``response_format``,
   ``json_schema`` or ``grammar`` (llama.cpp's server answers OpenAI's ``json_schema`` type with
   HTTP 500), fails at once with one line naming ``critic.answer_format`` and the fix.
+- an endpoint that cannot be reached at all (connection refused, DNS failure) before it has
+  answered anything in this call raises CriticError naming the URL at once, instead of
+  retrying every request into a dead port; once it has answered, connection errors are retried.
 
 Per-request body fields (``bodies`` of :meth:`CriticClient.run`) and ``extra_body`` (the same
 fields for every request, ``critic.extra_body``) are sent as given and are part of the cache key.
@@ -241,6 +244,7 @@ class CriticClient:
                    progress: bool = False, bodies: list[dict] | None = None) -> list[CriticResult]:
         """Async form of :meth:`run` (for callers already inside an event loop)."""
         stats = self.last_stats = RunStats()
+        self._answered = False  # until an HTTP response arrives, a failed connect stops the run (see _attempt)
         bodies = [{}] * len(requests) if bodies is None else bodies
         if len(bodies) != len(requests):
             raise ConfigError(f"CriticClient.run got {len(bodies)} bodies for {len(requests)} requests")
@@ -253,7 +257,11 @@ class CriticClient:
                     base_url=self.base_url, api_key=self._api_key, max_retries=0, timeout=self.timeout_s,
                     http_client=openai.DefaultAsyncHttpxClient(verify=_tls_context())) as api:
                 answers = await asyncio.gather(
-                    *(self._answer(api, semaphore, key, request, cache, bar) for key, request in unique.items()))
+                    *(self._answer(api, semaphore, key, request, cache, bar) for key, request in unique.items()),
+                    return_exceptions=True)  # every task ends before one error is raised: no stray tracebacks
+            raised = next((a for a in answers if isinstance(a, BaseException)), None)
+            if raised is not None:
+                raise raised
         finally:  # one counter write per call, not one per attempt (each is a SQLite commit)
             cache.tally(requests=stats.requests_sent)
             bar.close()
@@ -362,8 +370,13 @@ class CriticClient:
         except (openai.APITimeoutError, asyncio.TimeoutError):
             raise _Attempt(f"timeout after {self.timeout_s:g}s", retry=True) from None
         except openai.APIConnectionError as error:
+            if isinstance(error.__cause__, httpx2.ConnectError) and not self._answered:  # ends the call (arun)
+                raise CriticError(f"critic endpoint {self.base_url} is unreachable ({error.__cause__}) and has "
+                                  f"answered nothing in this run: start the server there or fix critic.endpoint"
+                                  ) from None
             raise _Attempt(f"connection_error: {error}", retry=True) from None
         except openai.APIStatusError as error:
+            self._answered = True  # it answers, with an error: retried as documented
             status = error.status_code
             refusal = _format_refusal(status, str(error), body)
             if refusal:
@@ -372,7 +385,9 @@ class CriticClient:
             raise _Attempt(f"http_{status}: {str(error)[:200]}", retry=retry,
                            retry_after=_retry_after_s(error.response.headers) if retry else None) from None
         except (json.JSONDecodeError, openai.APIResponseValidationError, ValueError) as error:  # pydantic's too
+            self._answered = True
             raise _Attempt(f"bad_body: {type(error).__name__}: {str(error)[:120]}", retry=True) from None
+        self._answered = True
         latency = time.monotonic() - started
         return self._check_completion(completion, key, attempts, latency)
 
@@ -451,11 +466,11 @@ def _retry_after_s(headers) -> float | None:
 
 
 def _expand(keys: list[str], done: dict[str, CriticResult]) -> list[CriticResult]:
-    """One result per request; repeats of a key within the call cost nothing."""
+    """One result per request; a repeat of a key within the call was not sent again: no cost, 0 attempts."""
     seen: set[str] = set()
     results = []
     for key in keys:
         result = done[key]
-        results.append(replace(result, cost_usd=0.0) if key in seen else result)
+        results.append(replace(result, cost_usd=0.0, attempts=0) if key in seen else result)
         seen.add(key)
     return results

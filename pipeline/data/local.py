@@ -14,7 +14,7 @@ import random
 from pathlib import Path
 
 from pipeline.core.errors import DataError
-from pipeline.core.jsonl import json_object
+from pipeline.core.jsonl import json_object, text_lines
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 
@@ -49,16 +49,13 @@ def read_records(source: str) -> list[dict]:
 
 def _file_records(path: Path) -> list[dict]:
     if path.suffix in (".jsonl", ".json"):
-        records = []
-        with path.open(encoding="utf-8") as f:
-            for number, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                records.append(json_object(f"{path}:{number}", line, expected="a JSON object"))
-        return records
+        return [json_object(f"{path}:{number}", line, expected="a JSON object")
+                for number, line in text_lines(path) if line.strip()]
     if path.suffix == ".csv":
         import pandas as pd
 
+        for _ in text_lines(path):  # a byte that is not UTF-8 fails here with its line, not in pandas
+            pass
         return pd.read_csv(path, keep_default_na=False).to_dict("records")
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from pipeline.core.errors import DataError
+from pipeline.core.jsonl import text_lines
 
 WORLD = "world"
 
@@ -25,22 +26,21 @@ def read_dexperts_prompts(path: str | Path, n_prompts: int | None = None) -> lis
     if not path.is_file():
         raise DataError(f"Prompts file '{path}' not found: set 'evaluate.prompts' to 'world' or existing JSONL files.")
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if n_prompts is not None and len(rows) >= n_prompts:
-                break
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}:{number}: not valid JSON ({err.msg}); one JSON object per line.") from None
-            prompt = record.get("prompt") if isinstance(record, dict) else None
-            text = prompt.get("text") if isinstance(prompt, dict) else None
-            if not isinstance(text, str) or not text:
-                raise DataError(f"{path}:{number}: missing field 'prompt.text' (a non-empty string), "
-                                f'as in {{"prompt": {{"text": "..."}}}}.')
-            rows.append({"prompt_id": str(number - 1), "text": text})
+    for number, line in text_lines(path):
+        if n_prompts is not None and len(rows) >= n_prompts:
+            break
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}:{number}: not valid JSON ({err.msg}); one JSON object per line.") from None
+        prompt = record.get("prompt") if isinstance(record, dict) else None
+        text = prompt.get("text") if isinstance(prompt, dict) else None
+        if not isinstance(text, str) or not text:
+            raise DataError(f"{path}:{number}: missing field 'prompt.text' (a non-empty string), "
+                            f'as in {{"prompt": {{"text": "..."}}}}.')
+        rows.append({"prompt_id": str(number - 1), "text": text})
     if not rows:
         raise DataError(f"Prompts file '{path}' has no prompts.")
     return rows

@@ -10,12 +10,25 @@ from pathlib import Path
 
 from pipeline.core.config import Params
 from pipeline.core.errors import CacheError, ConfigError
+from pipeline.model.gguf import is_gguf_spec, resolve_gguf
 from pipeline.tasks import check_params, get_task
 
 
 def check_inputs(params: Params, root: str | Path = ".") -> Params:
     """Raise a DrlcError for any input the run would trip over later: the task's and the critic's."""
     return check_critic(check_params(params), root)
+
+
+def check_run_inputs(params: Params, root: str | Path = ".") -> Params:
+    """What `drlc check` runs: check_inputs, then every input file and model file any stage reads
+    (each stage runs its own share of these at its start, pipeline.steps.stage.start)."""
+    from pipeline.data.inputs import check_data_files
+    from pipeline.model.gguf import check_base_model
+
+    check_inputs(params, root)
+    check_data_files(params)
+    check_base_model(params)
+    return params
 
 
 def check_critic(params: Params, root: str | Path = ".") -> Params:
@@ -41,6 +54,8 @@ def check_critic(params: Params, root: str | Path = ".") -> Params:
             f"'critic.rewards' has labels {unknown} that {params.critic.template} does not produce: "
             f"valid labels are {list(template.labels)}."
         )
+    if is_gguf_spec(params.critic.model_dir):
+        resolve_gguf(params.critic.model_dir, key="critic.model_dir")
     check_cache_dir(params.critic.cache_dir, root)
     if params.critic.endpoint != "local":
         from pipeline.critic.client import api_key_for

@@ -1,0 +1,42 @@
+"""README's demo numbers stay true: run the default demo (params.yaml unchanged) with the real DVC, run
+README's queries on it with benchmarks/demo_queries.py, and compare every row with the committed
+benchmarks/results/demo_queries.json (which README renders, tests/test_readme_queries.py).
+
+The rows depend on torch's thread count and the CPU's kernels (summation order), so the comparison
+runs where both equal the committed run's and skips, saying so, elsewhere. On a mismatch the fresh result is
+left in the test's temp folder with the command that re-renders README from it.
+"""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from e2e import dvc, make_project
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.demo_queries import RESULT, provenance, run_queries  # noqa: E402
+
+pytestmark = pytest.mark.slow  # the full demo: 4 rounds of 128 rollouts, a few minutes on 2 cores
+
+
+def test_a_fresh_demo_run_gives_the_committed_demo_queries(tmp_path):
+    committed = json.loads(RESULT.read_text())
+    threads, cpu = committed["provenance"]["torch_threads"], committed["provenance"]["machine"]["cpu"]
+    if torch.get_num_threads() != threads:
+        pytest.skip(f"torch runs {torch.get_num_threads()} threads here, the committed run {threads}: "
+                    f"the demo's floats (and so its rollouts) differ by summation order")
+    here = provenance(ROOT)["machine"]["cpu"]
+    if here != cpu:
+        pytest.skip(f"this CPU is {here!r}, the committed run's {cpu!r}: its kernels sum in another order")
+    project = make_project(tmp_path, yaml.safe_load((ROOT / "params.yaml").read_text()))
+    dvc(["repro"], project)
+    fresh = run_queries(project)
+    (tmp_path / "demo_queries.json").write_text(json.dumps(fresh, indent=1) + "\n")
+    fix = (f"a code change moved README's demo numbers: python benchmarks/demo_queries.py --project {project} "
+           f"--readme README.md (fresh rows in {tmp_path / 'demo_queries.json'})")
+    for new, old in zip(fresh["queries"], committed["queries"], strict=True):
+        assert (new["key"], new["columns"], new["rows"]) == (old["key"], old["columns"], old["rows"]), fix
