@@ -99,7 +99,7 @@ def _critic_rows(posts, *, critic: CriticParams, template: Template, fields, cac
                  base_dir: str | None, progress: bool) -> tuple[list[dict], dict]:
     """Ask `critic` about every post; return one prediction row per post and the call counters."""
     requests = [template.render(fields(post.request_row())) for post in posts]
-    with critic_endpoint(critic, base_dir) as (base_url, server_stats):
+    with critic_endpoint(critic, base_dir, labels=template.labels) as (base_url, server_stats):
         client = critic_client(critic, base_url, template_sha=template.sha256)
         results = client.run(requests, cache, progress=progress)
         stats, server_requests = client.last_stats, server_stats().get("requests", 0)
