@@ -32,7 +32,8 @@ _BLOCKS = {"summarization": "summary"}  # the block holding the text to critique
 
 
 def critiqued_text(messages: list[dict]) -> str:
-    """The text a rendered critic prompt asks about: its ``<response>`` (or ``<summary>``) block.
+    """The text a rendered critic prompt asks about: its ``<response>`` (or ``<summary>``) block,
+    from the last ``<response>`` line before the last ``</response>``, minus one newline each side.
 
     :raises CriticError: no user message, or the block is missing
     """
@@ -43,7 +44,11 @@ def critiqued_text(messages: list[dict]) -> str:
     if not users:
         raise CriticError("tagger critic: the request has no user message; render the prompt from prompts/")
     text, opening, closing = users[-1], f"<{tag}>", f"</{tag}>"
-    start, end = text.find(opening), text.rfind(closing)
+    end = text.rfind(closing)
+    # the block opens at the last "<tag>" on its own line before the closing tag: the
+    # instructions may name the tag in prose ("the text between the <response> tags")
+    start = text.rfind(opening + "\n", 0, max(end, 0))
+    start = start if start >= 0 else text.rfind(opening, 0, max(end, 0))
     if start < 0 or end < start + len(opening):
         raise CriticError(f"tagger critic: the last user message has no {opening}...{closing} block")
     inner = text[start + len(opening):end]
