@@ -106,7 +106,7 @@ def _critic_rows(posts, *, critic: CriticParams, template: Template, fields, cac
     requests, bodies = shape_requests([template.render(fields(post.request_row())) for post in posts],
                                       [post.text for post in posts], labels=template.labels,
                                       answer_format=critic.answer_format)
-    with critic_endpoint(critic, base_dir) as (base_url, server_stats):
+    with critic_endpoint(critic, base_dir, labels=template.labels) as (base_url, server_stats):
         client = critic_client(critic, base_url, template_sha=template.sha256)
         if critic.samples > 1:
             samples = sampled_results(client, requests, bodies, cache, samples=critic.samples, progress=progress)

@@ -205,6 +205,49 @@ def cmd_critic_eval(args) -> None:
         print(f"{kind}: {path}")
 
 
+def cmd_critic_distill(args) -> None:
+    from pipeline.audit.distill import distill, examples_from_file, examples_from_run
+    from pipeline.core.config import load_params
+    from pipeline.critic.templates import load_template
+    from pipeline.tasks import get_task
+
+    if bool(args.spans) == bool(args.run_data):
+        raise ConfigError("`drlc critic distill` needs exactly one source: --spans FILE (labelled spans) "
+                          "or --run-data DIR (a run's annotations)")
+    params = load_params(args.params, args.set)
+    task = params.run.task
+    labels = load_template(params.critic.template, task=task, labels=params.critic.labels,
+                           fields=get_task(task).critic_fields).labels
+    if args.spans:
+        examples, source = examples_from_file(args.spans, labels=labels), args.spans
+    else:
+        examples = examples_from_run(args.run_data, labels=labels, query=args.query)
+        source = f"{args.run_data}" + (f" query: {args.query}" if args.query else "")
+    card = distill(examples, labels=labels, out_dir=args.out, source=source, seed=args.seed,
+                   heldout_share=args.heldout_share)
+    held = card["heldout"]
+    print(f"distilled a tagger for {card['labels']} from {card['n_train']} texts into {args.out} "
+          f"(held-out {card['n_heldout']}: char F1 {held['char_f1']:.3f}); model {card['model_hash'][:12]}")
+
+
+def _add_distill_parser(critic_sub) -> None:
+    distill = critic_sub.add_parser("distill", help="train a span tagger (critic.backend: tagger) from labelled "
+                                                    "spans or a run's critic answers")
+    distill.add_argument("--params", default="params.yaml", help="params file: its task and critic template "
+                                                                 "give the labels")
+    distill.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key")
+    distill.add_argument("--spans", default=None, help="labelled posts: SemEval .csv (spans,text) or drlc .jsonl")
+    distill.add_argument("--run-data", default=None, metavar="DIR",
+                         help="a run's data folder: train on its critiqued responses' read answers")
+    distill.add_argument("--query", default=None, help="with --run-data: a DuckDB query returning text, spans "
+                                                       "(default: every answer with status ok or none)")
+    distill.add_argument("--out", required=True, help="model folder to write (then critic.model_dir)")
+    distill.add_argument("--seed", type=int, default=0, help="seed of the held-out split (default: 0)")
+    distill.add_argument("--heldout-share", type=float, default=0.15,
+                         help="share of texts held out to tune decoding and score the card (default: 0.15)")
+    distill.set_defaults(func=cmd_critic_distill)
+
+
 def _add_eval_parser(critic_sub) -> None:
     evaluate = critic_sub.add_parser("eval", help="audit the configured critic's spans against human-labelled spans")
     evaluate.add_argument("--params", default="params.yaml", help="params file whose critic section is audited")
@@ -295,7 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--backend", default="lexicon", help=" | ".join(CRITIC_BACKENDS))
-    serve.add_argument("--model-dir", default=None, help="local chat-model checkpoint for --backend hf")
+    serve.add_argument("--model-dir", default=None, help="local chat-model checkpoint for --backend hf, "
+                                                         "model folder of `drlc critic distill` for --backend tagger")
     serve.add_argument("--layout", default="drlc", choices=LAYOUTS,
                        help="layout of the lexicon backend's answers (default: drlc, the templates' own format)")
     serve.add_argument("--latency", type=float, default=0.0, help="seconds added to every answer")
@@ -317,6 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--params", default="params.yaml")
     ingest.set_defaults(func=cmd_batch_ingest)
     _add_eval_parser(critic_sub)
+    _add_distill_parser(critic_sub)
     return p
 
 

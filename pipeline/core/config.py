@@ -203,7 +203,7 @@ class ScoreParams:
 
 
 # the local critic server's backends (pipeline/critic/offline/server.py); the one list, also `drlc critic serve`'s
-CRITIC_BACKENDS = ("lexicon", "echo", "hf")
+CRITIC_BACKENDS = ("lexicon", "echo", "hf", "tagger")
 # critic.answer_format: free text, a JSON schema, or JSON whose spans are copied from the response
 # (pipeline/critic/structured.py); the one list
 CRITIC_ANSWER_FORMATS = ("text", "json", "copy")
@@ -214,7 +214,7 @@ class CriticParams:
     enabled: bool = True
     endpoint: str = "local"  # "local" = drlc's own server on 127.0.0.1, else an OpenAI-compatible base URL
     backend: str = "lexicon"  # backend of the local server
-    model_dir: str | None = None  # hf backend: "base" (this run's base model: self-critique) or a model folder
+    model_dir: str | None = None  # hf backend: "base" (this run's base model: self-critique) or a model folder; tagger: its model folder
     model: str = "drlc-lexicon"
     template: str = "prompts/sentiment.md"
     labels: list[str] = field(default_factory=list)  # span labels; [] = the template's front matter (.txt: required)

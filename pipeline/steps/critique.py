@@ -50,15 +50,17 @@ def critic_model_dir(critic: CriticParams, base_dir: str | None) -> str | None:
 
 
 @contextlib.contextmanager
-def critic_endpoint(critic: CriticParams, base_dir: str | None = None, device=None):
+def critic_endpoint(critic: CriticParams, base_dir: str | None = None, device=None, labels=None):
     """Yield (base_url, server_stats) — a local server if endpoint is 'local', else the remote URL.
 
     base_dir: the run's base model folder, served when critic.model_dir is "base". device: where
     the local hf backend's model runs (server_stats()["device"] reads it back from its parameters).
+    labels: the template's labels, which a tagger backend's model must tag.
     """
     if critic.endpoint == "local":
-        model_dir = critic_model_dir(critic, base_dir) if critic.backend == "hf" else None
+        model_dir = critic_model_dir(critic, base_dir) if critic.backend in ("hf", "tagger") else None
         options = {"device": device} if critic.backend == "hf" else {}
+        options |= {"labels": tuple(labels) if labels else None} if critic.backend == "tagger" else {}
         with serve_in_background(backend=critic.backend, model_dir=model_dir, **options) as (base_url, stats):
             yield base_url, stats
     else:
@@ -69,11 +71,16 @@ def critic_model_id(critic: CriticParams) -> str:
     """The critic's identity in cache keys: critic.model, or for drlc's local server its backend.
 
     The local server answers with its backend (and checkpoint) whatever model name is sent, so
-    its answers are keyed by ``drlc-local:<backend>`` (``drlc-local:hf:<model_dir>``): answers of
-    two backends never mix, and a server restarted on another port still hits.
+    its answers are keyed by ``drlc-local:<backend>`` (``drlc-local:hf:<model_dir>``,
+    ``drlc-local:tagger:<model hash>``): answers of two backends never mix, a retrained tagger
+    (other model bytes) never reads the old one's answers, and a server restarted on another port still hits.
     """
     if critic.endpoint != "local":
         return critic.model
+    if critic.backend == "tagger":
+        from pipeline.critic.offline.tagger import tagger_hash
+
+        return f"drlc-local:tagger:{tagger_hash(critic.model_dir)}"
     if critic.backend == "hf" and critic.model_dir:
         return f"drlc-local:hf:{critic.model_dir}"
     return f"drlc-local:{critic.backend}"
@@ -159,7 +166,8 @@ def critic_session(critic: CriticParams, *, tokenizer_dir: str, task: str, devic
     fields = get_task(task).critic_fields
     template = load_template(critic.template, task=task, labels=critic.labels, fields=fields)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    with CriticCache(critic.cache_dir) as cache, critic_endpoint(critic, tokenizer_dir, device) as (base_url, stats):
+    with CriticCache(critic.cache_dir) as cache, \
+            critic_endpoint(critic, tokenizer_dir, device, template.labels) as (base_url, stats):
         yield CriticSession(critic, template, fields, tokenizer, cache, base_url, stats)
 
 

@@ -15,7 +15,8 @@ Endpoints:
 - ``GET /stats`` returns counters: requests, completions, rejected, faults by kind, and the device
   of the backend's model (null for a backend without one).
 
-Backends: ``lexicon`` (the offline lexicon critic; ``layout`` picks its layout, one of
+Backends: ``tagger`` (a span tagger distilled by `drlc critic distill`, in ``model_dir``; see
+:mod:`pipeline.critic.offline.tagger_backend`), ``lexicon`` (the offline lexicon critic; ``layout`` picks its layout, one of
 :data:`pipeline.critic.offline.lexicon.LAYOUTS`), ``echo`` (repeats the last user
 message), ``hf`` (a local causal LM checkpoint in ``model_dir``, loaded once per server;
 see :mod:`pipeline.critic.offline.hf_backend`) or any callable ``messages -> text``.
@@ -72,14 +73,14 @@ def _prompt_words(messages: list[dict]) -> int:
 
 
 def _resolve_backend(backend: str | AnswerFn, model_dir: str | None,
-                     layout: str = "drlc", device=None) -> tuple[str, CompleteFn]:
+                     layout: str = "drlc", device=None, labels=None) -> tuple[str, CompleteFn]:
     """Return (name, request -> Completion) for a backend name or a callable ``messages -> text``."""
     if layout != "drlc" and backend != "lexicon":
         raise CriticError(f"critic server layout (--layout) {layout!r} is only used by "
                           f"backend 'lexicon', not {backend!r}; drop it or use --backend lexicon")
-    if backend != "hf" and model_dir is not None:
-        raise CriticError(f"critic server model_dir (--model-dir) is only used by backend 'hf', "
-                          f"not {backend!r}; drop it or use --backend hf")
+    if backend not in ("hf", "tagger") and model_dir is not None:
+        raise CriticError(f"critic server model_dir (--model-dir) is only used by backends 'hf' and 'tagger', "
+                          f"not {backend!r}; drop it or use --backend hf or tagger")
     if callable(backend):
         return getattr(backend, "__name__", "custom"), _word_count_completion(backend)
     if backend == "echo":
@@ -103,6 +104,13 @@ def _resolve_backend(backend: str | AnswerFn, model_dir: str | None,
         from pipeline.critic.offline.hf_backend import HFBackend
 
         return "hf", HFBackend(model_dir, device=device)
+    if backend == "tagger":
+        if model_dir is None:
+            raise CriticError("critic server backend 'tagger' needs model_dir (--model-dir DIR): "
+                              "a folder written by `drlc critic distill`")
+        from pipeline.critic.offline.tagger_backend import TaggerBackend
+
+        return "tagger", TaggerBackend(model_dir, labels=labels)
     raise CriticError(f"unknown critic server backend {backend!r}; valid: {list(BACKENDS)}")
 
 
@@ -290,7 +298,7 @@ def make_server(*, host: str = "127.0.0.1", port: int = 0, backend: str | Answer
                 latency_s: float = 0.0, error_rate: float = 0.0, rate_limit_rate: float = 0.0,
                 garbage_rate: float = 0.0, drop_rate: float = 0.0, empty_rate: float = 0.0,
                 seed: int = 0, model_dir: str | None = None, layout: str = "drlc",
-                device=None) -> _CriticServer:
+                device=None, labels: tuple[str, ...] | None = None) -> _CriticServer:
     """Create (bind, not start) a critic server; ``port=0`` picks a free port.
 
     :param host: interface to bind (loopback by default)
@@ -301,10 +309,12 @@ def make_server(*, host: str = "127.0.0.1", port: int = 0, backend: str | Answer
     :param error_rate, rate_limit_rate, garbage_rate, drop_rate, empty_rate: fault
         probabilities per chat request, each in [0, 1], summing to at most 1
     :param seed: seed of the fault draws
-    :param model_dir: checkpoint folder of the "hf" backend; must be ``None`` for the others
+    :param model_dir: checkpoint folder of the "hf" backend or model folder of the "tagger" backend;
+        must be ``None`` for the others
     :param layout: layout of the "lexicon" backend's answers (drlc, paper, markdown, messy);
         must be "drlc" for the others
     :param device: where the "hf" backend's model runs (None: the CPU); the other backends have no model
+    :param labels: the labels the "tagger" backend's model must tag (None: any); checked at start
     :return: a server with ``base_url``, ``stats()``, ``serve_forever()``, ``shutdown()``
     :raises CriticError: on an unknown backend or layout, "hf" without a loadable
         ``model_dir``, or a ``model_dir`` or layout given to another backend
@@ -316,7 +326,7 @@ def make_server(*, host: str = "127.0.0.1", port: int = 0, backend: str | Answer
     _check_rates(rates)
     if latency_s < 0:
         raise ConfigError(f"critic server latency_s={latency_s!r} is negative; use a value >= 0")
-    backend_name, complete_fn = _resolve_backend(backend, model_dir, layout, device)  # fail before binding a port
+    backend_name, complete_fn = _resolve_backend(backend, model_dir, layout, device, labels)  # fail before binding a port
     try:
         return _CriticServer((host, port), backend_name=backend_name, complete_fn=complete_fn,
                              latency_s=latency_s, rates=rates, seed=seed)
