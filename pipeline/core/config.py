@@ -150,8 +150,10 @@ class RolloutParams:
     max_new_tokens: int = 20
     min_new_tokens: int | None = None  # per-response length limit drawn in [min, max] (seeded); null = max
     generation_batch_size: int = 128
+    samples_per_prompt: int = 1  # G responses per prompt, consecutive rows (a group: ppo.algorithm grpo, rloo)
 
     checks = {
+        "samples_per_prompt": (_positive, "> 0"),
         "min_new_tokens": (_positive, "> 0 or null"),
         "batch_size": (_positive, "> 0"),
         "max_new_tokens": (_positive, "> 0"),

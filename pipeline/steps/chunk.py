@@ -91,7 +91,8 @@ def run_chunk(prompt_rows: list[dict], *, params: Params, chunk: str, policy_dir
             rollouts, rollout_metrics = rollout_with(
                 state.policy, state.tokenizer, prompt_rows, policy_name=params.rounds[key].prev, run_id=run.run_id,
                 round_=round_, seed=run.seed, batch_size=r.batch_size, max_new_tokens=r.max_new_tokens,
-                generation_batch_size=r.generation_batch_size, min_new_tokens=r.min_new_tokens)
+                generation_batch_size=r.generation_batch_size, min_new_tokens=r.min_new_tokens,
+                samples_per_prompt=r.samples_per_prompt)
             rollouts = _stored(rollouts, "rollouts", folders["rollouts"] / part)
             write_json(rollout_metrics, folders["rollout_metrics"] / f"{part}.json")
             scores, score_metrics = score_round(rollouts, prompt_rows, task=run.task, run_id=run.run_id,
