@@ -40,7 +40,16 @@ from pipeline.core.device import place
 from pipeline.core.errors import ConfigError
 from pipeline.core.seeding import round_seed
 from pipeline.steps.critique import critic_session
-from pipeline.steps.ppo_round import join_round, load_ppo_state, save_ppo_state, step_row, summarize, train_ppo_round
+from pipeline.steps.ppo_round import (
+    group_size,
+    join_round,
+    load_ppo_state,
+    response_limit,
+    save_ppo_state,
+    step_row,
+    summarize,
+    train_ppo_round,
+)
 from pipeline.steps.rollout import rollout_with
 from pipeline.steps.score import score_round
 from pipeline.steps.stage import write_json
@@ -104,7 +113,8 @@ def run_chunk(prompt_rows: list[dict], *, params: Params, chunk: str, policy_dir
             write_json(critique_metrics, folders["critique_metrics"] / f"{part}.json")
             torch.manual_seed(round_seed(run.seed, round_, 3))  # as the ppo stage
             stats = train_ppo_round(state, join_round(rollouts, scores, annotations), params=params.ppo,
-                                    seed=run.seed, round_=round_)
+                                    seed=run.seed, round_=round_, group_size=group_size(rollouts),
+                                    max_completion_length=response_limit(rollouts))
             steps = [step_row(stat, run_id=run.run_id, round_=round_, step=i) for i, stat in enumerate(stats)]
             store.write_table(steps, "ppo_steps", folders["ppo_steps"] / part)
             write_json({**summarize(steps), "device": str(device)}, folders["ppo_metrics"] / f"{part}.json")

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import torch
 
+from pipeline.core.config import LOSS_TYPES
 from pipeline.train.ppo import masked_mean
 
 GROUP_STD_EPS = 1e-4  # TRL's `std_rewards + 1e-4` (GRPO) and `nanstd(advantages) + 1e-4` (RLOO)
 WHITEN_VAR_FLOOR = 1e-8  # OpenRLHF's clamp of the batch variance before rsqrt
-LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
 
 
 def _grouped(values: torch.Tensor, group_size: int) -> torch.Tensor:
