@@ -39,3 +39,12 @@ def test_two_processes_make_the_one_process_update(tmp_path, monkeypatch, algori
     one, launch = test_distributed.assert_two_processes_match_one(tmp_path, params)
     assert "FSDP2 over" not in launch.stderr and all(row["value_loss"] == 0 for row in one)
     assert not (tmp_path / "two" / "value_head.safetensors").exists()
+
+
+@pytest.mark.slow  # a 2-process accelerate launch under FSDP2
+def test_fsdp2_makes_the_one_process_grpo_update(tmp_path, monkeypatch):
+    fsdp2 = Path(test_distributed.ROOT) / "configs" / "accelerate" / "fsdp2.yaml"
+    monkeypatch.setattr(test_distributed, "write_round", write_grouped_round)
+    params = dataclasses.replace(PARAMS, algorithm="grpo", loss_type="dapo", vf_coef=0.0)
+    one, launch = test_distributed.assert_two_processes_match_one(tmp_path, params, config=fsdp2)
+    assert "FSDP2 over" in launch.stderr and all(row["value_loss"] == 0 for row in one)
