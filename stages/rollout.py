@@ -21,6 +21,7 @@ def main():
         policy_name=Path(args.policy).name, run_id=params.run.run_id, round_=int(args.round),
         seed=params.run.seed, batch_size=r.batch_size, max_new_tokens=r.max_new_tokens,
         generation_batch_size=r.generation_batch_size, min_new_tokens=r.min_new_tokens, device=device, shard=shard,
+        samples_per_prompt=r.samples_per_prompt,
     )
     shard.close()
     if shard.is_main:  # every process holds all rows; one writes them

@@ -13,10 +13,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PROJECT_FILES = ["pipeline", "stages", "prompts", "configs", "dvc.yaml", "params.yaml", ".dvcignore"]
 
 
-def tiny_params(n_rounds: int = 3, task: str = "sentiment", **section_overrides) -> dict:
-    """The demo params of `task` (params.yaml, or configs/demo-<task>.yaml) shrunk so the whole DAG
-    runs in a few minutes on 2 CPU cores."""
+def tiny_params(n_rounds: int = 3, task: str = "sentiment", profile: str | None = None, **section_overrides) -> dict:
+    """The demo params of `task` (params.yaml, or configs/demo-<task>.yaml; or configs/<profile>.yaml of
+    that task) shrunk so the whole DAG runs in a few minutes on 2 CPU cores."""
     source = ROOT / ("params.yaml" if task == "sentiment" else f"configs/demo-{task}.yaml")
+    source = ROOT / f"configs/{profile}.yaml" if profile else source
     raw = yaml.safe_load(source.read_text())
     raw["run"]["run_id"] = "e2e"
     raw["world"].update(n_reviews=4000, n_train_prompts=128, n_eval_prompts=8)

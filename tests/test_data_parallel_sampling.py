@@ -53,10 +53,13 @@ def model_dir(tmp_path_factory):
     return save_tiny_gpt2(tmp_path_factory.mktemp("base"), tokenizer)
 
 
-def test_two_processes_write_the_one_process_rollout_table(tmp_path, model_dir):
-    # 10 responses in generation batches of 3: batches 0 and 2 on rank 0, 1 and 3 (one row) on rank 1
+@pytest.mark.parametrize("samples_per_prompt", [1, 2])
+def test_two_processes_write_the_one_process_rollout_table(tmp_path, model_dir, samples_per_prompt):
+    # 10 responses in generation batches of 3: batches 0 and 2 on rank 0, 1 and 3 (one row) on rank 1;
+    # groups of 2: 5 prompts, each sample index's 2 batches split over the ranks
     params = tiny_params(n_rounds=1, rollout={"batch_size": 10, "generation_batch_size": 3, "max_new_tokens": 6,
-                                              "min_new_tokens": 3}, ppo={"mini_batch_size": 10})
+                                              "min_new_tokens": 3, "samples_per_prompt": samples_per_prompt},
+                         ppo={"mini_batch_size": 10})
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     prompts = [{"run_id": "e2e", "round": 0, "prompt_id": f"p{i}", "split": "train", "text": t, "reference": ""}
                for i, t in enumerate(TEXTS * 3)]

@@ -455,7 +455,8 @@ def model_size(name: str | None, root: str | Path = ".", params: Params | None =
     """Parameters and saved bytes of model `name`; with `params`, also the policy's trainable part.
 
     The policy trains every weight, or those above ppo.num_shared_layers, or (base.lora_r > 0) the
-    LoRA adapters only; the value head (hidden + 1) always. A model unknown offline counts 0.
+    LoRA adapters only; the value head (hidden + 1) always with ppo.algorithm ppo, never with a value-free one.
+    A model unknown offline counts 0.
     """
     from pipeline.model.reference import shared_parameter_names
 
@@ -475,7 +476,7 @@ def model_size(name: str | None, root: str | Path = ".", params: Params | None =
                      hidden_size=getattr(config, "hidden_size", 0) or getattr(config, "n_embd", 0))
     if params is None:
         return size
-    head = size.hidden_size + 1
+    head = size.hidden_size + 1 if params.ppo.algorithm == "ppo" else 0  # value-free algorithms have no value head
     if params.base.lora_r > 0:
         adapters = lora_parameter_count(model, params.base.lora_r, params.base.lora_target_modules)
         return dataclasses.replace(size, adapter_params=adapters, trainable=adapters + head)
@@ -558,7 +559,7 @@ def estimate_disk(params: Params, *, root: str | Path = ".", cache_type: str | N
     moment_bytes = 4 if lora else policy.dtype_bytes
     return DiskEstimate(
         rounds=len(params.rounds), rounds_per_stage=params.run.rounds_per_stage, weights_bytes=weights,
-        value_head_bytes=4 * (policy.hidden_size + 1), optimizer_bytes=ADAM_MOMENTS * moment_bytes * policy.trainable,
+        value_head_bytes=4 * (policy.hidden_size + 1) if params.ppo.algorithm == "ppo" else 0, optimizer_bytes=ADAM_MOMENTS * moment_bytes * policy.trainable,
         tokenizer_bytes=policy.tokenizer_bytes, base_bytes=policy.bytes,
         cache_type=cache_type or cache_link_type(root), policy=policy)
 

@@ -25,6 +25,8 @@ from pipeline.core.errors import ConfigError
 # it (the checks each task declares run in pipeline.tasks.check_params, not here).
 TASKS = tuple(sorted(p.stem for p in (Path(__file__).parents[1] / "tasks").glob("*.py") if not p.name.startswith("_")))
 ALIGNMENTS = ("exact", "substring")  # critic.alignment: the modes of pipeline/critic/align.py
+ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce_pp")  # ppo.algorithm; all but "ppo" are value-free
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo")  # ppo.loss_type (TRL GRPOConfig.loss_type)
 KL_PENALTIES = ("kl", "abs", "mse", "full")
 ROUND_KEY = re.compile(r"^\d{4}$")
 
@@ -171,8 +173,10 @@ class RolloutParams:
     max_new_tokens: int = 20
     min_new_tokens: int | None = None  # per-response length limit drawn in [min, max] (seeded); null = max
     generation_batch_size: int = 128
+    samples_per_prompt: int = 1  # G responses per prompt, consecutive rows (a group: ppo.algorithm grpo, rloo)
 
     checks = {
+        "samples_per_prompt": (_positive, "> 0"),
         "min_new_tokens": (_positive, "> 0 or null"),
         "batch_size": (_positive, "> 0"),
         "max_new_tokens": (_positive, "> 0"),
@@ -295,8 +299,16 @@ class PPOParams:
     # freeze the embeddings and the first N transformer blocks and share them with the reference,
     # as TRL's create_reference_model (the paper: 20 of gpt2-large's 36); null = a full frozen copy
     num_shared_layers: int | None = None
+    # the update (docs/algorithms.md): "ppo" (GAE + value head, the paper's) or a value-free one, which
+    # builds no value head: "grpo" and "rloo" (groups: rollout.samples_per_prompt > 1), "reinforce_pp"
+    algorithm: str = "ppo"
+    loss_type: str = "grpo"  # grpo only: TRL's "grpo", "dr_grpo" (no std, constant normaliser) or "dapo"
+    dense_weight: float = 1.0  # grpo, rloo: weight of the critic's per-token term; 0 = the plain algorithm
 
     checks = {
+        "algorithm": (lambda x: x in ALGORITHMS, f"one of {ALGORITHMS}"),
+        "loss_type": (lambda x: x in LOSS_TYPES, f"one of {LOSS_TYPES}"),
+        "dense_weight": (lambda x: x >= 0, ">= 0"),
         "num_shared_layers": (lambda x: x >= 0, ">= 0 or null"),
         "mixed_precision": (lambda x: x in ("fp32", "bf16"), "one of ('fp32', 'bf16')"),
         "learning_rate": (_positive, "> 0"),
@@ -561,6 +573,7 @@ def _check_combinations(params: Params) -> None:
             f"'ppo.gradient_accumulation_steps' = {ppo.mini_batch_size} x {ppo.gradient_accumulation_steps}: "
             f"PPO splits each round's batch into equal minibatches; {_batch_fix(r.batch_size, ppo)} or make "
             f"rollout.batch_size a multiple of {ppo.backward_batch_size}.")
+    _check_algorithm(r, ppo)
     if ppo.num_shared_layers is not None and b.lora_r > 0:
         raise ConfigError(f"'ppo.num_shared_layers' = {ppo.num_shared_layers} and 'base.lora_r' = {b.lora_r} exclude "
                           f"each other: LoRA already freezes every base weight; set num_shared_layers to null.")
@@ -577,6 +590,19 @@ def _check_voting(c: CriticParams) -> None:
     if c.vote_min is not None and c.vote_min > c.samples:
         raise ConfigError(f"'critic.vote_min' = {c.vote_min} exceeds 'critic.samples' = {c.samples}: "
                           f"use a value in 1..{c.samples} or null (a majority).")
+
+
+def _check_algorithm(r: RolloutParams, ppo: PPOParams) -> None:
+    """ppo.algorithm against the rollout's groups and the value head (docs/algorithms.md)."""
+    if r.batch_size % r.samples_per_prompt:
+        raise ConfigError(f"'rollout.batch_size' = {r.batch_size} is not a whole number of groups of "
+                          f"'rollout.samples_per_prompt' = {r.samples_per_prompt}: make batch_size a multiple of it.")
+    if ppo.algorithm in ("grpo", "rloo") and r.samples_per_prompt < 2:
+        raise ConfigError(f"'ppo.algorithm' = {ppo.algorithm} needs 'rollout.samples_per_prompt' >= 2, got "
+                          f"{r.samples_per_prompt}: a group of one response has no baseline.")
+    if ppo.algorithm != "ppo" and ppo.vf_coef != 0:
+        raise ConfigError(f"'ppo.vf_coef' = {ppo.vf_coef} trains a value head, but 'ppo.algorithm' = {ppo.algorithm} "
+                          f"is value-free and has none: set ppo.vf_coef: 0.")
 
 
 def _batch_fix(batch_size: int, ppo: PPOParams) -> str:

@@ -126,12 +126,25 @@ def audit_dir(root: str | Path, audit: str) -> Path:
     return Path(root) / "critic_eval" / f"audit={audit}"
 
 
+# columns a table has only when its producer sets them, in every row or in none: rollouts of groups
+# (rollout.samples_per_prompt > 1, pipeline/steps/rollout.py); without them a table is byte for byte what it was
+OPTIONAL_COLUMNS: dict[str, list[tuple[str, pa.DataType]]] = {
+    "rollouts": [("group_index", pa.int32()), ("sample_index", pa.int32())],
+}
+
+
+def table_schema(table: str, rows: list[dict]) -> pa.Schema:
+    """SCHEMAS[table], plus its OPTIONAL_COLUMNS when the first row has them."""
+    optional = [column for column in OPTIONAL_COLUMNS.get(table, []) if rows and column[0] in rows[0]]
+    return pa.schema(list(SCHEMAS[table]) + optional) if optional else SCHEMAS[table]
+
+
 def write_table(rows: list[dict], table: str, out_dir: str | Path) -> Path:
     """Write rows as `<out_dir>/part-0.parquet` atomically, checked against the table's schema.
 
-    Raises StoreError if a row's columns differ from the schema.
+    Raises StoreError if a row's columns differ from the schema (OPTIONAL_COLUMNS: all rows or none).
     """
-    schema = SCHEMAS[table]
+    schema = table_schema(table, rows)
     names = set(schema.names)
     for i, row in enumerate(rows):
         if set(row) != names:

@@ -30,9 +30,11 @@ class PolicyWithValueHead(torch.nn.Module):
 
     The value head shares the LM's trunk, as TRL's AutoModelForCausalLMWithValueHead; TRL's
     dropout before the head is omitted because drlc never runs the policy in train mode.
+    v_head None: a value-free policy (ppo.algorithm grpo, rloo, reinforce_pp) with no head at all;
+    its values are zeros, no parameter.
     """
 
-    def __init__(self, lm: torch.nn.Module, v_head: torch.nn.Linear):
+    def __init__(self, lm: torch.nn.Module, v_head: torch.nn.Linear | None):
         super().__init__()
         self.lm = lm
         self.v_head = v_head
@@ -59,6 +61,8 @@ class PolicyWithValueHead(torch.nn.Module):
             if positions is not None:
                 hidden = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, T, H)
                 logits = logits.gather(1, positions[..., None].expand(-1, -1, logits.shape[-1]))  # (B, T, V)
+        if self.v_head is None:
+            return logits.float(), torch.zeros(hidden.shape[:2], device=hidden.device)  # no value head
         with torch.autocast(device_type=hidden.device.type, enabled=False):
             values = self.v_head(hidden.float()).squeeze(-1)  # (B, T) or (B, L)
         return logits.float(), values
@@ -86,9 +90,10 @@ def _fresh_value_head(hidden_size: int, seed: int) -> torch.nn.Linear:
     return head
 
 
-def load_policy(model_dir: str | Path, *, seed: int = 0):
+def load_policy(model_dir: str | Path, *, seed: int = 0, value_head: bool = True):
     """Load a policy and its tokenizer from a local directory.
 
+    value_head False: no head is built or read (a value-free algorithm; a head file in the folder is ignored).
     A folder with adapter_config.json is a LoRA policy: its base model is loaded with the
     (trainable) adapters applied (pipeline/model/lora.py).
     The value head comes from `value_head.safetensors` in the directory when present
@@ -106,6 +111,8 @@ def load_policy(model_dir: str | Path, *, seed: int = 0):
             "tokenizer.eos_token) and save it again."
         )
     lm = load_adapter_lm(model_dir) if is_adapter_folder(model_dir) else AutoModelForCausalLM.from_pretrained(model_dir)
+    if not value_head:
+        return PolicyWithValueHead(lm, None).eval(), tokenizer
     head_path = model_dir / VALUE_HEAD_FILE
     v_head = _fresh_value_head(lm.config.hidden_size, seed)
     if head_path.is_file():
@@ -124,7 +131,7 @@ def save_policy(policy: PolicyWithValueHead, tokenizer, out_dir: str | Path) -> 
 
 
 def write_policy_files(policy: PolicyWithValueHead, tokenizer, folder: str | Path) -> None:
-    """Write the LM and tokenizer (save_pretrained) and the value head into `folder` (not atomic).
+    """Write the LM and tokenizer (save_pretrained) and the value head, if it has one, into `folder` (not atomic).
 
     For a LoRA policy the LM part is the adapters only (peft's save_pretrained).
     `policy` must be the plain module (unwrapped from DDP/FSDP, state gathered).
@@ -133,6 +140,8 @@ def write_policy_files(policy: PolicyWithValueHead, tokenizer, folder: str | Pat
     folder.mkdir(parents=True, exist_ok=True)
     policy.lm.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    if policy.v_head is None:
+        return
     head = {k: v.detach().contiguous() for k, v in policy.v_head.state_dict().items()}
     save_file(head, str(folder / VALUE_HEAD_FILE))
 

@@ -40,7 +40,16 @@ from pipeline.core.device import place
 from pipeline.core.errors import ConfigError
 from pipeline.core.seeding import round_seed
 from pipeline.steps.critique import critic_session
-from pipeline.steps.ppo_round import join_round, load_ppo_state, save_ppo_state, step_row, summarize, train_ppo_round
+from pipeline.steps.ppo_round import (
+    group_size,
+    join_round,
+    load_ppo_state,
+    response_limit,
+    save_ppo_state,
+    step_row,
+    summarize,
+    train_ppo_round,
+)
 from pipeline.steps.rollout import rollout_with
 from pipeline.steps.score import score_round
 from pipeline.steps.stage import write_json
@@ -91,7 +100,8 @@ def run_chunk(prompt_rows: list[dict], *, params: Params, chunk: str, policy_dir
             rollouts, rollout_metrics = rollout_with(
                 state.policy, state.tokenizer, prompt_rows, policy_name=params.rounds[key].prev, run_id=run.run_id,
                 round_=round_, seed=run.seed, batch_size=r.batch_size, max_new_tokens=r.max_new_tokens,
-                generation_batch_size=r.generation_batch_size, min_new_tokens=r.min_new_tokens)
+                generation_batch_size=r.generation_batch_size, min_new_tokens=r.min_new_tokens,
+                samples_per_prompt=r.samples_per_prompt)
             rollouts = _stored(rollouts, "rollouts", folders["rollouts"] / part)
             write_json(rollout_metrics, folders["rollout_metrics"] / f"{part}.json")
             scores, score_metrics = score_round(rollouts, prompt_rows, task=run.task, run_id=run.run_id,
@@ -103,7 +113,8 @@ def run_chunk(prompt_rows: list[dict], *, params: Params, chunk: str, policy_dir
             write_json(critique_metrics, folders["critique_metrics"] / f"{part}.json")
             torch.manual_seed(round_seed(run.seed, round_, 3))  # as the ppo stage
             stats = train_ppo_round(state, join_round(rollouts, scores, annotations), params=params.ppo,
-                                    seed=run.seed, round_=round_)
+                                    seed=run.seed, round_=round_, group_size=group_size(rollouts),
+                                    max_completion_length=response_limit(rollouts))
             steps = [step_row(stat, run_id=run.run_id, round_=round_, step=i) for i, stat in enumerate(stats)]
             store.write_table(steps, "ppo_steps", folders["ppo_steps"] / part)
             write_json({**summarize(steps), "device": str(device)}, folders["ppo_metrics"] / f"{part}.json")

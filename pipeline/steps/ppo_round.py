@@ -36,6 +36,20 @@ def join_round(rollouts: list[dict], scores: list[dict], annotations: list[dict]
     )
 
 
+def group_size(rollouts: list[dict]) -> int:
+    """Responses per prompt of a round's rollouts: 1 + the largest sample_index (1 for a table without groups)."""
+    return 1 + max((r.get("sample_index") or 0 for r in rollouts), default=0)
+
+
+def response_limit(rollouts: list[dict]) -> int | None:
+    """The round's largest per-response token limit (the rollout's max_new_tokens): dr_grpo's normaliser.
+
+    None for rows without the column (hand-made batches): train_round then uses the batch width.
+    """
+    limits = [r["max_new_tokens"] for r in rollouts if "max_new_tokens" in r]
+    return max(limits) if limits else None
+
+
 def new_kl_controller(params: PPOParams):
     if params.adap_kl_ctrl:
         return AdaptiveKLController(params.init_kl_coef, params.target, params.horizon)
@@ -81,7 +95,8 @@ def ppo_round(rollouts: list[dict], scores: list[dict], annotations: list[dict],
     torch.manual_seed(round_seed(seed, round_, 3))
     state = load_ppo_state(policy_dir, reference_dir=reference_dir, params=params, seed=seed, round_=round_, base=base,
                            device=device if processes.world_size == 1 else "cpu")  # accelerate places its own
-    stats = train_ppo_round(state, batch, params=params, seed=seed, round_=round_, data_parallel=processes)
+    stats = train_ppo_round(state, batch, params=params, seed=seed, round_=round_, data_parallel=processes,
+                            group_size=group_size(rollouts), max_completion_length=response_limit(rollouts))
     if processes.is_main:
         save_ppo_state(state, out_dir, round_=round_)
     processes.close()  # after the checkpoint is written: no rank exits before it exists
@@ -97,7 +112,7 @@ def load_ppo_state(policy_dir: str, *, reference_dir: str, params: PPOParams, se
 
     Raises ConfigError if policy_dir holds the checkpoint of round_ or a later one.
     """
-    policy, tokenizer = load_policy(policy_dir, seed=seed)
+    policy, tokenizer = load_policy(policy_dir, seed=seed, value_head=params.algorithm == "ppo")
     if base is not None and base.lora_r > 0 and not has_adapters(policy.lm):
         policy.lm = add_adapters(policy.lm, r=base.lora_r, alpha=base.lora_alpha, base_dir=reference_dir,
                                  target_modules=base.lora_target_modules, seed=round_seed(seed, round_, 5))
@@ -115,7 +130,8 @@ def load_ppo_state(policy_dir: str, *, reference_dir: str, params: PPOParams, se
 
 
 def train_ppo_round(state: PPOState, batch: RolloutBatch, *, params: PPOParams, seed: int, round_: int,
-                    data_parallel: DataParallel | SingleProcess | None = None) -> list[dict]:
+                    data_parallel: DataParallel | SingleProcess | None = None, group_size: int = 1,
+                    max_completion_length: int | None = None) -> list[dict]:
     """One round of PPO epochs on `batch` (train_round); updates `state` in place, returns the stats dicts.
 
     data_parallel: None or a SingleProcess for one process, whose state keeps its policy and optimizer.
@@ -129,7 +145,7 @@ def train_ppo_round(state: PPOState, batch: RolloutBatch, *, params: PPOParams, 
     stats = train_round(
         policy=model, ref_model=reference, optimizer=optimizer, batch=batch, params=params,
         kl_controller=state.kl_controller, score_moments=state.score_moments, seed=round_seed(seed, round_, 4),
-        progress=dp.is_main, data_parallel=dp,
+        progress=dp.is_main, data_parallel=dp, group_size=group_size, max_completion_length=max_completion_length,
     )
     state.policy, state.optimizer = dp.full_state(model, optimizer)  # every rank gathers; DDP, FSDP2 or ZeRO alike
     return stats

@@ -7,6 +7,11 @@ paper's runs did with legacy TRL's LengthSampler (sentiment 15-20 new tokens, de
 sampled once with max_new_tokens and each response is then cut to its limit: tokens are drawn
 one at a time, so the first L tokens of a longer sample have exactly the distribution of a
 sample stopped after L tokens, and their behaviour log-probs are unchanged by the cut.
+
+Groups: with ``rollout.samples_per_prompt`` G > 1 (the value-free algorithms, docs/algorithms.md) the round
+picks batch_size / G prompts and samples G responses to each; sample k of every prompt comes from its own
+sampler stream (``sample_seeds``; stream 0 is the G = 1 sampler's), and a group's rows are consecutive, with
+their `group_index` and `sample_index` recorded. G = 1 writes exactly the table it always did (no such columns).
 """
 from __future__ import annotations
 
@@ -40,32 +45,41 @@ def response_limits(n: int, *, min_new_tokens: int | None, max_new_tokens: int, 
     return [draw.randint(min_new_tokens, max_new_tokens) for _ in range(n)]
 
 
+def sample_seeds(sample_seed: int, samples_per_prompt: int) -> list[int]:
+    """The sampler seed of each sample index: index 0 keeps `sample_seed` (so G = 1 is unchanged), index k > 0
+    gets round_seed(sample_seed, k, 2), a stream of its own."""
+    return [sample_seed] + [round_seed(sample_seed, k, 2) for k in range(1, samples_per_prompt)]
+
+
 def rollout(prompt_rows: list[dict], *, policy_dir: str, policy_name: str, run_id: str, round_: int,
             seed: int, batch_size: int, max_new_tokens: int, generation_batch_size: int,
-            min_new_tokens: int | None = None, device: str | torch.device = "cpu") -> list[dict]:
+            min_new_tokens: int | None = None, device: str | torch.device = "cpu",
+            samples_per_prompt: int = 1) -> list[dict]:
     """The rows of `rollout_round` (without its metrics)."""
     return rollout_round(prompt_rows, policy_dir=policy_dir, policy_name=policy_name, run_id=run_id, round_=round_,
                          seed=seed, batch_size=batch_size, max_new_tokens=max_new_tokens,
                          generation_batch_size=generation_batch_size, min_new_tokens=min_new_tokens,
-                         device=device)[0]
+                         device=device, samples_per_prompt=samples_per_prompt)[0]
 
 
 def rollout_round(prompt_rows: list[dict], *, policy_dir: str, policy_name: str, run_id: str, round_: int,
                   seed: int, batch_size: int, max_new_tokens: int, generation_batch_size: int,
                   min_new_tokens: int | None = None, device: str | torch.device = "cpu",
-                  shard: Shard | None = None) -> tuple[list[dict], dict]:
+                  shard: Shard | None = None, samples_per_prompt: int = 1) -> tuple[list[dict], dict]:
     """Load the policy of `policy_dir` onto `device` and run :func:`rollout_with` on it (the rollout stage)."""
     policy, tokenizer = load_policy(policy_dir)
     return rollout_with(policy.to(device), tokenizer, prompt_rows, policy_name=policy_name, run_id=run_id,
                         round_=round_, seed=seed, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                        generation_batch_size=generation_batch_size, min_new_tokens=min_new_tokens, shard=shard)
+                        generation_batch_size=generation_batch_size, min_new_tokens=min_new_tokens, shard=shard,
+                        samples_per_prompt=samples_per_prompt)
 
 
 def rollout_with(policy, tokenizer, prompt_rows: list[dict], *, policy_name: str, run_id: str, round_: int,
                  seed: int, batch_size: int, max_new_tokens: int, generation_batch_size: int,
-                 min_new_tokens: int | None = None, shard: Shard | None = None) -> tuple[list[dict], dict]:
-    """Pick `batch_size` train prompts (seeded per round) and sample one response to each from `policy`
-    (on whatever device it is).
+                 min_new_tokens: int | None = None, shard: Shard | None = None,
+                 samples_per_prompt: int = 1) -> tuple[list[dict], dict]:
+    """Pick batch_size / samples_per_prompt train prompts (seeded per round) and sample samples_per_prompt
+    responses to each from `policy` (on whatever device it is): batch_size rows.
 
     Queries start with the tokenizer's BOS token (when it has one), as every review did in
     pretraining. Each response stops at EOS or at its length limit (``response_limits``; see the
@@ -80,44 +94,53 @@ def rollout_with(policy, tokenizer, prompt_rows: list[dict], *, policy_name: str
     """
     torch.manual_seed(round_seed(seed, round_, 0))
     train = [row for row in prompt_rows if row["split"] == "train"]
+    if batch_size % samples_per_prompt:
+        raise ValueError(f"rollout.batch_size = {batch_size} is not a whole number of groups of "
+                         f"rollout.samples_per_prompt = {samples_per_prompt}.")
+    n_prompts = batch_size // samples_per_prompt
     picker = random.Random(round_seed(seed, round_, 1))
-    chosen = picker.sample(train, batch_size) if batch_size <= len(train) else picker.choices(train, k=batch_size)
+    chosen = picker.sample(train, n_prompts) if n_prompts <= len(train) else picker.choices(train, k=n_prompts)
     return sample_rollouts(policy, tokenizer, chosen, policy_name=policy_name, run_id=run_id, round_=round_,
                            seed=seed, max_new_tokens=max_new_tokens, generation_batch_size=generation_batch_size,
-                           min_new_tokens=min_new_tokens, shard=shard)
+                           min_new_tokens=min_new_tokens, shard=shard, samples_per_prompt=samples_per_prompt)
 
 
 def sample_rollouts(policy, tokenizer, chosen: list[dict], *, policy_name: str, run_id: str, round_: int,
                     seed: int, max_new_tokens: int, generation_batch_size: int, min_new_tokens: int | None = None,
-                    shard: Shard | None = None, progress: bool = True) -> tuple[list[dict], dict]:
-    """Sample one response from `policy` to each of the `chosen` prompt rows (prompt_id, text), in order.
+                    shard: Shard | None = None, progress: bool = True,
+                    samples_per_prompt: int = 1) -> tuple[list[dict], dict]:
+    """Sample `samples_per_prompt` responses from `policy` to each of the `chosen` prompt rows (prompt_id, text),
+    in order; a prompt's responses are consecutive rows.
 
     The sampling half of :func:`rollout_with` (which picks the round's prompts first), also run by a
     caller that picks its own prompts (the sample-efficiency study's runner). The sampler's
     seed is round_seed(seed, round_, 2), the length limits' round_seed(seed, round_, 3); the global
     torch RNG is not touched. Returns (rollout rows, metrics) as rollout_with.
     """
+    group = samples_per_prompt
     queries = [encode_query(tokenizer, row["text"]) for row in chosen]
-    sample_seed = round_seed(seed, round_, 2)
-    limits = response_limits(len(chosen), min_new_tokens=min_new_tokens, max_new_tokens=max_new_tokens,
+    seeds = sample_seeds(round_seed(seed, round_, 2), group)
+    limits = response_limits(len(chosen) * group, min_new_tokens=min_new_tokens, max_new_tokens=max_new_tokens,
                              seed=round_seed(seed, round_, 3))
     started = time.perf_counter()
-    samples = sample_responses(
+    by_index = [sample_responses(
         policy, queries=queries, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
-        max_new_tokens=max_new_tokens, seed=sample_seed, batch_size=generation_batch_size, progress=progress,
+        max_new_tokens=max_new_tokens, seed=stream, batch_size=generation_batch_size, progress=progress,
         shard=shard,
-    )
+    ) for stream in seeds]  # by_index[k][p]: sample k of prompt p
     seconds = time.perf_counter() - started
+    samples = [by_index[k][p] for p in range(len(chosen)) for k in range(group)]  # row i = p · G + k
     samples = [{"response_ids": s["response_ids"][:limit], "behaviour_logprobs": s["behaviour_logprobs"][:limit]}
                for s, limit in zip(samples, limits)]
     rows = [
         {"run_id": run_id, "round": round_, "rollout_id": f"r{round_:04d}-{i:05d}",
-         "prompt_id": row["prompt_id"], "query": row["text"],
+         "prompt_id": chosen[i // group]["prompt_id"], "query": chosen[i // group]["text"],
          "response": tokenizer.decode(sample["response_ids"], skip_special_tokens=True),
-         "query_ids": query, "response_ids": sample["response_ids"],
-         "behaviour_logprobs": sample["behaviour_logprobs"], "seed": sample_seed,
-         "max_new_tokens": limit, "policy": policy_name}
-        for i, (row, query, sample, limit) in enumerate(zip(chosen, queries, samples, limits))
+         "query_ids": queries[i // group], "response_ids": sample["response_ids"],
+         "behaviour_logprobs": sample["behaviour_logprobs"], "seed": seeds[i % group],
+         "max_new_tokens": limit, "policy": policy_name,
+         **({"group_index": i // group, "sample_index": i % group} if group > 1 else {})}
+        for i, (sample, limit) in enumerate(zip(samples, limits))
     ]
     tokens = sum(len(s["response_ids"]) for s in samples)
     return rows, {"device": module_device(policy), "processes": (shard or Shard()).world_size,

@@ -46,6 +46,7 @@ from pipeline.train.ppo import (
     total_rewards,
     value_loss,
 )
+from pipeline.train.value_free import GROUP_ALGORITHMS, value_free_advantages, value_free_loss
 
 PAD_ID = 0  # right padding sits after every real token and is masked, so its id is irrelevant
 
@@ -65,14 +66,19 @@ def _finite(values) -> bool:
     return all(math.isfinite(v) for v in values)
 
 
-def validate_batch(batch: RolloutBatch, params: PPOParams, world_size: int = 1) -> None:
+def validate_batch(batch: RolloutBatch, params: PPOParams, world_size: int = 1, group_size: int = 1) -> None:
     """Raise PPOInputError naming the first malformed part of `batch`; touches no model.
 
     world_size: number of data-parallel processes; each takes an equal share of every minibatch.
+    group_size: responses per prompt (consecutive rows); grpo and rloo need at least 2.
     """
     n = len(batch.response_ids)
     if n == 0:
         raise PPOInputError("The PPO batch is empty: the rollout produced no responses.")
+    if params.algorithm in GROUP_ALGORITHMS and (group_size < 2 or n % group_size):
+        raise PPOInputError(f"ppo.algorithm = {params.algorithm} needs whole groups of at least 2 responses per "
+                            f"prompt, but the batch has {n} rows in groups of {group_size}: set "
+                            f"rollout.samples_per_prompt >= 2 dividing rollout.batch_size.")
     for name in ("query_ids", "behaviour_logprobs", "env_rewards", "intrinsic_rewards"):
         if len(getattr(batch, name)) != n:
             rows = len(getattr(batch, name))
@@ -142,7 +148,10 @@ def _no_grad_passes(policy, ref_model, batch: RolloutBatch, width: int, params: 
     old_logprobs = _padded(batch.behaviour_logprobs, width, mask.device)  # (B, T)
     kl = kl_penalty(logprobs=old_logprobs, ref_logprobs=ref_logprobs, kind=params.kl_penalty,
                     logits=logits, ref_logits=ref_logits) * mask  # (B, T)
-    return {"logprobs": logprobs, "values": values, "mask": mask, "kl": kl}
+    passes = {"logprobs": logprobs, "values": values, "mask": mask, "kl": kl}
+    if params.algorithm != "ppo":  # GRPO's k3 loss term and RLOO's k1 reward penalty read the reference log-probs
+        passes["ref_logprobs"] = ref_logprobs
+    return passes
 
 
 def make_optimizer(policy: PolicyWithValueHead, learning_rate: float) -> torch.optim.Adam:
@@ -166,8 +175,14 @@ def train_round(
     seed: int,
     progress: bool = True,
     data_parallel: DataParallel | SingleProcess | None = None,
+    group_size: int = 1,
+    max_completion_length: int | None = None,
 ) -> list[dict]:
     """Run `ppo_epochs` of PPO over one batch of rollouts; return one stats dict per optimizer step.
+
+    params.algorithm other than "ppo": the same passes, minibatches and steps with a value-free advantage and
+    loss (pipeline/train/value_free.py); group_size = responses per prompt (consecutive rows),
+    max_completion_length = dr_grpo's constant normaliser (the rollout's max_new_tokens; None = the batch width).
 
     Updates `policy`, `optimizer`, `kl_controller` and `score_moments` in place.
     data_parallel: None or a SingleProcess for one process. Otherwise `policy` and `optimizer` are
@@ -178,7 +193,7 @@ def train_round(
     processes) before any model is touched.
     """
     dp = SingleProcess() if data_parallel is None else data_parallel
-    validate_batch(batch, params, dp.world_size)
+    validate_batch(batch, params, dp.world_size, group_size)
     n, width = len(batch.response_ids), max(len(r) for r in batch.response_ids)
     # fresh log-probs, old values and per-token KL: one no-grad pass per model per round; each
     # process takes its rows and the (B, T) results are gathered in row order
@@ -197,9 +212,18 @@ def train_round(
     intrinsic_rewards = _padded(batch.intrinsic_rewards, width, mask.device)  # (B, T)
     rewards, _ = total_rewards(env_rewards=scaled, kl=kl, intrinsic_rewards=intrinsic_rewards, mask=mask,
                                kl_coef=kl_coef)  # (B, T)
-    # GAE and advantage whitening over the whole batch (also data parallel: global whitening)
-    advantages, returns = gae(values=old_values, rewards=rewards, mask=mask, gamma=params.gamma,
-                              lam=params.lam, whiten_rewards=params.whiten_rewards)  # (B, T) each
+    tensors = {"old_logprobs": old_logprobs, "old_values": old_values, "mask": mask}
+    if params.algorithm == "ppo":
+        # GAE and advantage whitening over the whole batch (also data parallel: global whitening)
+        tensors["advantages"], tensors["returns"] = gae(
+            values=old_values, rewards=rewards, mask=mask, gamma=params.gamma, lam=params.lam,
+            whiten_rewards=params.whiten_rewards)  # (B, T) each
+    else:  # value-free: every process holds the whole batch's rewards, so groups and whitening are global
+        tensors.update(value_free_advantages(
+            params, env_rewards=scaled, kl=kl, old_logprobs=old_logprobs, ref_logprobs=passes["ref_logprobs"],
+            intrinsic_rewards=intrinsic_rewards, mask=mask, kl_coef=kl_coef, group_size=group_size))
+        tensors.update(ref_logprobs=passes["ref_logprobs"], kl_coef=kl_coef,
+                       max_completion_length=max_completion_length or width)
     round_stats = {  # names: docs/metrics.md
         "kl": kl.sum(-1).mean().item(),
         "kl_coef": kl_coef,
@@ -207,8 +231,6 @@ def train_round(
         "intrinsic_reward_sum": intrinsic_reward_sum(batch.intrinsic_rewards),
         "behaviour_logprob_gap": behaviour_gap,
     }
-    tensors = {"old_logprobs": old_logprobs, "old_values": old_values, "advantages": advantages,
-               "returns": returns, "mask": mask}
     # ppo_epochs of shuffled minibatches, one optimizer step per backward batch
     generator = torch.Generator().manual_seed(seed)  # same seed in every process: same minibatches
     policy.eval()  # dropout off in the loss pass too: see the module docstring
@@ -256,6 +278,8 @@ def _optimizer_step(policy, optimizer, batch, tensors, indices, params: PPOParam
     started = time.perf_counter()
     sums, skipped, applied, tokens = dict.fromkeys(STEP_STATS, 0.0), 0, 0, 0
     mini_batches = [indices[s : s + params.mini_batch_size] for s in range(0, len(indices), params.mini_batch_size)]
+    if params.algorithm != "ppo":
+        tensors["step_tokens"] = tensors["mask"][indices].sum().item()  # dapo's normaliser
     for k, mb in enumerate(mini_batches):
         last = k == len(mini_batches) - 1
         with dp.gradient_sync(policy, sync=last):
@@ -290,6 +314,8 @@ def _minibatch_loss(policy, batch, tensors, mb, params: PPOParams, width, dp) ->
     gradient of the whole minibatch's token mean. One process: its share is 1 and the sum is its
     own stats, so both are unchanged (x·1.0 is x exactly).
     """
+    if params.algorithm != "ppo":
+        return _value_free_minibatch_loss(policy, batch, tensors, mb, params, width, dp)
     rows = dp.shard(mb)
     forward = response_logprobs(
         policy, query_ids=[batch.query_ids[i] for i in rows], response_ids=[batch.response_ids[i] for i in rows],
@@ -310,6 +336,33 @@ def _minibatch_loss(policy, batch, tensors, mb, params: PPOParams, width, dp) ->
     summed = dp.all_reduce_sum(torch.tensor([stats[k] * share for k in STEP_STATS], dtype=torch.float64,
                                             device=mask.device))
     return loss * (share * dp.world_size), dict(zip(STEP_STATS, summed.tolist()))
+
+
+def _value_free_minibatch_loss(policy, batch, tensors, mb, params: PPOParams, width, dp) -> tuple[torch.Tensor, dict]:
+    """_minibatch_loss of a value-free algorithm: its loss (value_free_loss, already this process's share of the
+    whole minibatch's, so only DDP's average is undone) and the same STEP_STATS (value_loss, vf_clipfrac 0;
+    clipfrac, approx_kl, policy_kl, ratio_mean as PPO's, from the token advantages)."""
+    rows = dp.shard(mb)
+    forward = response_logprobs(
+        policy, query_ids=[batch.query_ids[i] for i in rows], response_ids=[batch.response_ids[i] for i in rows],
+        pad_id=PAD_ID, width=width, mixed_precision=params.mixed_precision, with_entropy=True,
+    )
+    mask, all_mask = tensors["mask"][rows], tensors["mask"][mb]  # (b, T), (mb, T)
+    mine = {key: tensors[key][rows] for key in ("old_logprobs", "ref_logprobs", "advantages", "sequence_advantages")}
+    tokens = all_mask.sum().item()
+    if params.algorithm == "grpo" and params.loss_type == "dapo":  # one token mean over the optimizer step,
+        tokens = tensors["step_tokens"] / params.gradient_accumulation_steps  # once the caller divides by the steps
+    loss = value_free_loss(params, logprobs=forward.logprobs, tensors=mine, mask=mask, kl_coef=tensors["kl_coef"],
+                           rows=len(mb), tokens=tokens, max_completion_length=tensors["max_completion_length"])
+    _, pg_stats = policy_loss(logprobs=forward.logprobs, old_logprobs=mine["old_logprobs"],
+                              advantages=mine["advantages"], mask=mask, cliprange=params.cliprange)
+    stats = {**pg_stats, "policy_loss": loss.item(), "value_loss": 0.0, "vf_clipfrac": 0.0,
+             "entropy": masked_mean(forward.entropy, mask).item()}
+    share = mask.sum().item() / all_mask.sum().item()  # token means are weighted by this process's token share,
+    weights = [1.0 if key == "policy_loss" else share for key in STEP_STATS]  # the loss is already its share
+    summed = dp.all_reduce_sum(torch.tensor([stats[k] * w for k, w in zip(STEP_STATS, weights)], dtype=torch.float64,
+                                            device=mask.device))
+    return loss * dp.world_size, dict(zip(STEP_STATS, summed.tolist()))
 
 
 def save_trainer_state(directory: str | Path, optimizer, kl_controller, score_moments, *,

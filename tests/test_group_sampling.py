@@ -1,0 +1,77 @@
+"""rollout.samples_per_prompt: G responses per prompt, each sample index from its own seeded sampler stream."""
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import save_tiny_gpt2
+
+from pipeline.core import store
+from pipeline.core.seeding import round_seed
+from pipeline.data.world import generate_reviews
+from pipeline.model.pretrain import train_tokenizer
+from pipeline.steps.rollout import rollout, sample_seeds
+
+PROMPTS = [{"prompt_id": f"train-{i:05d}", "split": "train", "text": text}
+           for i, text in enumerate(["The film was", "I thought the acting", "Overall the plot", "This movie"] * 6)]
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory):
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("policy")
+    return save_tiny_gpt2(out, train_tokenizer(generate_reviews(300, seed=0), vocab_size=300, out_dir=out))
+
+
+def run(policy_dir, **kw):
+    args = {"policy_dir": policy_dir, "policy_name": "base", "run_id": "t", "round_": 1, "seed": 0,
+            "batch_size": 12, "max_new_tokens": 9, "generation_batch_size": 4}
+    return rollout(PROMPTS, **{**args, **kw})
+
+
+def test_sample_index_zero_keeps_the_round_sampler_seed_and_the_others_differ():
+    seeds = sample_seeds(round_seed(0, 1, 2), 4)
+    assert seeds[0] == round_seed(0, 1, 2) and len(set(seeds)) == 4
+    assert sample_seeds(123, 1) == [123]
+
+
+def test_groups_are_consecutive_rows_of_one_prompt_with_their_indices(policy_dir):
+    rows = run(policy_dir, samples_per_prompt=3, min_new_tokens=4)
+    assert len(rows) == 12
+    assert [r["group_index"] for r in rows] == [i // 3 for i in range(12)]
+    assert [r["sample_index"] for r in rows] == [i % 3 for i in range(12)]
+    assert [r["rollout_id"] for r in rows] == [f"r0001-{i:05d}" for i in range(12)]
+    seeds = sample_seeds(round_seed(0, 1, 2), 3)
+    for g in range(4):
+        group = rows[3 * g : 3 * g + 3]
+        assert len({r["prompt_id"] for r in group}) == 1 and len({tuple(r["query_ids"]) for r in group}) == 1
+        assert [r["seed"] for r in group] == seeds
+    assert len({r["prompt_id"] for r in rows}) == 4  # four distinct prompts picked
+    assert len({tuple(r["response_ids"]) for r in rows}) > 6  # the samples of a group differ
+    assert run(policy_dir, samples_per_prompt=3, min_new_tokens=4) == rows  # deterministic
+
+
+def test_a_batch_that_is_not_whole_groups_is_refused(policy_dir):
+    with pytest.raises(ValueError, match="rollout.batch_size = 12 is not a whole number of groups of "
+                                         "rollout.samples_per_prompt = 5"):
+        run(policy_dir, samples_per_prompt=5)
+
+
+def test_one_sample_per_prompt_writes_the_plain_schema_and_groups_add_two_columns(policy_dir, tmp_path):
+    plain = run(policy_dir)
+    store.write_table(plain, "rollouts", tmp_path / "plain")
+    assert pq.read_schema(tmp_path / "plain" / "part-0.parquet").names == store.SCHEMAS["rollouts"].names
+    grouped = run(policy_dir, samples_per_prompt=2)
+    store.write_table(grouped, "rollouts", tmp_path / "grouped")
+    names = pq.read_schema(tmp_path / "grouped" / "part-0.parquet").names
+    assert names == store.SCHEMAS["rollouts"].names + ["group_index", "sample_index"]
+    with pytest.raises(store.StoreError, match="missing"):
+        store.write_table(grouped[:1] + plain[:1], "rollouts", tmp_path / "mixed")
+
+
+def test_duckdb_reads_plain_and_grouped_rounds_together(policy_dir, tmp_path):
+    store.write_table(run(policy_dir), "rollouts", store.partition_dir(tmp_path, "rollouts", 1))
+    store.write_table(run(policy_dir, round_=2, samples_per_prompt=2), "rollouts",
+                      store.partition_dir(tmp_path, "rollouts", 2))
+    counts = store.connect(tmp_path).execute(
+        "SELECT round, count(*), count(group_index), max(sample_index) FROM rollouts GROUP BY round ORDER BY round"
+    ).fetchall()
+    assert counts == [(1, 12, 0, None), (2, 12, 12, 1)]

@@ -1,0 +1,50 @@
+"""DDP for the value-free algorithms: the ppo stage under a real 2-process `accelerate launch` (torchrun + gloo on
+CPU) makes the one-process update, with groups of 2 (tests/test_distributed.py's check, on grouped tables)."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.core import store
+from pipeline.model.policy import load_policy
+from tests import test_distributed
+from tests.e2e import tiny_params
+from tests.test_resume import PARAMS, SEED, round_tables, save_tiny_base
+
+
+def write_grouped_round(tmp: Path, base: dict | None = None, **ppo) -> tuple[Path, dict]:
+    """test_distributed.write_round with rollout.samples_per_prompt 2 and each rollout's sample_index."""
+    save_tiny_base(tmp / "base")
+    raw = tiny_params(n_rounds=1, critic={"enabled": False}, ppo=ppo, base=base or {},
+                      rollout={"samples_per_prompt": 2})
+    raw["run"].update(seed=SEED, run_id="dp")
+    (tmp / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    policy, _ = load_policy(tmp / "base", seed=SEED)
+    for table, rows in zip(("rollouts", "scores", "annotations"), round_tables(policy, 1)):
+        rows = [{"run_id": "dp", "round": 1, **row, **test_distributed.FILLER[table],
+                 **({"group_index": i // 2, "sample_index": i % 2} if table == "rollouts" else {})}
+                for i, row in enumerate(rows)]
+        store.write_table(rows, table, tmp / table)
+    return tmp / "params.yaml", {table: store.read_table(tmp / table, table) for table in test_distributed.FILLER}
+
+
+@pytest.mark.slow  # a 2-process accelerate launch (about 45 s)
+@pytest.mark.parametrize(("algorithm", "loss_type"), [("grpo", "grpo"), ("grpo", "dapo"), ("rloo", "grpo")])
+def test_two_processes_make_the_one_process_update(tmp_path, monkeypatch, algorithm, loss_type):
+    monkeypatch.setattr(test_distributed, "write_round", write_grouped_round)
+    params = dataclasses.replace(PARAMS, algorithm=algorithm, loss_type=loss_type, vf_coef=0.0)
+    one, launch = test_distributed.assert_two_processes_match_one(tmp_path, params)
+    assert "FSDP2 over" not in launch.stderr and all(row["value_loss"] == 0 for row in one)
+    assert not (tmp_path / "two" / "value_head.safetensors").exists()
+
+
+@pytest.mark.slow  # a 2-process accelerate launch under FSDP2
+def test_fsdp2_makes_the_one_process_grpo_update(tmp_path, monkeypatch):
+    fsdp2 = Path(test_distributed.ROOT) / "configs" / "accelerate" / "fsdp2.yaml"
+    monkeypatch.setattr(test_distributed, "write_round", write_grouped_round)
+    params = dataclasses.replace(PARAMS, algorithm="grpo", loss_type="dapo", vf_coef=0.0)
+    one, launch = test_distributed.assert_two_processes_match_one(tmp_path, params, config=fsdp2)
+    assert "FSDP2 over" in launch.stderr and all(row["value_loss"] == 0 for row in one)
