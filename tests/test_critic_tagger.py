@@ -133,6 +133,19 @@ def test_distil_serve_and_audit_through_the_real_server_then_replay_from_the_cac
     assert critic_model_id(critic) == f"drlc-local:tagger:{card['model_hash']}"
 
 
+@pytest.mark.parametrize("answer_format", ["json", "copy"])
+def test_structured_answers_name_the_same_spans_as_text_answers(tmp_path, answer_format):
+    distill(synthetic(200), labels=("toxic",), out_dir=tmp_path / "model", source="s", max_iter=50, min_count=1)
+    posts = write_posts(tmp_path / "posts.jsonl", synthetic(20, seed=3))
+    _, text = audit_critic(spans_path=posts, critic=tagger_critic(tmp_path / "t", tmp_path / "model"),
+                           references=False, progress=False)
+    critic = tagger_critic(tmp_path / "s", tmp_path / "model", answer_format=answer_format)
+    _, structured = audit_critic(spans_path=posts, critic=critic, references=False, progress=False)
+    text, structured = text["critics"]["configured"], structured["critics"]["configured"]
+    assert structured["requests_sent"] == 20 and structured["status_share"]["parse_error"] == 0
+    assert structured["char_f1"] == text["char_f1"] > 0.9
+
+
 def test_served_answers_are_in_the_template_format_and_batched(tmp_path):
     distill(synthetic(200), labels=("toxic",), out_dir=tmp_path / "model", source="s", max_iter=50, min_count=1)
     template = load_template(str(ROOT / "prompts" / "toxicity.md"), task="toxicity")

@@ -35,7 +35,7 @@ from pipeline.critic.items import Item, canonical
 from pipeline.critic.parse import ParsedAnswer, parse_answer
 
 __all__ = ["ANSWER_FORMATS", "MAX_SPANS", "SCHEMA_NAME", "check_format", "instruction", "read_structured",
-           "request_body", "shape_requests", "span_schema", "with_instruction"]
+           "request_body", "requested_span_limit", "shape_requests", "span_schema", "spans_json", "with_instruction"]
 
 MAX_SPANS = 8
 """Most spans one structured answer may hold (the schema's ``maxItems``)."""
@@ -117,6 +117,34 @@ def shape_requests(requests: list[list[dict]], sources: list[str], *, labels,
     line = instruction(labels, copy=answer_format == "copy")
     return ([with_instruction(messages, line) for messages in requests],
             [request_body(answer_format, labels, source=source) for source in sources])
+
+
+def requested_span_limit(request: dict) -> int | None:
+    """The most spans a chat-completions body asks for as a structured answer; None for a free-text one.
+
+    Used by drlc's own backends that write spans they already know (lexicon, tagger): ``copy``'s
+    ``drlc_copy`` field, else a ``json_schema`` ``response_format``.
+
+    >>> requested_span_limit({"drlc_copy": {"max_spans": 3}}), requested_span_limit({"messages": []})
+    (3, None)
+    """
+    copy = request.get("drlc_copy")
+    if copy is not None:
+        return int(copy.get("max_spans", MAX_SPANS))
+    response_format = request.get("response_format") or {}
+    if response_format.get("type") != "json_schema":
+        return None
+    return int(response_format["json_schema"]["schema"]["properties"]["spans"].get("maxItems", MAX_SPANS))
+
+
+def spans_json(spans, limit: int) -> str:
+    """A structured answer holding the first ``limit`` of ``spans`` ((label, text) pairs).
+
+    >>> spans_json([("toxic", "clown"), ("toxic", "fool")], 1)
+    '{"spans": [{"label": "toxic", "text": "clown"}]}'
+    """
+    return json.dumps({"spans": [{"label": label, "text": text} for label, text in list(spans)[:limit]]},
+                      ensure_ascii=False)
 
 
 def read_structured(text: str, *, labels, leading_label: str | None = None) -> ParsedAnswer:

@@ -28,12 +28,12 @@ spans, copied exactly, so the spans kept after parsing do not depend on the layo
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from functools import lru_cache
 
 from pipeline.core.errors import CriticError
 from pipeline.critic.parse import format_answer
+from pipeline.critic.structured import requested_span_limit, spans_json
 from pipeline.data.toxicity_lexicon import TOXIC_TERMS
 
 __all__ = ["ANSWER_LABELS", "LAYOUTS", "TOXIC_WORDS", "answer", "complete", "spans_of"]
@@ -96,17 +96,10 @@ def complete(request: dict, layout: str = "drlc") -> str:
     The lexicon's spans are copied from the response already, so a ``copy`` answer needs no constraint;
     at most the request's ``max_spans`` (or the schema's ``maxItems``) are written.
     """
-    response_format = request.get("response_format") or {}
-    copy = request.get("drlc_copy")
-    if copy is None and response_format.get("type") != "json_schema":
+    limit = requested_span_limit(request)
+    if limit is None:
         return answer(request["messages"], layout=layout)
-    if copy is not None:
-        limit = int(copy.get("max_spans", 8))
-    else:
-        limit = int(response_format["json_schema"]["schema"]["properties"]["spans"].get("maxItems", 8))
-    _, spans = spans_of(request["messages"])
-    return json.dumps({"spans": [{"label": label, "text": text} for label, text in spans[:limit]]},
-                      ensure_ascii=False)
+    return spans_json(spans_of(request["messages"])[1], limit)
 
 
 def _task_of(messages: list[dict]) -> str:

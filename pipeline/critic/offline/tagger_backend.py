@@ -24,6 +24,7 @@ from pipeline.core.errors import CriticError
 from pipeline.critic.offline.protocol import Completion, content_text
 from pipeline.critic.offline.tagger import SpanTagger, model_hash
 from pipeline.critic.parse import format_answer
+from pipeline.critic.structured import requested_span_limit, spans_json
 
 __all__ = ["TaggerBackend", "critiqued_text"]
 
@@ -77,15 +78,19 @@ class TaggerBackend:
         self._busy = False
         self._cond = threading.Condition()
 
-    def answer_text(self, text: str) -> str:
-        """The answer to a critic request about ``text``, in the templates' format."""
+    def answer_text(self, text: str, span_limit: int | None = None) -> str:
+        """The answer to a critic request about ``text``: the templates' format, or drlc's span JSON
+        when the request asked for a structured answer of at most ``span_limit`` spans."""
         spans = []
         for label, start, end in self.tagger.spans(text):
             spans += [(label, part) for part in text[start:end].split('"') if part.strip()]
-        return format_answer(self.tagger.config.labels, list(dict.fromkeys(spans)))
+        spans = list(dict.fromkeys(spans))
+        if span_limit is not None:  # the spans are copied from the response already: copy needs no constraint
+            return spans_json(spans, span_limit)
+        return format_answer(self.tagger.config.labels, spans)
 
     def __call__(self, request: dict) -> Completion:
-        item = {"messages": request["messages"], "answer": None, "error": None, "done": False}
+        item = {"messages": request["messages"], "span_limit": requested_span_limit(request), "answer": None, "error": None, "done": False}
         with self._cond:
             self._queue.append(item)
         while True:
@@ -110,7 +115,7 @@ class TaggerBackend:
         self.batch_sizes.append(len(batch))
         for item in batch:
             try:
-                text = self.answer_text(critiqued_text(item["messages"]))
+                text = self.answer_text(critiqued_text(item["messages"]), item["span_limit"])
                 prompt = sum(len(content_text(m.get("content")).split()) for m in item["messages"])
                 item["answer"] = Completion(text=text, prompt_tokens=prompt, completion_tokens=len(text.split()))
             except Exception as error:  # handed to the request's own thread, which re-raises it
