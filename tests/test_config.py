@@ -24,6 +24,14 @@ def test_demo_params_load_and_list_every_field():
         assert set(raw[name]) == {f.name for f in dataclasses.fields(cls)}, name
 
 
+def test_distill_lists_one_tagger_per_key_and_defaults_to_none():
+    assert load_params(ROOT / "params.yaml").distill == {}
+    raw = demo_raw()
+    raw["distill"] = {"semeval": {"spans": "train.csv", "heldout_share": 0.2}}
+    spec = params_from_dict(raw).distill["semeval"]
+    assert (spec.spans, spec.seed, spec.heldout_share) == ("train.csv", 0, 0.2)
+
+
 def test_params_are_frozen():
     params = load_params(ROOT / "params.yaml")
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -57,6 +65,12 @@ def test_ppo_defaults_match_legacy_trl():
     (lambda r: r["rounds"].update({"0009": {"prev": "round=0001"}}), ["rounds.0009.prev", "round=0004"]),
     (lambda r: r["evaluate"].update(policy="round=0002"), ["evaluate.policy", "round=0004"]),
     (lambda r: r["run"].update(task="poetry"), ["run.task", "'poetry'", "sentiment"]),
+    (lambda r: r.update(distill=["x.csv"]), ["'distill'", "{spans: FILE}"]),
+    (lambda r: r.update(distill={"a/b": {"spans": "x.csv"}}), ["'a/b'", "critics/<key>"]),
+    (lambda r: r.update(distill={"semeval": {}}), ["distill.semeval", "spans"]),
+    (lambda r: r.update(distill={"semeval": {"spans": "x.csv", "sed": 1}}), ["distill.semeval.sed", "'seed'"]),
+    (lambda r: r.update(distill={"semeval": {"spans": "x.csv", "heldout_share": 1.0}}),
+     ["distill.semeval.heldout_share", "in (0, 1)"]),
 ])
 def test_bad_values_name_the_key_the_value_and_the_fix(mutate, expected):
     raw = demo_raw()

@@ -128,6 +128,10 @@ def test_stages_expand_foreach_over_rounds_or_chunks():
     detox = planned_stages(load_params(ROOT / "configs/paper/detox-dense.yaml"), ROOT / "dvc.yaml")  # 160 = 5 x 32
     assert len(detox) == len(stages) - foreach + 5 and "chunk@0129" in detox and "evaluate" in detox
     assert not any(name.startswith("ppo@") for name in detox)
+    assert not any(name.startswith("distill@") for name in demo + detox)  # distill: {}
+    tagger = planned_stages(load_params(ROOT / "configs/smol-detox-tagger.yaml"), ROOT / "dvc.yaml")  # 2 rounds
+    assert len(tagger) == len(stages) - foreach + per_round * 2 + 1
+    assert [name for name in tagger if name.startswith("distill@")] == ["distill@semeval"]
 
 
 def test_source_status(tmp_path, monkeypatch):

@@ -187,12 +187,14 @@ def estimate_critic(params: Params, *, root: str | Path = ".", stated_rate: floa
 
 def planned_stages(params: Params, dvc_file: str | Path = "dvc.yaml") -> list[str]:
     """dvc.yaml's stage names with `foreach` stages expanded (name@key): over the rounds, or over the
-    chunks for `foreach: ${chunks}` (per-round stages have no rounds then: `rounds: {}`)."""
+    chunks for `foreach: ${chunks}` (per-round stages have no rounds then: `rounds: {}`), or over
+    the `distill` keys for `foreach: ${distill}`."""
     path = Path(dvc_file)
     if not path.is_file():
         return []
     stages = (yaml.safe_load(path.read_text()) or {}).get("stages", {})
-    keys = {"${rounds}": [] if params.chunks else params.round_keys(), "${chunks}": sorted(params.chunks)}
+    keys = {"${rounds}": [] if params.chunks else params.round_keys(), "${chunks}": sorted(params.chunks),
+            "${distill}": sorted(params.distill)}
     names = []
     for name, spec in stages.items():
         expanded = keys.get(spec["foreach"], params.round_keys()) if "foreach" in spec else None

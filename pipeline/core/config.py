@@ -29,6 +29,7 @@ ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce_pp")  # ppo.algorithm; all but "
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")  # ppo.loss_type (TRL GRPOConfig.loss_type)
 KL_PENALTIES = ("kl", "abs", "mse", "full")
 ROUND_KEY = re.compile(r"^\d{4}$")
+DISTILL_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 class _YamlLoader(yaml.SafeLoader):
@@ -377,6 +378,20 @@ class ChunkParams:
     last: str = "0001"
 
 
+@dataclass(frozen=True)
+class DistillParams:
+    """One `distill@<key>` stage: a span tagger trained on `spans` into critics/<key> (docs/tagger.md)."""
+
+    spans: str = ""              # labelled span file, SemEval .csv or drlc .jsonl (`drlc critic distill --spans`)
+    seed: int = 0                # seed of the held-out split
+    heldout_share: float = 0.15  # share of texts held out to tune decoding and score the card
+
+    checks = {
+        "spans": (lambda x: bool(x), "a labelled span file path (.csv or .jsonl)"),
+        "heldout_share": (lambda x: 0 < x < 1, "in (0, 1)"),
+    }
+
+
 SECTIONS: dict[str, type] = {
     "run": RunParams,
     "world": WorldParams,
@@ -401,6 +416,7 @@ class Params:
     evaluate: EvaluateParams
     rounds: dict[str, RoundParams]  # every round, also when chunked (expanded from `chunks`)
     chunks: dict[str, ChunkParams] = field(default_factory=dict)  # empty unless run.rounds_per_stage > 1
+    distill: dict[str, DistillParams] = field(default_factory=dict)  # `distill@<key>` stages; {} = none
 
     def round_keys(self) -> list[str]:
         return sorted(self.rounds)
@@ -459,6 +475,21 @@ def build_section(cls: type, values: dict, prefix: str):
             raise ConfigError(f"'{prefix}.{key}' = {value!r} is out of range: must be {check[1]}.")
     coerced = {k: float(v) if hints[k] is float else v for k, v in values.items()}
     return cls(**coerced)
+
+
+def _check_distill(distill) -> dict[str, DistillParams]:
+    """`distill: {name: {spans, ...}}`: one tagger per name, written to critics/<name> by its DVC stage."""
+    if not isinstance(distill, dict):
+        raise ConfigError(f"'distill' must map model names to {{spans: FILE}} (or be {{}}); got {distill!r}.")
+    built = {}
+    for key, spec in distill.items():
+        if not isinstance(key, str) or not DISTILL_KEY.match(key):
+            raise ConfigError(f"distill key {key!r} must be a folder name of letters, digits, '-' or '_' "
+                              "(the tagger is written to critics/<key>).")
+        if not isinstance(spec, dict) or "spans" not in spec:
+            raise ConfigError(f"'distill.{key}' needs spans: a labelled span file (.csv or .jsonl).")
+        built[key] = build_section(DistillParams, spec, f"distill.{key}")
+    return built
 
 
 def _check_rounds(rounds) -> dict[str, RoundParams]:
@@ -534,7 +565,7 @@ def apply_override(raw: dict, assignment: str) -> None:
 
 
 def params_from_dict(raw: dict) -> Params:
-    valid = list(SECTIONS) + ["rounds", "chunks"]
+    valid = list(SECTIONS) + ["rounds", "chunks", "distill"]
     for key in raw:
         if key not in valid:
             raise ConfigError(f"Unknown section '{key}' in params.{_suggest(key, valid)}")
@@ -548,6 +579,7 @@ def params_from_dict(raw: dict) -> Params:
     else:
         rounds, chunks = _check_chunks(raw.get("chunks"), raw.get("rounds"), per_stage)
         params = Params(**sections, rounds=rounds, chunks=chunks)
+    params = dataclasses.replace(params, distill=_check_distill(raw.get("distill", {})))
     last = f"round={params.round_keys()[-1]}"
     if params.evaluate.policy != last:
         raise ConfigError(
