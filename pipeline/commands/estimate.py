@@ -761,7 +761,7 @@ def disk_section(disk: DiskEstimate, load: TimeEstimate) -> list[str]:
              f"  read {_gb(t.read_bytes)} -> {t.load_s:,.0f} s, write {_gb(t.write_bytes)} -> {t.write_s:,.0f} s "
              f"at {t.disk_gbps:g} GB/s (--disk-gbps)",
              f"  fast-compute lower bound ~{_duration(t.run_s)} (the load share's denominator; the realistic "
-             "figure is under == run time ==): per round compute {t.compute_s:.3f} s at {t.gpu_tflops:g} TFLOP/s "
+             f"figure is under == run time ==): per round compute {t.compute_s:.3f} s at {t.gpu_tflops:g} TFLOP/s "
              f"(--gpu-tflops) + critic {t.critic_s:.2f} s ({t.critic_latency_s:g} s a call, --critic-latency-s) + "
              f"remote scorer {t.scorer_s:.1f} s, plus the loads and writes",
              f"  model loading: {100 * t.load_share:.1f} % of the run time (with checkpoint writes "

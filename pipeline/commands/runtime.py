@@ -113,6 +113,7 @@ def runtime_section(run: RunTime) -> list[str]:
             f"  ~{run.run_s / 60:.1f} min = {run.rounds} rounds x {run.round_s:.1f} s + loads/writes {run.io_s:.0f} s",
             f"  per round: {per_stage}",
             f"  assumptions: {t.describe()}",
+            "  (measured calls extrapolated to the full depth and batch)" if t.measured else
             ("  (token generation memory-bound: weights + KV cache read once per decoding step; training at the MFU;"
              " the critic's latency and max_concurrency as configured)")]
 

@@ -57,7 +57,7 @@ ASSUMED = {
     # MFU 0.35 is what well-fed PPO/RLHF training steps reach; ~0.1 ms of launches per layer per call.
     "cuda": Throughput("cuda", flops=312e12, mfu=0.35, memory_bandwidth=2.0e12, call_overhead_s=1e-4,
                        process_start_s=8.0, dvc_stage_s=2.0, source="A100-80GB figures"),
-    # A 2-core x86 VM (this project's dev machine, measured with `drlc estimate --calibrate`): ~50 GFLOP/s
+    # A 2-core x86 VM (rough figures; `drlc estimate --calibrate` measures the real ones): ~50 GFLOP/s
     # fp32 peak (2 cores x 2 FMA x 8 lanes x ~1.5 GHz effective), MFU 0.3, ~10 GB/s DRAM, ~0.3 ms of
     # PyTorch dispatch per layer per call.
     "cpu": Throughput("cpu", flops=50e9, mfu=0.3, memory_bandwidth=10e9, call_overhead_s=3e-4,
