@@ -383,7 +383,8 @@ def report_run_time(params: Params, disk, critic: CriticEstimate, load: TimeEsti
                         scorer_layers=layers_hidden(scorer[0])[0] if scorer else 0)
     return run_time(params, shape, config=config, query=query_tokens(params), response=mean_response_tokens(params),
                     critic_calls_per_round=timed_critic_calls(params, critic.calls_per_round),
-                    critic_latency_s=args.critic_latency_s, io_s=load.load_s + load.write_s, calibrate=args.calibrate)
+                    critic_latency_s=args.critic_latency_s, io_s=load.load_s + load.write_s, calibrate=args.calibrate,
+                    root=args.root)
 
 
 def add_estimate_parser(subparsers) -> None:

@@ -128,7 +128,10 @@ def layers_hidden(config) -> tuple[int, int]:
     return _layers_hidden(config)
 
 
-def calibrated_throughput(params: Params, config, query: float, response: float) -> Throughput:
+STAGE_IMPORTS = "import pipeline.steps.rollout, pipeline.steps.ppo_round"  # what a stage process imports before work
+
+
+def calibrated_throughput(params: Params, config, query: float, response: float, root=".") -> Throughput:
     """Throughput measured at `config`'s shape (the policy's) on run.device (pipeline/model/throughput.py)."""
     from pipeline.core.device import resolve_device
     from pipeline.core.errors import ConfigError
@@ -141,13 +144,15 @@ def calibrated_throughput(params: Params, config, query: float, response: float)
     train_batch = max(1, min(params.ppo.mini_batch_size, 1024 // seq))
     decode_batch = max(1, min(params.rollout.generation_batch_size, params.rollout.batch_size, 64))
     return calibrate(config, resolve_device(params.run.device), train_batch=train_batch, seq=seq,
-                     decode_batch=decode_batch, context=max(1, round(query + params.rollout.max_new_tokens / 2)))
+                     decode_batch=decode_batch, context=max(1, round(query + params.rollout.max_new_tokens / 2)),
+                     stage_imports=STAGE_IMPORTS, root=root)
 
 
 def run_time(params: Params, shape: PolicyShape, *, config, query: float, response: float,
-             critic_calls_per_round: float, critic_latency_s: float, io_s: float, calibrate: bool = False) -> RunTime:
+             critic_calls_per_round: float, critic_latency_s: float, io_s: float, calibrate: bool = False,
+             root=".") -> RunTime:
     """The run's RunTime at the stated Throughput of run.device's kind, or measured at `config` with `calibrate`."""
-    t = calibrated_throughput(params, config, query, response) if calibrate else stated_throughput(params)
+    t = calibrated_throughput(params, config, query, response, root) if calibrate else stated_throughput(params)
     return estimate_run_time(params, shape, t, query=query, response=response, critic_calls=critic_calls_per_round,
                              critic_latency_s=critic_latency_s, io_s=io_s)
 

@@ -14,7 +14,8 @@ The run-time estimate of `drlc estimate` (pipeline/commands/runtime.py) prices e
 `calibrate` measures the same quantities on the local device in seconds: it builds the model
 shape with 1 and 2 layers (random weights), times a few training steps and decoding steps of each
 and extrapolates to the full depth (time = base + layers x per-layer), and times the imports of a
-stage process and `dvc version` in fresh interpreters.
+stage process (the stage modules' imports) and `dvc stage list` (reads dvc.yaml and params) in fresh
+interpreters.
 """
 from __future__ import annotations
 
@@ -152,13 +153,14 @@ def _model_calls(config, layers: int, device, *, train_batch: int, seq: int, dec
     return _timed(forward, 3), _timed(train, 3), _timed(decode, 5)
 
 
-def _subprocess_s(args: list[str]) -> float:
+def _subprocess_s(args: list[str], cwd=".") -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, *args], check=True, capture_output=True)
+    subprocess.run([sys.executable, *args], check=True, capture_output=True, cwd=cwd)
     return time.perf_counter() - start
 
 
-def calibrate(config, device, *, train_batch: int, seq: int, decode_batch: int, context: int) -> Throughput:
+def calibrate(config, device, *, train_batch: int, seq: int, decode_batch: int, context: int,
+              stage_imports: str = "import torch, transformers, pyarrow", root=".") -> Throughput:
     """Measured Throughput of `config`'s model shape on `device` (see the module docstring): a few seconds."""
     layers = getattr(config, "n_layer", None) or config.num_hidden_layers
     depths = (1, 2) if layers >= 2 else (1,)
@@ -172,5 +174,5 @@ def calibrate(config, device, *, train_batch: int, seq: int, decode_batch: int, 
     measured.update(forward_tokens=train_batch * seq, train_tokens=train_batch * seq, decode_batch=decode_batch)
     kind = "cuda" if device.type == "cuda" else "cpu"
     return replace(assumed(kind), source="measured", measured=measured,
-                   process_start_s=_subprocess_s(["-c", "import torch, transformers, pyarrow"]),
-                   dvc_stage_s=_subprocess_s(["-m", "dvc", "version"]))
+                   process_start_s=_subprocess_s(["-c", stage_imports]),
+                   dvc_stage_s=_subprocess_s(["-m", "dvc", "stage", "list"], cwd=root))
