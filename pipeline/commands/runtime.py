@@ -1,0 +1,162 @@
+"""`drlc estimate`'s run time: the seconds of each per-round stage at a device's Throughput.
+
+Per round (run.rounds_per_stage 1), with P policy parameters, L layers, B = rollout.batch_size,
+G = generation_batch_size, q query and r mean response tokens, n = max_new_tokens, E = ppo_epochs,
+M = mini_batch_size (pipeline/model/throughput.py has the per-call formulas):
+
+- rollout: ceil(B / G) batches, each a prefill forward of G x q tokens and n decoding steps of G
+  sequences at the mean context q + n / 2;
+- score: a local scorer model's forward over B x (q + r) tokens (VADER and other lexicons: none);
+- critique: critic calls x critic latency / critic.max_concurrency (a local lexicon or offline
+  backend: none), as configured;
+- ppo: the policy's and the reference's no-grad forwards, then E x B / M training steps of M x (q + r)
+  tokens (Adam's update is not counted);
+- every stage: one process start and DVC's per-stage work; model loads and checkpoint writes at
+  --disk-gbps (the load-time section's bytes).
+The base and evaluate stages (once per run) are not counted.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from pipeline.core.config import Params
+from pipeline.model.throughput import Throughput, assumed, decode_step_s, forward_s, kv_bytes, train_step_s
+
+ROUND_STAGES = ("rollout", "score", "critique", "ppo")
+
+
+@dataclass(frozen=True)
+class PolicyShape:
+    """What the time formulas need of the policy (and of a local scorer model)."""
+
+    params: int
+    layers: int
+    hidden: int
+    dtype_bytes: int
+    scorer_params: int = 0
+    scorer_layers: int = 0
+
+
+@dataclass(frozen=True)
+class RunTime:
+    """Seconds of each per-round stage and of the whole run's rounds."""
+
+    rounds: int
+    stages: dict = field(default_factory=dict)  # {stage: seconds per round}
+    io_s: float = 0.0  # model loads and checkpoint writes of the whole run
+    throughput: Throughput | None = None
+
+    @property
+    def round_s(self) -> float:
+        return sum(self.stages.values())
+
+    @property
+    def run_s(self) -> float:
+        return self.rounds * self.round_s + self.io_s
+
+
+def rollout_s(params: Params, shape: PolicyShape, t: Throughput, query: float) -> float:
+    """Compute seconds of the rollout stage: prefill and memory-bound decoding of every generation batch."""
+    r = params.rollout
+    batch = min(r.generation_batch_size, r.batch_size)
+    batches = math.ceil(r.batch_size / batch)
+    weights = shape.params * shape.dtype_bytes
+    kv = kv_bytes(shape.layers, shape.hidden, query + r.max_new_tokens / 2, batch, shape.dtype_bytes)
+    step = decode_step_s(t, shape.params, weights, kv, batch, shape.layers)
+    prefill = forward_s(t, shape.params, batch * query, shape.layers)
+    return batches * (prefill + r.max_new_tokens * step)
+
+
+def ppo_s(params: Params, shape: PolicyShape, t: Throughput, tokens_per_response: float) -> float:
+    """Compute seconds of the ppo stage: policy and reference forwards, then ppo_epochs x B / M steps."""
+    p, batch = params.ppo, params.rollout.batch_size
+    mb_tokens = p.mini_batch_size * tokens_per_response
+    steps = math.ceil(batch / p.mini_batch_size)
+    no_grad = 2 * steps * forward_s(t, shape.params, mb_tokens, shape.layers)
+    return no_grad + p.ppo_epochs * steps * train_step_s(t, shape.params, mb_tokens, shape.layers)
+
+
+def estimate_run_time(params: Params, shape: PolicyShape, t: Throughput, *, query: float, response: float,
+                      critic_calls: float, critic_latency_s: float, io_s: float = 0.0) -> RunTime:
+    """RunTime of the training rounds; see the module docstring."""
+    tokens = query + response
+    process = t.process_start_s + t.dvc_stage_s
+    scorer = (forward_s(t, shape.scorer_params, params.rollout.batch_size * tokens, shape.scorer_layers)
+              if shape.scorer_params else 0.0)
+    stages = {"rollout": process + rollout_s(params, shape, t, query),
+              "score": process + scorer,
+              "critique": process + critic_calls * critic_latency_s / params.critic.max_concurrency,
+              "ppo": process + ppo_s(params, shape, t, tokens)}
+    return RunTime(rounds=len(params.rounds), stages=stages, io_s=io_s, throughput=t)
+
+
+def device_kind(params: Params) -> str:
+    """'cuda' or 'cpu': run.device, with auto = CUDA when this machine has it."""
+    setting = params.run.device
+    if setting == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if setting.startswith("cuda") else "cpu"
+
+
+def stated_throughput(params: Params) -> Throughput:
+    return assumed(device_kind(params))
+
+
+def runtime_section(run: RunTime) -> list[str]:
+    """The `== run time ==` lines of the report: the figure with its assumptions beside it."""
+    t = run.throughput
+    per_stage = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in run.stages.items())
+    return ["", "== run time (training rounds; base and evaluate not counted) ==",
+            f"  ~{run.run_s / 60:.1f} min = {run.rounds} rounds x {run.round_s:.1f} s + loads/writes {run.io_s:.0f} s",
+            f"  per round: {per_stage}",
+            f"  assumptions: {t.describe()}",
+            "  (measured calls extrapolated to the full depth and batch)" if t.measured else
+            ("  (token generation memory-bound: weights + KV cache read once per decoding step; training at the MFU;"
+             " the critic's latency and max_concurrency as configured)")]
+
+
+def _layers_hidden(config) -> tuple[int, int]:
+    layers = getattr(config, "n_layer", None) or getattr(config, "num_hidden_layers", 0)
+    return layers, getattr(config, "n_embd", None) or getattr(config, "hidden_size", 0)
+
+
+def layers_hidden(config) -> tuple[int, int]:
+    """(layers, hidden size) of a transformers config (GPT-2's or Llama's field names)."""
+    return _layers_hidden(config)
+
+
+STAGE_IMPORTS = "import pipeline.steps.rollout, pipeline.steps.ppo_round"  # what a stage process imports before work
+
+
+def calibrated_throughput(params: Params, config, query: float, response: float, root=".") -> Throughput:
+    """Throughput measured at `config`'s shape (the policy's) on run.device (pipeline/model/throughput.py)."""
+    from pipeline.core.device import resolve_device
+    from pipeline.core.errors import ConfigError
+    from pipeline.model.throughput import calibrate
+
+    if config is None:
+        raise ConfigError(f"--calibrate: the shape of base.model = {params.base.model!r} is unknown offline; "
+                          "give a local model folder or a model in pipeline/model/shapes.py KNOWN_MODELS.")
+    seq = max(1, round(query + response))
+    train_batch = max(1, min(params.ppo.mini_batch_size, 1024 // seq))
+    decode_batch = max(1, min(params.rollout.generation_batch_size, params.rollout.batch_size, 64))
+    return calibrate(config, resolve_device(params.run.device), train_batch=train_batch, seq=seq,
+                     decode_batch=decode_batch, context=max(1, round(query + params.rollout.max_new_tokens / 2)),
+                     stage_imports=STAGE_IMPORTS, root=root)
+
+
+def run_time(params: Params, shape: PolicyShape, *, config, query: float, response: float,
+             critic_calls_per_round: float, critic_latency_s: float, io_s: float, calibrate: bool = False,
+             root=".") -> RunTime:
+    """The run's RunTime at the stated Throughput of run.device's kind, or measured at `config` with `calibrate`."""
+    t = calibrated_throughput(params, config, query, response, root) if calibrate else stated_throughput(params)
+    return estimate_run_time(params, shape, t, query=query, response=response, critic_calls=critic_calls_per_round,
+                             critic_latency_s=critic_latency_s, io_s=io_s)
+
+def timed_critic_calls(params: Params, calls_per_round: float) -> float:
+    """Critic calls that take time: a remote endpoint or the local hf backend (lexicon/offline answer at once)."""
+    timed = params.critic.enabled and (params.critic.endpoint != "local" or params.critic.backend == "hf")
+    return calls_per_round if timed else 0.0
