@@ -86,7 +86,9 @@ def test_drlc_rounds_per_stage_writes_chunks_and_back(params_file):
     assert out.strip() == f"{params_file}: 10 rounds (0001..0010), 3 chunk stages of 4, evaluate.policy = round=0010"
     text = params_file.read_text()
     assert re.search(r"^rounds: \{\}$", text, flags=re.M) and "  rounds_per_stage: 4 " in text
-    assert text.splitlines()[-3:] == ['  "0001": {prev: base, last: "0004"}',
+    lines = text.splitlines()
+    chunks = lines.index("chunks:")
+    assert lines[chunks + 1:chunks + 4] == ['  "0001": {prev: base, last: "0004"}',
                                       '  "0005": {prev: round=0004, last: "0008"}',
                                       '  "0009": {prev: round=0008, last: "0010"}']
     params = load_params(params_file)
