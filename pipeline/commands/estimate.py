@@ -60,6 +60,7 @@ import yaml
 
 from pipeline.core.config import Params, load_params
 from pipeline.core.errors import ConfigError, DrlcError
+from pipeline.model.gguf import is_gguf_spec, resolve_gguf
 from pipeline.model.shapes import DTYPE_BYTES, known_config, lora_parameter_count, meta_model
 
 CHARS_PER_TOKEN = 4  # the usual rule of thumb for English BPE text
@@ -208,7 +209,12 @@ def _hub_cached(repo_id: str, kind: str) -> bool:
 
 
 def source_status(name: str, *, kind: str, root: str | Path = ".") -> str:
-    """'local', 'hub (cached)', 'hub: NOT LOCAL, needs a download' or 'MISSING local path'."""
+    """'local', 'local (<file>.gguf)', 'hub (cached)', 'hub: NOT LOCAL, needs a download' or 'MISSING local path'."""
+    if is_gguf_spec(name):
+        try:
+            return f"local ({resolve_gguf(name, key='base.model').name})"
+        except ConfigError:
+            return "MISSING local path"
     if name.startswith("hub:"):
         name, kind = name[len("hub:"):].partition(":")[0], "dataset"  # hub:<id>[:<split>]
     elif ":" in name and (Path(root) / name.rpartition(":")[0]).exists():
@@ -460,10 +466,28 @@ def _config_of(name: str, root: str | Path):
             "causal" if any(a.endswith("LMHeadModel") or a.endswith("CausalLM") for a in architectures) or not
             architectures else "trunk")
         return config, kind, dtype.removeprefix("torch."), f"{name}/config.json"
+    if is_gguf_spec(name):
+        return _gguf_config(name)
     known = known_config(name)
     if known is None:
         return None
     return *known, "drlc's table of hub shapes"
+
+
+def _gguf_config(spec: str):
+    """The config in a GGUF file's header (None when the spec does not resolve: `drlc check` names why).
+
+    transformers dequantises a GGUF model to float32 on load, so the policy, its saves and its
+    optimizer hold float32 weights whatever the file's quantisation.
+    """
+    from transformers import AutoConfig
+
+    try:
+        path = resolve_gguf(spec, key="base.model")
+    except ConfigError:
+        return None
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    return config, "causal", "float32", f"{path.name}'s GGUF header"
 
 
 def _built_config(params: Params):
