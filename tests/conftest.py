@@ -38,3 +38,18 @@ def cache(tmp_path):
     """An empty critic cache in the test's temp folder."""
     with CriticCache(tmp_path / "cache") as opened:
         yield opened
+
+
+REVIEW_PROMPTS = [{"prompt_id": f"train-{i:05d}", "split": "train", "text": text}
+                  for i, text in enumerate(["The film was", "I thought the acting", "Overall the plot", "This movie"] * 6)]
+"""24 train prompts (4 openings, 6 times each) for rollout tests on a tiny policy."""
+
+
+def tiny_review_policy(tmp_path_factory) -> str:
+    """A 1-layer GPT-2 with a 300-token tokenizer trained on the synthetic reviews (1 torch thread)."""
+    from pipeline.data.world import generate_reviews
+    from pipeline.model.pretrain import train_tokenizer
+
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("policy")
+    return save_tiny_gpt2(out, train_tokenizer(generate_reviews(300, seed=0), vocab_size=300, out_dir=out))

@@ -1,24 +1,18 @@
 """rollout.samples_per_prompt: G responses per prompt, each sample index from its own seeded sampler stream."""
 import pyarrow.parquet as pq
 import pytest
-import torch
-from conftest import save_tiny_gpt2
+from conftest import REVIEW_PROMPTS, tiny_review_policy
 
 from pipeline.core import store
 from pipeline.core.seeding import round_seed
-from pipeline.data.world import generate_reviews
-from pipeline.model.pretrain import train_tokenizer
 from pipeline.steps.rollout import rollout, sample_seeds
 
-PROMPTS = [{"prompt_id": f"train-{i:05d}", "split": "train", "text": text}
-           for i, text in enumerate(["The film was", "I thought the acting", "Overall the plot", "This movie"] * 6)]
+PROMPTS = REVIEW_PROMPTS
 
 
 @pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory):
-    torch.set_num_threads(1)
-    out = tmp_path_factory.mktemp("policy")
-    return save_tiny_gpt2(out, train_tokenizer(generate_reviews(300, seed=0), vocab_size=300, out_dir=out))
+    return tiny_review_policy(tmp_path_factory)
 
 
 def run(policy_dir, **kw):

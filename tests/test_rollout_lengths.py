@@ -1,23 +1,19 @@
 """Per-response length limits in the rollout step (rollout.min_new_tokens, legacy TRL's LengthSampler)."""
 import pytest
 import torch
-from conftest import save_tiny_gpt2, train_bpe
+from conftest import REVIEW_PROMPTS, save_tiny_gpt2, tiny_review_policy, train_bpe
 
 from pipeline.data.world import generate_reviews
 from pipeline.model.logprobs import response_logprobs
 from pipeline.model.policy import load_policy
-from pipeline.model.pretrain import train_tokenizer
 from pipeline.steps.rollout import response_limits, rollout
 
-PROMPTS = [{"prompt_id": f"train-{i:05d}", "split": "train", "text": text}
-           for i, text in enumerate(["The film was", "I thought the acting", "Overall the plot", "This movie"] * 6)]
+PROMPTS = REVIEW_PROMPTS
 
 
 @pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory):
-    torch.set_num_threads(1)
-    out = tmp_path_factory.mktemp("policy")
-    return save_tiny_gpt2(out, train_tokenizer(generate_reviews(300, seed=0), vocab_size=300, out_dir=out))
+    return tiny_review_policy(tmp_path_factory)
 
 
 def run(policy_dir, **kw):
