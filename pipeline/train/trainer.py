@@ -177,8 +177,12 @@ def train_round(
     data_parallel: DataParallel | SingleProcess | None = None,
     group_size: int = 1,
     max_completion_length: int | None = None,
+    kl_rewards: list | None = None,
 ) -> list[dict]:
     """Run `ppo_epochs` of PPO over one batch of rollouts; return one stats dict per optimizer step.
+
+    kl_rewards: a list to receive, per response in batch order, the KL part of its per-token reward
+    (token_kl_rewards: what `drlc view` shades and the kl_rewards table stores).
 
     params.algorithm other than "ppo": the same passes, minibatches and steps with a value-free advantage and
     loss (pipeline/train/value_free.py); group_size = responses per prompt (consecutive rows),
@@ -212,6 +216,9 @@ def train_round(
     intrinsic_rewards = _padded(batch.intrinsic_rewards, width, mask.device)  # (B, T)
     rewards, _ = total_rewards(env_rewards=scaled, kl=kl, intrinsic_rewards=intrinsic_rewards, mask=mask,
                                kl_coef=kl_coef)  # (B, T)
+    if kl_rewards is not None:
+        kl_rewards.extend(token_kl_rewards(params.algorithm, kl=kl, old_logprobs=old_logprobs, mask=mask,
+                                           ref_logprobs=passes.get("ref_logprobs"), kl_coef=kl_coef))
     tensors = {"old_logprobs": old_logprobs, "old_values": old_values, "mask": mask}
     if params.algorithm == "ppo":
         # GAE and advantage whitening over the whole batch (also data parallel: global whitening)
@@ -254,6 +261,22 @@ def train_round(
     # KL controller update with the batch's mean summed KL and n_steps = batch size
     kl_controller.update(round_stats["kl"], n)
     return steps
+
+
+def token_kl_rewards(algorithm: str, *, kl: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor,
+                     ref_logprobs: torch.Tensor | None, kl_coef: float) -> list[list[float] | None]:
+    """Per response, the KL part of each response token's reward, as the round's rewards use it.
+
+    ppo, reinforce_pp: −β·kl_t, total_rewards' kl_rewards (kl = ppo.kl_penalty's estimate, β = the round's kl_coef);
+    rloo: −β·(old_t − ref_t), the per-token terms of its sequence-level k1 penalty (they sum to it);
+    grpo: None, its KL is a k3 loss term, not part of any reward.
+    kl, old_logprobs, mask, ref_logprobs: (B, T). Returns B lists of each response's mask.sum() values.
+    """
+    if algorithm == "grpo":
+        return [None] * mask.shape[0]
+    per_token = kl if algorithm != "rloo" else old_logprobs - ref_logprobs  # (B, T)
+    values = -kl_coef * per_token * mask  # (B, T)
+    return [row[: int(n)].tolist() for row, n in zip(values.cpu(), mask.sum(-1).tolist())]
 
 
 def _progress(total: int, enabled: bool):
