@@ -103,10 +103,16 @@ def estimate_run_time(params: Params, shape: PolicyShape, t: Throughput, *, quer
             "score": scorer,
             "critique": critic_calls * critic_latency_s / params.critic.max_concurrency,
             "ppo": ppo_s(params, shape, t, tokens) + write_s(t, checkpoint_bytes)}
-    folders = loads or {}
-    stages = {stage: t.start_s(stage) + load_s(t, len(folders.get(stage, {})), sum(folders.get(stage, {}).values()))
-              + seconds for stage, seconds in work.items()}
+    stages = {stage: t.start_s(stage) + _loads_s(t, (loads or {}).get(stage, {})) + seconds
+              for stage, seconds in work.items()}
     return RunTime(rounds=len(params.rounds), stages=stages, io_s=io_s, throughput=t)
+
+
+def _loads_s(t: Throughput, folders: dict) -> float:
+    """A stage's loads: each model folder's fixed cost and bytes; a tokenizer alone (named "... (tokenizer)" in
+    the load plan, pipeline/commands/estimate.py process_loads) counts its bytes only."""
+    models = [name for name in folders if not name.endswith("(tokenizer)")]
+    return load_s(t, len(models), sum(folders.values()))
 
 
 def device_kind(params: Params) -> str:

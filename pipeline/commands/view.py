@@ -2,9 +2,9 @@
 
 The page (`<run>/reports/view.html` by default) needs no network: its data sit in the page as JSON
 and a short script renders them. For each critiqued response: the prompt, the response token by
-token shaded by its reward, the parts PPO adds (docs/design.md, "where each reward is computed"):
+token shaded by its reward, the parts PPO adds (README, "Where each reward is computed"):
 
-- env reward: the scorer's, on the last token (`scores.env_reward`, pipeline/steps/score.py);
+- env reward: the scorer's, on the last token (`scores.env_reward`, pipeline/rewards/);
 - critic: the span rewards per token, toggled per label (`annotations.token_rewards`, pipeline/critic/align.py);
 - KL penalty: −β·KL per token as the round's PPO used it (`kl_rewards.kl_reward`, written by the ppo stage
   from pipeline/train/trainer.py token_kl_rewards; rloo: the per-token terms of its sequence penalty; grpo:

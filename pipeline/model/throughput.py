@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -82,10 +83,12 @@ ASSUMED = {
     # figures): 320 GFLOP/s fp32 peak (2 cores x 2 FMA units x 16 lanes x 2 FLOP x ~2.5 GHz; an AVX2-only
     # CPU has half), MFU 0.3, ~10 GB/s DRAM, ~0.3 ms of PyTorch dispatch per layer per call; a stage
     # process: 3 s of Python, torch and transformers imports and 1.5 s of DVC (1.5-2.9 s and ~1 s measured
-    # there); a model folder loads in 0.5 s + 0.5 GB/s and a checkpoint writes at 0.3 GB/s.
+    # there); a model folder loads in 1 s (from_pretrained in a fresh process: its model classes imported;
+    # 1.7 s measured there) + 2 GB/s (a checkpoint just written is in the page cache), a checkpoint
+    # writes at 0.5 GB/s (0.8 GB/s measured there).
     "cpu": Throughput("cpu", flops=320e9, mfu=0.3, memory_bandwidth=10e9, call_overhead_s=3e-4,
                       process_start_s=3.0, dvc_stage_s=1.5, source="2-core AVX-512 x86 VM figures",
-                      load_call_s=0.5, load_bps=0.5e9, write_bps=0.3e9),
+                      load_call_s=1.0, load_bps=2e9, write_bps=0.5e9),
 }
 
 
@@ -209,8 +212,10 @@ def _load_write(config) -> tuple[float, float, float]:
         model.save_pretrained(folder)
         return time.perf_counter() - start
 
-    def loaded(folder: Path) -> float:
-        return _timed(lambda: AutoModelForCausalLM.from_pretrained(folder), 1)
+    def loaded(folder: Path) -> float:  # in a fresh interpreter, as a stage loads it (model classes imported then)
+        out = subprocess.run([sys.executable, "-c", LOAD_TIMER, str(folder)], check=True, capture_output=True,
+                             text=True)
+        return float(out.stdout.split()[-1])
 
     with tempfile.TemporaryDirectory() as tmp:
         big, tiny = Path(tmp) / "big", Path(tmp) / "tiny"
@@ -223,6 +228,10 @@ def _load_write(config) -> tuple[float, float, float]:
         saved(small, tiny)
         call, size = loaded(tiny), _folder_bytes(big)
         return call, size / max(loaded(big) - call, 1e-3), size / max(save, 1e-3)
+
+
+LOAD_TIMER = ("import sys, time; from transformers import AutoModelForCausalLM; start = time.perf_counter(); "
+              "AutoModelForCausalLM.from_pretrained(sys.argv[1]); print(time.perf_counter() - start)")
 
 
 def _with_layers(config, layers: int):
