@@ -121,14 +121,14 @@ def estimated(project: Path, calibrate: bool) -> dict:
             "assumptions": re.search(r"assumptions: (.+)", out)[1]}
 
 
-def check(profile: str, rounds: int, keep: bool, measured: dict | None = None) -> dict:
+def check(profile: str, rounds: int, keep: bool, measured: dict | None = None, calibrate: bool = True) -> dict:
     """Estimate (stated and calibrated) and measure PROFILE; MEASURED = an earlier --measure-only entry (no dvc run)."""
     tmp = Path(tempfile.mkdtemp(prefix="drlc-estimate-check-"))
     try:
         project = project_copy(profile, rounds, tmp)
         print(f"{profile}: {rounds} rounds in {project}", flush=True)
         stated = estimated(project, calibrate=False)
-        calibrated = estimated(project, calibrate=True)
+        calibrated = estimated(project, calibrate=True) if calibrate else None
         if measured is None:
             times, load = measure(project)
             measured = {"stage_seconds": times, "loadavg_1min": load, "measured_now": True}
@@ -140,6 +140,9 @@ def check(profile: str, rounds: int, keep: bool, measured: dict | None = None) -
     row = {"profile": profile, "rounds": rounds, **measured, "measured_stage_mean_s": mean,
            "measured_round_s": sum(mean.values())}
     for name, estimate in (("stated", stated), ("calibrated", calibrated)):
+        if estimate is None:
+            row[name] = "not run (--stated-only)"
+            continue
         ratios = {stage: estimate["stages"][stage] / mean[stage] for stage in ROUND_STAGES}
         row[name] = {**estimate, "stage_ratio": ratios,
                      "round_ratio": estimate["round_s"] / row["measured_round_s"],
@@ -155,6 +158,7 @@ def main() -> None:
     parser.add_argument("--times", nargs="*", default=[],
                         help="reuse the measured stages of these --measure-only files (no dvc run for their profiles)")
     parser.add_argument("--measure-only", action="store_true", help="only run and time the stages")
+    parser.add_argument("--stated-only", action="store_true", help="skip --calibrate (seconds instead of a minute)")
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/estimate_check.json"))
     args = parser.parse_args()
     if args.measure_only:
@@ -168,13 +172,15 @@ def main() -> None:
         Path(args.out).write_text(json.dumps({"measured": measured}, indent=2) + "\n")
         return
     before = {p: m for f in args.times for p, m in json.loads(Path(f).read_text())["measured"].items()}
-    rows = [check(p, args.rounds, args.keep, before.get(p)) for p in args.profiles]
+    rows = [check(p, args.rounds, args.keep, before.get(p), not args.stated_only) for p in args.profiles]
     result = {"machine": {"cpus": os.cpu_count(), "loadavg_end": os.getloadavg()}, "commit": _commit(),
               "profiles": rows}
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     for r in rows:
         for name in ("stated", "calibrated"):
             e = r[name]
+            if isinstance(e, str):
+                continue
             print(f"{r['profile']} {name}: round {e['round_s']:.1f} s vs measured {r['measured_round_s']:.1f} s; "
                   + ", ".join(f"{s} x{e['stage_ratio'][s]:.2f}" for s in ROUND_STAGES)
                   + f"; every stage within 2x: {e['within_2x_every_stage']}")
