@@ -7,6 +7,8 @@ M = mini_batch_size (pipeline/model/throughput.py has the per-call formulas):
 - rollout: ceil(B / G) batches, each a prefill forward of G x q tokens and n decoding steps of G
   sequences at the mean context q + n / 2;
 - score: a local scorer model's forward over B x (q + r) tokens (VADER and other lexicons: none);
+  calibrated, also the time the task's make_reward takes to build a scorer that reads no model
+  (e.g. the fitted toxicity scorer learning score.train_data);
 - critique: critic calls x critic latency / critic.max_concurrency (a local lexicon or offline
   backend: none), as configured;
 - ppo: the policy's and the reference's no-grad forwards, then E x B / M training steps of M x (q + r)
@@ -91,16 +93,17 @@ def ppo_s(params: Params, shape: PolicyShape, t: Throughput, tokens_per_response
 
 def estimate_run_time(params: Params, shape: PolicyShape, t: Throughput, *, query: float, response: float,
                       critic_calls: float, critic_latency_s: float, io_s: float = 0.0, loads: dict | None = None,
-                      checkpoint_bytes: float = 0.0) -> RunTime:
+                      checkpoint_bytes: float = 0.0, scorer_setup_s: float = 0.0) -> RunTime:
     """RunTime of the training rounds; see the module docstring.
 
-    loads: {stage: {folder: bytes}} each stage process loads in a round; checkpoint_bytes: what ppo writes.
+    loads: {stage: {folder: bytes}} each stage process loads in a round; checkpoint_bytes: what ppo writes;
+    scorer_setup_s: the score stage's building of its reward (measured_scorer_setup_s).
     """
     tokens = query + response
     scorer = (forward_s(t, shape.scorer_params, params.rollout.batch_size * tokens, shape.scorer_layers)
               if shape.scorer_params else 0.0)
     work = {"rollout": rollout_s(params, shape, t, query),
-            "score": scorer,
+            "score": scorer + scorer_setup_s,
             "critique": critic_calls * critic_latency_s / params.critic.max_concurrency,
             "ppo": ppo_s(params, shape, t, tokens) + write_s(t, checkpoint_bytes)}
     stages = {stage: t.start_s(stage) + _loads_s(t, (loads or {}).get(stage, {})) + seconds
@@ -187,7 +190,24 @@ def run_time(params: Params, shape: PolicyShape, *, config, query: float, respon
     t = calibrated_throughput(params, config, query, response, root) if calibrate else stated_throughput(params)
     return estimate_run_time(params, shape, t, query=query, response=response, critic_calls=critic_calls_per_round,
                              critic_latency_s=critic_latency_s, io_s=io_s, loads=loads,
-                             checkpoint_bytes=checkpoint_bytes)
+                             checkpoint_bytes=checkpoint_bytes,
+                             scorer_setup_s=measured_scorer_setup_s(params) if calibrate else 0.0)
+
+
+def measured_scorer_setup_s(params: Params) -> float:
+    """Seconds the task's own make_reward takes to build the environment reward (the fitted toxicity scorer
+    learns score.train_data there); 0 for a scorer that reads a model (counted with the loads) or calls the
+    network (perspective), which are not built offline."""
+    import time
+
+    from pipeline.tasks import get_task
+
+    task = get_task(params.run.task)
+    if params.score.scorer in task.MODEL_SCORERS or params.score.scorer == "perspective":
+        return 0.0
+    start = time.perf_counter()
+    task.make_reward(params.score)
+    return time.perf_counter() - start
 
 
 def timed_critic_calls(params: Params, calls_per_round: float) -> float:
