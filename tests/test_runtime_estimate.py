@@ -87,6 +87,22 @@ def test_each_stage_counts_its_model_loads_and_ppo_its_checkpoint_write():
     assert run.stages["critique"] == pytest.approx(5.0 + 1.0)  # its own measured start, + DVC
 
 
+def test_the_score_stage_counts_building_its_reward():
+    from pipeline.commands.runtime import measured_scorer_setup_s
+
+    params = _demo()
+    shape = PolicyShape(params=1_000_000, layers=10, hidden=64, dtype_bytes=4)
+    plain = estimate_run_time(params, shape, DEVICE, query=3.5, response=20, critic_calls=0, critic_latency_s=0.5)
+    built = estimate_run_time(params, shape, DEVICE, query=3.5, response=20, critic_calls=0, critic_latency_s=0.5,
+                              scorer_setup_s=2.0)
+    assert built.stages["score"] - plain.stages["score"] == pytest.approx(2.0)
+    assert measured_scorer_setup_s(params) > 0  # VADER's analyzer built by the task's own make_reward
+    for scorer, model in (("hf_classifier", "some/hub-model"), ("perspective", None)):
+        toxic = replace(params, run=replace(params.run, task="toxicity"),
+                        score=replace(params.score, scorer=scorer, model=model))
+        assert measured_scorer_setup_s(toxic) == 0.0  # a model (counted with the loads) or the network: not built
+
+
 def test_stated_assumptions_are_named_in_the_report(capsys):
     parser = argparse.ArgumentParser(prog="drlc")
     add_estimate_parser(parser.add_subparsers(dest="command", required=True))
