@@ -127,5 +127,6 @@ def test_calibrate_measures_the_demo_policy_and_says_so(capsys):
     assert "MEASURED on this machine (--calibrate)" in out and "STATED" not in out
     assert re.search(r"stage process start rollout [\d.]+ s, score [\d.]+ s, critique [\d.]+ s, ppo [\d.]+ s", out)
     assert re.search(r"model load [\d.]+ s \+ [\d.]+ GB/s, write [\d.]+ GB/s", out)
-    per_round = [float(seconds) for _, seconds in re.findall(r"(rollout|ppo) ([\d.]+) s", out)]
+    line = re.search(r"per round: (.+)", out)[1]
+    per_round = [float(seconds) for _, seconds in re.findall(r"(rollout|ppo) ([\d.]+) s", line)]
     assert len(per_round) == 2 and all(seconds > 0 for seconds in per_round)
