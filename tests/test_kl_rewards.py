@@ -14,8 +14,7 @@ from pipeline.core.config import PPOParams
 from pipeline.model.logprobs import response_logprobs
 from pipeline.model.policy import load_policy
 from pipeline.steps.ppo_round import ppo_round
-from pipeline.train.ppo import total_rewards
-from pipeline.train.trainer import token_kl_rewards
+from pipeline.train.ppo import token_kl_rewards, total_rewards
 from tests.test_resume import PAD, round_tables, save_tiny_base
 
 torch.set_num_threads(1)
@@ -55,8 +54,8 @@ def test_ppo_round_rows_are_minus_beta_times_behaviour_minus_reference_logprobs(
         r["behaviour_logprobs"] = [lp + 0.1 * (j % 3) for j, lp in enumerate(r["behaviour_logprobs"])]
     params = PPOParams(learning_rate=1e-2, mini_batch_size=8, ppo_epochs=1, init_kl_coef=0.05)
     rows: list[dict] = []
-    ppo_round(rollouts, scores, annotations, policy_dir=str(base), reference_dir=str(base), out_dir=str(tmp_path / "r1"),
-              params=params, run_id="t", round_=1, seed=3, kl_rewards=rows)
+    ppo_round(rollouts, scores, annotations, policy_dir=str(base), reference_dir=str(base),
+              out_dir=str(tmp_path / "r1"), params=params, run_id="t", round_=1, seed=3, kl_rewards=rows)
     with torch.no_grad():
         ref = response_logprobs(policy, query_ids=[r["query_ids"] for r in rollouts],
                                 response_ids=[r["response_ids"] for r in rollouts], pad_id=PAD).logprobs

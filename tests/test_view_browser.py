@@ -217,7 +217,8 @@ TOKENS = """Object.fromEntries([...document.querySelectorAll('.row')].map(r => [
 def test_kl_penalty_shading_is_the_kl_rewards_table_and_its_toggle_removes_it(tmp_path, browser):
     run = tmp_path / "run"
     annotations = make_run(run, kl_rounds=(1,))  # round 2's ppo stage has not run: no KL part there
-    stored = {r["rollout_id"]: r["kl_reward"] for r in store.read_table(store.partition_dir(run / "data", "kl_rewards", 1), "kl_rewards")}
+    table = store.read_table(store.partition_dir(run / "data", "kl_rewards", 1), "kl_rewards")
+    stored = {r["rollout_id"]: r["kl_reward"] for r in table}
     browser.load(write_view(run).as_uri())
     assert browser.errors == []
     with_kl = browser.js(TOKENS)

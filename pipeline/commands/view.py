@@ -7,7 +7,7 @@ token shaded by its reward, the parts PPO adds (README, "Where each reward is co
 - env reward: the scorer's, on the last token (`scores.env_reward`, pipeline/rewards/);
 - critic: the span rewards per token, toggled per label (`annotations.token_rewards`, pipeline/critic/align.py);
 - KL penalty: −β·KL per token as the round's PPO used it (`kl_rewards.kl_reward`, written by the ppo stage
-  from pipeline/train/trainer.py token_kl_rewards; rloo: the per-token terms of its sequence penalty; grpo:
+  from pipeline/train/ppo.py token_kl_rewards; rloo: the per-token terms of its sequence penalty; grpo:
   none, its KL is a loss term). A round whose ppo stage has not run yet has no KL part (shown as such).
 
 Each part has a toggle. Also: the critic's raw answer, the status, the kept spans and the dropped
@@ -125,7 +125,8 @@ table.summary{border-collapse:collapse}table.summary td,table.summary th{border:
 </div>
 <div id="toggles">shade by: <label><input type="checkbox" id="t-env" checked> env reward (last token)</label>
 <span id="t-labels"></span>
-<label><input type="checkbox" id="t-kl" checked> KL penalty (&minus;&beta;&middot;KL per token, as PPO used it)</label></div>
+<label><input type="checkbox" id="t-kl" checked> KL penalty (&minus;&beta;&middot;KL per token, as PPO used it)</label>
+</div>
 <div id="pager"></div><div id="count"></div><div id="rows"></div>
 <script type="application/json" id="data">{data}</script>
 <script>{script}</script>

@@ -67,7 +67,8 @@ class Throughput:
         return (f"{self.kind}, STATED ({self.source}): {self.flops / 1e12:g} TFLOP/s peak x MFU {self.mfu:g}, "
                 f"generation memory-bound at {self.memory_bandwidth / 1e9:g} GB/s, {self.call_overhead_s * 1e3:g} ms "
                 f"per layer per call, stage process start {self.process_start_s:g} s + dvc {self.dvc_stage_s:g} s, "
-                f"model load {self.load_call_s:g} s + {self.load_bps / 1e9:g} GB/s, write {self.write_bps / 1e9:g} GB/s")
+                f"model load {self.load_call_s:g} s + {self.load_bps / 1e9:g} GB/s, "
+                f"write {self.write_bps / 1e9:g} GB/s")
 
 
 # Stated assumptions per device kind (docs/estimate.md says where each comes from).

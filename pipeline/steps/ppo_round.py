@@ -176,7 +176,7 @@ def step_row(stat: dict, *, run_id: str, round_: int, step: int) -> dict:
 
 def kl_reward_rows(rollouts: list[dict], per_token: list, *, params: PPOParams, stats: list[dict], run_id: str,
                    round_: int) -> list[dict]:
-    """The round's `kl_rewards` rows: per response, the KL part of each token's reward (trainer.token_kl_rewards),
+    """The round's `kl_rewards` rows: per response, the KL part of each token's reward (ppo.token_kl_rewards),
     with the algorithm, the KL estimator (ppo.kl_penalty) and the round's kl_coef β it was computed with."""
     kl_coef = stats[0]["kl_coef"] if stats else None
     return [{"run_id": run_id, "round": round_, "rollout_id": r["rollout_id"], "algorithm": params.algorithm,
