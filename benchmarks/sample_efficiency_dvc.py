@@ -242,21 +242,21 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_phase(project, arms, seeds, settings_of, extra, *, runner, dry_run) -> None:
-    """Queue and run every (arm, seed) not yet an experiment; settings_of(arm, seed) gives its params."""
+def run_phase(project, arms, seeds_of, settings_of, extra, *, runner, dry_run) -> None:
+    """Queue and run each (arm, seed in seeds_of(arm)) not yet an experiment, with params settings_of(arm, seed)."""
     existing = {} if dry_run else existing_experiments(project)
     commands = [run_command(arm, seed, settings_of(arm, seed), extra, runner=runner)
-                for arm in arms for seed in seeds if exp_name(arm, seed) not in existing]
+                for arm in arms for seed in seeds_of(arm) if exp_name(arm, seed) not in existing]
     run_arms(project, commands, runner=runner, dry_run=dry_run)
 
 
-def collect(project, arms, seeds, *, with_spread) -> dict[str, list[dict]]:
+def collect(project, arms, seeds_of, *, with_spread) -> dict[str, list[dict]]:
     existing = existing_experiments(project)
-    missing = [exp_name(a, s) for a in arms for s in seeds if exp_name(a, s) not in existing]
+    missing = [exp_name(a, s) for a in arms for s in seeds_of(a) if exp_name(a, s) not in existing]
     if missing:
         raise DataError(f"experiments {missing} are missing in {project}: see `dvc queue status`")
-    return {arm: [run_record(project, existing[exp_name(arm, s)], arm, s, with_spread=with_spread) for s in seeds]
-            for arm in arms}
+    return {arm: [run_record(project, existing[exp_name(arm, s)], arm, s, with_spread=with_spread)
+                  for s in seeds_of(arm)] for arm in arms}
 
 
 def real_text_report(project: Path, by_arm: dict, args, *, policy: str, final_window: int, batch_size: int) -> dict:
@@ -295,12 +295,14 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.add_argument("--rounds", type=int, default=None, help="replace params.yaml's rounds with N rounds")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     parser.add_argument("--critics", nargs="+", default=None, choices=list(critics.CRITICS),
-                        help="the real-text study: sparse, sparse_scaled and one dense arm per critic (replaces --arms)")
+                        help="the real-text study: sparse, sparse_scaled and a dense arm per critic (replaces --arms)")
     parser.add_argument("--algorithms", nargs="+", default=["ppo"], choices=list(critics.ALGORITHMS),
                         help="with --critics: run the arms under each algorithm (value-free ones: no sparse_scaled)")
     parser.add_argument("--scale-reference", default=None,
                         help="the dense arm sparse_scaled's k is matched to (default dense_all; with --critics "
                              f"{critics.SCALE_REFERENCE})")
+    parser.add_argument("--main-seeds", type=int, nargs="+", default=None,
+                        help="seeds of sparse, sparse_scaled and the scale reference (default: --seeds)")
     parser.add_argument("--runner", choices=("queue", "temp"), default="queue")
     parser.add_argument("--scale-match", choices=("mean", "std"), default="std")
     parser.add_argument("--final-window", type=int, default=3)
@@ -315,24 +317,29 @@ def main(argv: list[str] | None = None) -> dict | None:
     extra = rounds_overrides(args.rounds)
     n_rounds = args.rounds or len(params["rounds"])
     first, reference, settings_of = study_design(args, threshold)
-    run_phase(project, first, args.seeds, settings_of, extra, runner=args.runner, dry_run=args.dry_run)
+    main_seeds = args.main_seeds or args.seeds
+
+    def seeds_of(arm: str) -> list[int]:
+        return main_seeds if arm in ("sparse", "sparse_scaled", reference) else args.seeds
+
+    run_phase(project, first, seeds_of, settings_of, extra, runner=args.runner, dry_run=args.dry_run)
     k, by_arm, spread = None, {}, args.scale_match == "std"
     if not args.dry_run:
-        by_arm = collect(project, first, args.seeds, with_spread=spread or bool(args.critics))
+        by_arm = collect(project, first, seeds_of, with_spread=spread or bool(args.critics))
     if reference is not None:
         k = "<k>" if args.dry_run else scale_factor(by_arm[reference], by_arm["sparse"], args.scale_match)
         if not args.dry_run and not k > 0:
             raise DataError(f"scale k = {k} by {args.scale_match} is not positive (sparse's mean env reward is "
                             "<= 0?): use --scale-match std")
-        run_phase(project, ["sparse_scaled"], args.seeds, lambda a, seed: settings_of(a, seed, k), extra,
+        run_phase(project, ["sparse_scaled"], seeds_of, lambda a, seed: settings_of(a, seed, k), extra,
                   runner=args.runner, dry_run=args.dry_run)
         if not args.dry_run:
-            by_arm.update(collect(project, ["sparse_scaled"], args.seeds, with_spread=spread or bool(args.critics)))
+            by_arm.update(collect(project, ["sparse_scaled"], seeds_of, with_spread=spread or bool(args.critics)))
     if args.dry_run:
         return None
     window = min(args.final_window, n_rounds)
     result = {"study": "sample_efficiency_dvc", "project": str(project), "task": params["run"]["task"],
-              "seeds": args.seeds, "rounds": n_rounds, "runner": args.runner,
+              "seeds": args.seeds, "main_seeds": main_seeds, "rounds": n_rounds, "runner": args.runner,
               "arms": {a: settings_of(a, args.seeds[0], k) for a in by_arm},
               "scale_factor": {"k": k if k is not None else float("nan"), "match": args.scale_match,
                                "reference": reference},

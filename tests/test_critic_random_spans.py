@@ -87,14 +87,16 @@ def test_served_answers_match_the_taggers_counts_and_lengths_at_other_places(mod
     assert _served("random_spans", model, text, drlc_seed=1) != _served("random_spans", model, text, drlc_seed=2)
     server = make_server(backend="random_spans", model_dir=str(model))
     with pytest.raises(CriticError, match="drlc_seed='one' is not an integer"):
-        server.complete_fn({"messages": [{"role": "user", "content": "<response>\nx\n</response>"}], "drlc_seed": "one"})
+        server.complete_fn({"messages": [{"role": "user", "content": "<response>\nx\n</response>"}],
+                            "drlc_seed": "one"})
     server.server_close()
 
 
 def test_audited_through_the_real_server_it_scores_below_the_tagger_and_replays_from_the_cache(tmp_path, model):
     posts = write_posts(tmp_path / "posts.jsonl", synthetic(40, seed=7))
     tagger = tagger_critic(tmp_path / "t", model)
-    control = dataclasses.replace(tagger_critic(tmp_path / "r", model), backend="random_spans", extra_body={"drlc_seed": 4})
+    control = dataclasses.replace(tagger_critic(tmp_path / "r", model), backend="random_spans",
+                                  extra_body={"drlc_seed": 4})
     _, tagged = audit_critic(spans_path=posts, critic=tagger, references=False, progress=False)
     _, first = audit_critic(spans_path=posts, critic=control, references=False, progress=False)
     tagged, scores = tagged["critics"]["configured"], first["critics"]["configured"]

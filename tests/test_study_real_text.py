@@ -63,7 +63,8 @@ def test_every_arm_is_valid_on_the_study_profile_through_hydras_override_parser(
 def test_dry_run_plans_sparse_the_critics_then_sparse_scaled_matched_to_the_tagger(tmp_path, capsys):
     shutil.copy(PROFILE, tmp_path / "params.yaml")
     assert se.main(["--project", str(tmp_path), "--critics", "random", "--seeds", "0", "1", "--dry-run"]) is None
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("$ dvc exp run") and " -n " in line]
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("$ dvc exp run -")
+             and " -n " in line]
     names = [line.split(" -n ")[1].split()[0] for line in lines]
     assert names == ["sparse-s0", "sparse-s1", "dense_random-s0", "dense_random-s1", "dense_tagger-s0",
                      "dense_tagger-s1", "sparse_scaled-s0", "sparse_scaled-s1"]

@@ -90,6 +90,10 @@ def arm_rows(by_arm: dict[str, list[dict]], quality: dict[str, dict], *, final_w
     target = sparse_target(by_arm["sparse"], final_window)
     gains = matched_kl(by_arm)["mean_gain_vs"] if CONTROL in by_arm else {}
     control = by_arm.get(CONTROL, [])
+
+    def final(arm_runs):
+        return by_seed(arm_runs, lambda r: final_reward(r, final_window))
+
     rows = {}
     for arm, runs in by_arm.items():
         critic = arm.split("-")[0].removeprefix("dense_") if arm.startswith("dense_") else None
@@ -99,8 +103,7 @@ def arm_rows(by_arm: dict[str, list[dict]], quality: dict[str, dict], *, final_w
                "rollouts_to_sparse_final": None if reached is None else reached * batch_size,
                "gain_at_matched_kl": gains.get(CONTROL, {}).get(arm),
                "gain_at_matched_kl_vs_sparse": gains.get("sparse", {}).get(arm),
-               "final_env_reward_vs_control": paired_interval(by_seed(runs, lambda r: final_reward(r, final_window)),
-                                                              by_seed(control, lambda r: final_reward(r, final_window))),
+               "final_env_reward_vs_control": paired_interval(final(runs), final(control)),
                "eval_vs_control": {}, "critic_cost": api_cost(runs)}
         for key in sorted({k for run in runs for k in run["eval"]}):
             if key.split("/")[-1] in EVAL_METRICS:
@@ -153,7 +156,8 @@ def markdown(rows: dict[str, dict], *, eval_set: str = "world") -> str:
     """The study table: one row per arm, intervals paired over seeds against sparse_scaled."""
     metrics = ("expected_max_toxicity", "toxicity_probability", "perplexity", "dist_2")
     lines = ["| arm | critic char F1 | seeds | rollouts to sparse's final | Δ reward @KL vs sparse_scaled | "
-             "Δ final reward [95 % CI] | " + " | ".join(f"Δ {m}" for m in metrics) + " | critic $ at API prices | paid |",
+             "Δ final reward [95 % CI] | " + " | ".join(f"Δ {m}" for m in metrics)
+             + " | critic $ at API prices | paid |",
              "|---" * (8 + len(metrics)) + "|"]
     for arm, row in rows.items():
         f1 = "-" if row["char_f1"] is None else f"{row['char_f1']:.3f}"
