@@ -242,9 +242,21 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def link_shared(project: Path) -> None:
+    """Make the project's ``../shared`` (the profiles' data, e.g. ``../shared/data/toxicity``) resolve inside
+    DVC's experiment copies too: they run in ``.dvc/tmp/exps/tmpXXXX``, whose ``../shared`` is
+    ``.dvc/tmp/exps/shared``, so that is linked to the real folder (nothing is done without one)."""
+    shared, link = project.parent / "shared", project / ".dvc" / "tmp" / "exps" / "shared"
+    if shared.is_dir() and not link.exists():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(shared.resolve(), target_is_directory=True)
+
+
 def run_phase(project, arms, seeds_of, settings_of, extra, *, runner, dry_run) -> None:
     """Queue and run each (arm, seed in seeds_of(arm)) not yet an experiment, with params settings_of(arm, seed)."""
     existing = {} if dry_run else existing_experiments(project)
+    if not dry_run:
+        link_shared(project)
     commands = [run_command(arm, seed, settings_of(arm, seed), extra, runner=runner)
                 for arm in arms for seed in seeds_of(arm) if exp_name(arm, seed) not in existing]
     run_arms(project, commands, runner=runner, dry_run=dry_run)

@@ -134,3 +134,18 @@ def test_study_critics_reads_smollm2_quality_from_the_committed_formats_result()
                                                           "critic_formats.json").read_text())["results"]}
     assert quality["smol_copy"]["char_f1"] == formats["copy"]["char_f1"]
     assert quality["smol_text"]["n_posts"] == formats["text"]["n_posts"]
+
+
+def test_experiment_copies_see_the_projects_shared_data(tmp_path):
+    project, shared = tmp_path / "project", tmp_path / "shared"
+    (shared / "data").mkdir(parents=True)
+    project.mkdir()
+    se.link_shared(project)
+    copy = project / ".dvc" / "tmp" / "exps" / "tmpabc"  # where `dvc exp run --temp` runs an experiment
+    copy.mkdir()
+    assert (copy / ".." / "shared" / "data").is_dir()
+    se.link_shared(project)  # again: nothing to do
+    alone = tmp_path / "alone" / "project"
+    alone.mkdir(parents=True)
+    se.link_shared(alone)
+    assert not (alone / ".dvc").exists()
