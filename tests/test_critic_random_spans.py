@@ -8,9 +8,9 @@ import pytest
 from pipeline.audit.critic_eval import audit_critic
 from pipeline.audit.distill import distill
 from pipeline.core.errors import CriticError
-from pipeline.critic.offline.random_spans import random_spans, span_token_lengths
+from pipeline.critic.offline.random_spans import random_spans, span_word_lengths, words
 from pipeline.critic.offline.server import make_server
-from pipeline.critic.offline.tagger import SpanTagger, tokenize
+from pipeline.critic.offline.tagger import SpanTagger
 from pipeline.critic.parse import parse_answer
 from pipeline.critic.templates import load_template
 from pipeline.steps.critique import critic_model_id
@@ -20,15 +20,16 @@ from tests.test_critic_tagger import synthetic, tagger_critic, write_posts
 TEXT = "you are a moron and a total fool , we saw it today in the rain"
 
 
-def test_count_labels_and_token_lengths_equal_the_input_spans_inside_the_text():
-    spans = [("toxic", 10, 15), ("toxic", 22, 32)]  # "moron", "total fool" (1 and 2 tokens)
-    tokens = tokenize(TEXT)
+def test_count_labels_and_word_lengths_equal_the_input_spans_inside_the_text():
+    spans = [("toxic", 10, 15), ("toxic", 22, 32)]  # "moron", "total fool" (1 and 2 words)
+    tokens = words(TEXT)
+    assert "," not in [TEXT[s:e] for s, e in tokens] and len(tokens) == 15
+    starts, ends = {s for s, _ in tokens}, {e for _, e in tokens}
     for seed in range(50):
         moved = random_spans(TEXT, spans, seed=seed)
         assert len(moved) == 2 and {label for label, _, _ in moved} == {"toxic"}
-        assert sorted(span_token_lengths(tokens, moved)) == [1, 2]
-        starts, ends = {s for s, _ in tokens}, {e for _, e in tokens}
-        assert all(0 <= s < e <= len(TEXT) and s in starts and e in ends for _, s, e in moved)  # whole tokens
+        assert sorted(span_word_lengths(tokens, moved)) == [1, 2]
+        assert all(0 <= s < e <= len(TEXT) and s in starts and e in ends for _, s, e in moved)  # whole words
         assert moved == sorted(moved, key=lambda span: span[1]) and moved[0][2] <= moved[1][1]  # no overlap
 
 
@@ -52,6 +53,14 @@ def test_every_position_is_about_equally_likely():
     assert len(drawn) == 12 and all(140 < n < 260 for n in drawn.values())
 
 
+def test_a_lone_punctuation_mark_is_never_a_span():
+    text = "you . moron , ! a ( fool ) ."  # 4 words among 6 punctuation marks
+    for seed in range(200):
+        moved = random_spans(text, [("toxic", 6, 11), ("toxic", 20, 24)], seed=seed)
+        assert all(any(c.isalnum() for c in text[s:e]) for _, s, e in moved)
+        assert len(moved) == 2 and moved[0][2] <= moved[1][1]
+
+
 def _served(backend, model_dir, text, **request):
     template = load_template(str(ROOT / "prompts" / "toxicity.md"), task="toxicity")
     server = make_server(backend=backend, model_dir=str(model_dir), labels=("toxic",))
@@ -73,11 +82,11 @@ def test_served_answers_match_the_taggers_counts_and_lengths_at_other_places(mod
     tagger = SpanTagger.load(model)
     moved = same = 0
     for text, _ in synthetic(40, seed=5):
-        found, tokens = tagger.spans(text), tokenize(text)
+        found, tokens = tagger.spans(text), words(text)
         expected = random_spans(text, found, seed=0)
         served = _served("random_spans", model, text)
         assert len(expected) == len(found)
-        assert sorted(span_token_lengths(tokens, expected)) == sorted(span_token_lengths(tokens, found))
+        assert sorted(span_word_lengths(tokens, expected)) == sorted(span_word_lengths(tokens, found))
         # the answer names each text once, as the tagger's does; the aligner finds every occurrence
         assert [t for _, t in served] == list(dict.fromkeys(text[s:e] for _, s, e in expected))
         moved += sum(1 for span in expected if span not in found)
