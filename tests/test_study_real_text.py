@@ -149,3 +149,51 @@ def test_experiment_copies_see_the_projects_shared_data(tmp_path):
     alone.mkdir(parents=True)
     se.link_shared(alone)
     assert not (alone / ".dvc").exists()
+
+
+@pytest.mark.slow  # three DVC experiments of one round each on the shrunken toxicity demo (~3 min on 2 cores)
+def test_real_text_arms_run_as_dvc_experiments_and_report(tmp_path, monkeypatch):
+    import os
+    import subprocess
+
+    from e2e import make_project, run, tiny_params
+
+    project = make_project(tmp_path, tiny_params(n_rounds=1, task="toxicity"))
+    run(["git", "add", "-A"], project)
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "demo"], project)
+    for key, value in dict(PYTHONPATH=str(project), DVC_NO_ANALYTICS="1", TQDM_DISABLE="1", OMP_NUM_THREADS="1",
+                           PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}").items():
+        monkeypatch.setenv(key, value)
+    quality = tmp_path / "quality.json"
+    quality.write_text(json.dumps({"critics": {"lexicon": {"char_f1": 0.46}}}))
+    out = tmp_path / "study.json"
+    result = se.main(["--project", str(project), "--critics", "lexicon", "--scale-reference", "dense_lexicon",
+                      "--seeds", "0", "--runner", "temp", "--critic-quality", str(quality), "--out", str(out)])
+    assert set(result["runs"]) == {"sparse", "dense_lexicon", "sparse_scaled"}
+    section = json.loads(out.read_text())["real_text"]
+    lexicon = section["arms"]["dense_lexicon"]
+    assert lexicon["char_f1"] == 0.46 and lexicon["seeds"] == [0]
+    # the tokens the critic read, recounted from the experiment's annotations table
+    import io
+
+    import dvc.api
+    import pyarrow.parquet as pq
+
+    rev = result["runs"]["dense_lexicon"][0]["rev"]
+    with dvc.api.open("data/annotations/round=0001/part-0.parquet", repo=str(project), rev=rev, mode="rb") as f:
+        notes = pq.read_table(io.BytesIO(f.read())).to_pylist()
+    assert lexicon["critic_cost"]["prompt_tokens"] == sum(n["prompt_tokens"] for n in notes) > 0
+    assert lexicon["critic_cost"]["paid_usd"] == 0.0 and section["arms"]["sparse"]["critic_cost"]["prompt_tokens"] == 0
+    gain = lexicon["final_env_reward_vs_control"]
+    final = {arm: result["runs"][arm][0]["rounds"][-1]["env_reward"] for arm in ("dense_lexicon", "sparse_scaled")}
+    assert gain["n"] == 1 and gain["low"] is None
+    assert gain["mean"] == pytest.approx(final["dense_lexicon"] - final["sparse_scaled"])
+    samples = section["samples"]["dense_lexicon"]
+    assert len(samples) == 5 and all(isinstance(s["base"], str) and isinstance(s["final"], str) for s in samples)
+    assert (out.parent / section["plot"]).stat().st_size > 0 and "| dense_lexicon | 0.460 | 0 |" in section["table"]
+    shown = subprocess.run([sys.executable, "-m", "dvc", "exp", "show", "--json"], cwd=project, capture_output=True,
+                           text=True, check=True).stdout
+    params = {e["name"]: e["revs"][0]["data"]["params"]["params.yaml"]["data"]
+              for c in json.loads(shown) for e in c.get("experiments") or []}
+    assert params["dense_lexicon-s0"]["critic"]["backend"] == "lexicon"
+    assert params["sparse_scaled-s0"]["score"]["scale"] == pytest.approx(result["scale_factor"]["k"])
