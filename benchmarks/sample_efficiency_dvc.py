@@ -252,14 +252,26 @@ def link_shared(project: Path) -> None:
         link.symlink_to(shared.resolve(), target_is_directory=True)
 
 
-def run_phase(project, arms, seeds_of, settings_of, extra, *, runner, dry_run) -> None:
-    """Queue and run each (arm, seed in seeds_of(arm)) not yet an experiment, with params settings_of(arm, seed)."""
+class Unfinished(Exception):
+    """Raised when --max-new stopped a phase with experiments still to run (the same command resumes)."""
+
+
+def run_phase(project, arms, seeds_of, settings_of, extra, *, runner, dry_run, max_new=None) -> int:
+    """Queue and run each (arm, seed in seeds_of(arm)) not yet an experiment, with params settings_of(arm, seed).
+
+    max_new: run at most this many of them, then raise Unfinished naming the rest (None: all).
+    Returns how many were run.
+    """
     existing = {} if dry_run else existing_experiments(project)
     if not dry_run:
         link_shared(project)
-    commands = [run_command(arm, seed, settings_of(arm, seed), extra, runner=runner)
-                for arm in arms for seed in seeds_of(arm) if exp_name(arm, seed) not in existing]
-    run_arms(project, commands, runner=runner, dry_run=dry_run)
+    todo = [(arm, seed) for arm in arms for seed in seeds_of(arm) if exp_name(arm, seed) not in existing]
+    now = todo if max_new is None or dry_run else todo[:max_new]
+    run_arms(project, [run_command(arm, seed, settings_of(arm, seed), extra, runner=runner) for arm, seed in now],
+             runner=runner, dry_run=dry_run)
+    if len(now) < len(todo):
+        raise Unfinished([exp_name(arm, seed) for arm, seed in todo[len(now):]])
+    return len(now)
 
 
 def collect(project, arms, seeds_of, *, with_spread) -> dict[str, list[dict]]:
@@ -322,6 +334,8 @@ def main(argv: list[str] | None = None) -> dict | None:
                         help="with --critics: each critic's char F1 (benchmarks/study_critics.py)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sample_efficiency_dvc.json")
     parser.add_argument("--dry-run", action="store_true", help="print the dvc commands only")
+    parser.add_argument("--max-new", type=int, default=None,
+                        help="run at most N new experiments, then stop (run the same command again to go on)")
     args = parser.parse_args(argv)
     started, project = time.perf_counter(), args.project.resolve()
     params = yaml.safe_load((project / "params.yaml").read_text())
@@ -334,7 +348,18 @@ def main(argv: list[str] | None = None) -> dict | None:
     def seeds_of(arm: str) -> list[int]:
         return main_seeds if arm in ("sparse", "sparse_scaled", reference) else args.seeds
 
-    run_phase(project, first, seeds_of, settings_of, extra, runner=args.runner, dry_run=args.dry_run)
+    try:
+        return study(project, args, params, first, reference, settings_of, seeds_of, extra, n_rounds, started)
+    except Unfinished as left:
+        print(f"stopped after --max-new {args.max_new} new experiments; left: {left.args[0]} (and sparse_scaled "
+              "once its k can be computed); run the same command again", flush=True)
+        return None
+
+
+def study(project, args, params, first, reference, settings_of, seeds_of, extra, n_rounds, started) -> dict | None:
+    """Both phases, the collection and the report of :func:`main` (Unfinished when --max-new stops it)."""
+    ran = run_phase(project, first, seeds_of, settings_of, extra, runner=args.runner, dry_run=args.dry_run,
+                    max_new=args.max_new)
     k, by_arm, spread = None, {}, args.scale_match == "std"
     if not args.dry_run:
         by_arm = collect(project, first, seeds_of, with_spread=spread or bool(args.critics))
@@ -343,15 +368,17 @@ def main(argv: list[str] | None = None) -> dict | None:
         if not args.dry_run and not k > 0:
             raise DataError(f"scale k = {k} by {args.scale_match} is not positive (sparse's mean env reward is "
                             "<= 0?): use --scale-match std")
+        left = None if args.max_new is None else args.max_new - ran
         run_phase(project, ["sparse_scaled"], seeds_of, lambda a, seed: settings_of(a, seed, k), extra,
-                  runner=args.runner, dry_run=args.dry_run)
+                  runner=args.runner, dry_run=args.dry_run, max_new=left)
         if not args.dry_run:
             by_arm.update(collect(project, ["sparse_scaled"], seeds_of, with_spread=spread or bool(args.critics)))
     if args.dry_run:
         return None
     window = min(args.final_window, n_rounds)
     result = {"study": "sample_efficiency_dvc", "project": str(project), "task": params["run"]["task"],
-              "seeds": args.seeds, "main_seeds": main_seeds, "rounds": n_rounds, "runner": args.runner,
+              "seeds": args.seeds, "main_seeds": args.main_seeds or args.seeds, "rounds": n_rounds,
+              "runner": args.runner,
               "arms": {a: settings_of(a, args.seeds[0], k) for a in by_arm},
               "scale_factor": {"k": k if k is not None else float("nan"), "match": args.scale_match,
                                "reference": reference},

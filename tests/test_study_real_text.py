@@ -167,9 +167,14 @@ def test_real_text_arms_run_as_dvc_experiments_and_report(tmp_path, monkeypatch)
     quality = tmp_path / "quality.json"
     quality.write_text(json.dumps({"critics": {"lexicon": {"char_f1": 0.46}}}))
     out = tmp_path / "study.json"
-    result = se.main(["--project", str(project), "--critics", "lexicon", "--scale-reference", "dense_lexicon",
-                      "--seeds", "0", "--runner", "temp", "--critic-quality", str(quality), "--out", str(out)])
+    argv = ["--project", str(project), "--critics", "lexicon", "--scale-reference", "dense_lexicon", "--seeds", "0",
+            "--runner", "temp", "--critic-quality", str(quality), "--out", str(out)]
+    assert se.main(argv + ["--max-new", "1"]) is None and not out.exists()  # one piece: sparse-s0 only
+    first = se.existing_experiments(project)
+    assert list(first) == ["sparse-s0"]
+    result = se.main(argv)  # the same command goes on where it stopped
     assert set(result["runs"]) == {"sparse", "dense_lexicon", "sparse_scaled"}
+    assert result["runs"]["sparse"][0]["rev"] == first["sparse-s0"]["rev"]  # collected, not run again
     section = json.loads(out.read_text())["real_text"]
     lexicon = section["arms"]["dense_lexicon"]
     assert lexicon["char_f1"] == 0.46 and lexicon["seeds"] == [0]
