@@ -242,14 +242,19 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+EXP_COPIES = (".dvc/tmp/exps", ".dvc/tmp/exps/standalone")  # DVC 3: queued, and `--temp`, experiment copies
+
+
 def link_shared(project: Path) -> None:
     """Make the project's ``../shared`` (the profiles' data, e.g. ``../shared/data/toxicity``) resolve inside
-    DVC's experiment copies too: they run in ``.dvc/tmp/exps/tmpXXXX``, whose ``../shared`` is
-    ``.dvc/tmp/exps/shared``, so that is linked to the real folder (nothing is done without one)."""
-    shared, link = project.parent / "shared", project / ".dvc" / "tmp" / "exps" / "shared"
-    if shared.is_dir() and not link.exists():
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(shared.resolve(), target_is_directory=True)
+    DVC's experiment copies too: they run in ``<EXP_COPIES>/tmpXXXX``, whose ``../shared`` is
+    ``<EXP_COPIES>/shared``, so that is linked to the real folder (nothing is done without one)."""
+    shared = project.parent / "shared"
+    for folder in EXP_COPIES if shared.is_dir() else ():
+        link = project / folder / "shared"
+        if not link.exists():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(shared.resolve(), target_is_directory=True)
 
 
 class Unfinished(Exception):

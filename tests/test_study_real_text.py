@@ -141,9 +141,9 @@ def test_experiment_copies_see_the_projects_shared_data(tmp_path):
     (shared / "data").mkdir(parents=True)
     project.mkdir()
     se.link_shared(project)
-    copy = project / ".dvc" / "tmp" / "exps" / "tmpabc"  # where `dvc exp run --temp` runs an experiment
-    copy.mkdir()
-    assert (copy / ".." / "shared" / "data").is_dir()
+    for copy in (project / ".dvc/tmp/exps/tmpabc", project / ".dvc/tmp/exps/standalone/tmpdef"):  # queued, --temp
+        copy.mkdir()
+        assert (copy / ".." / "shared" / "data").is_dir()
     se.link_shared(project)  # again: nothing to do
     alone = tmp_path / "alone" / "project"
     alone.mkdir(parents=True)
