@@ -82,6 +82,14 @@ def test_paired_interval_by_hand():
     assert real_text.t_quantile_975(4) == pytest.approx(2.776, abs=1e-3)
 
 
+def test_t_quantile_without_scipy_matches_scipy(monkeypatch):
+    from scipy.stats import t
+
+    monkeypatch.setitem(sys.modules, "scipy.stats", None)  # `from scipy.stats import t` raises ImportError
+    for df in (1, 2, 5, 10, 11, 20, 60):
+        assert real_text.t_quantile_975(df) == pytest.approx(float(t.ppf(0.975, df)), abs=1e-3)
+
+
 def _run(seed, rewards, kls, *, tox, tokens=(0, 0)):
     rounds = [{"round": i + 1, "env_reward": r, "kl": k, "critic_prompt_tokens": tokens[0],
                "critic_completion_tokens": tokens[1], "critic_cost_usd": 0.0, "critic_requests": 4, "cache_hits": 0}
