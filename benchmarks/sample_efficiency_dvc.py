@@ -42,6 +42,7 @@ from benchmarks.sample_efficiency_lib.analysis import (  # noqa: E402
     sparse_target,
     steps_to_reach,
 )
+from benchmarks.sample_efficiency_lib import critics, real_text  # noqa: E402
 from benchmarks.sample_efficiency_lib.arms import ALL, study_arms  # noqa: E402
 from pipeline.commands.rounds import exp_run_overrides  # noqa: E402
 from pipeline.core.errors import ConfigError, DataError  # noqa: E402
@@ -78,9 +79,17 @@ def exp_name(arm: str, seed: int) -> str:
     return f"{arm}-s{seed}"
 
 
+def hydra_value(value) -> str:
+    """A params value in Hydra's override grammar (what `dvc exp run -S` parses): JSON, except that a
+    mapping's keys are bare (Hydra rejects quoted keys: ``{drlc_seed: 1}``, not ``{"drlc_seed": 1}``)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key}: {hydra_value(item)}" for key, item in value.items()) + "}"
+    return json.dumps(value)
+
+
 def run_command(arm: str, seed: int, settings: dict, extra: list[str], *, runner: str) -> list[str]:
     """The `dvc exp run` command of one experiment (queued, or run now in a temp folder)."""
-    sets = [f"run.seed={seed}"] + [f"{key}={json.dumps(value)}" for key, value in settings.items()] + extra
+    sets = [f"run.seed={seed}"] + [f"{key}={hydra_value(value)}" for key, value in settings.items()] + extra
     mode = ["--queue"] if runner == "queue" else ["--temp"]
     return [sys.executable, "-m", "dvc", "exp", "run", *mode, "-n", exp_name(arm, seed),
             *[part for s in sets for part in ("-S", s)]]
@@ -155,7 +164,23 @@ def response_spread(project: Path, rev: str, round_: int, scale: float) -> dict:
     scores, notes = table("scores"), table("annotations")
     env = [scores[i]["env_reward"] for i in scores]
     total = [scores[i]["env_reward"] + sum(notes[i]["token_rewards"] or []) for i in scores]
-    return {"env_reward_std": population_std(env) / scale, "total_reward_std": population_std(total)}
+    return {"env_reward_std": population_std(env) / scale, "total_reward_std": population_std(total),
+            "critic_prompt_tokens": sum(notes[i]["prompt_tokens"] or 0 for i in notes),  # what the critic read
+            "critic_completion_tokens": sum(notes[i]["completion_tokens"] or 0 for i in notes)}
+
+
+def eval_sample_pairs(project: Path, rev: str, policy: str, n: int = 5) -> list[dict]:
+    """The first n held-out prompts' first samples, base against final policy, with their env rewards."""
+    import dvc.api
+    import pyarrow.parquet as pq
+
+    with dvc.api.open(f"data/eval_samples/{policy}/part-0.parquet", repo=str(project), rev=rev, mode="rb") as f:
+        rows = [r for r in pq.read_table(io.BytesIO(f.read())).to_pylist() if r["sample"] == 0]
+    final = {r["prompt_id"]: r for r in rows if r["policy"] != "base"}
+    base = sorted((r for r in rows if r["policy"] == "base" and r["prompt_id"] in final), key=lambda r: r["prompt_id"])
+    return [{"prompt": r["query"], "base": r["response"], "base_env_reward": r["env_reward"],
+             "final": final[r["prompt_id"]]["response"], "final_env_reward": final[r["prompt_id"]]["env_reward"]}
+            for r in base[:n]]
 
 
 def run_record(project: Path, exp: dict, arm: str, seed: int, *, with_spread: bool) -> dict:
@@ -217,20 +242,79 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_phase(project, arms, seeds, settings_of, extra, *, runner, dry_run) -> None:
+EXP_COPIES = (".dvc/tmp/exps", ".dvc/tmp/exps/standalone")  # DVC 3: queued, and `--temp`, experiment copies
+
+
+def link_shared(project: Path) -> None:
+    """Make the project's ``../shared`` (the profiles' data, e.g. ``../shared/data/toxicity``) resolve inside
+    DVC's experiment copies too: they run in ``<EXP_COPIES>/tmpXXXX``, whose ``../shared`` is
+    ``<EXP_COPIES>/shared``, so that is linked to the real folder (nothing is done without one)."""
+    shared = project.parent / "shared"
+    for folder in EXP_COPIES if shared.is_dir() else ():
+        link = project / folder / "shared"
+        if not link.exists():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(shared.resolve(), target_is_directory=True)
+
+
+class Unfinished(Exception):
+    """Raised when --max-new stopped a phase with experiments still to run (the same command resumes)."""
+
+
+def run_phase(project, arms, seeds_of, settings_of, extra, *, runner, dry_run, max_new=None) -> int:
+    """Queue and run each (arm, seed in seeds_of(arm)) not yet an experiment, with params settings_of(arm, seed).
+
+    max_new: run at most this many of them, then raise Unfinished naming the rest (None: all).
+    Returns how many were run.
+    """
     existing = {} if dry_run else existing_experiments(project)
-    commands = [run_command(arm, seed, settings_of(arm), extra, runner=runner)
-                for arm in arms for seed in seeds if exp_name(arm, seed) not in existing]
-    run_arms(project, commands, runner=runner, dry_run=dry_run)
+    if not dry_run:
+        link_shared(project)
+    todo = [(arm, seed) for arm in arms for seed in seeds_of(arm) if exp_name(arm, seed) not in existing]
+    now = todo if max_new is None or dry_run else todo[:max_new]
+    run_arms(project, [run_command(arm, seed, settings_of(arm, seed), extra, runner=runner) for arm, seed in now],
+             runner=runner, dry_run=dry_run)
+    if len(now) < len(todo):
+        raise Unfinished([exp_name(arm, seed) for arm, seed in todo[len(now):]])
+    return len(now)
 
 
-def collect(project, arms, seeds, *, with_spread) -> dict[str, list[dict]]:
+def collect(project, arms, seeds_of, *, with_spread) -> dict[str, list[dict]]:
     existing = existing_experiments(project)
-    missing = [exp_name(a, s) for a in arms for s in seeds if exp_name(a, s) not in existing]
+    missing = [exp_name(a, s) for a in arms for s in seeds_of(a) if exp_name(a, s) not in existing]
     if missing:
         raise DataError(f"experiments {missing} are missing in {project}: see `dvc queue status`")
-    return {arm: [run_record(project, existing[exp_name(arm, s)], arm, s, with_spread=with_spread) for s in seeds]
-            for arm in arms}
+    return {arm: [run_record(project, existing[exp_name(arm, s)], arm, s, with_spread=with_spread)
+                  for s in seeds_of(arm)] for arm in arms}
+
+
+def real_text_report(project: Path, by_arm: dict, args, *, policy: str, final_window: int, batch_size: int) -> dict:
+    """The real-text study's section: per-arm gains with paired intervals, the critic table, samples, the plot."""
+    quality = json.loads(args.critic_quality.read_text())["critics"]
+    rows = real_text.arm_rows(by_arm, quality, final_window=final_window, batch_size=batch_size)
+    samples = {arm: eval_sample_pairs(project, runs[0]["rev"], policy) for arm, runs in by_arm.items()}
+    plot = real_text.plot_gain_vs_f1(rows, args.out.with_name(args.out.stem + "_gain_vs_f1.png"))
+    return {"arms": rows, "critic_quality": {c: quality.get(c) for c in args.critics}, "samples": samples,
+            "plot": plot.name, "table": real_text.markdown(rows)}
+
+
+def study_design(args, threshold: float):
+    """(phase-1 arms, the arm sparse_scaled's k is matched to or None, settings_of(arm, seed, k)).
+
+    With --critics: the real-text arms (sample_efficiency_lib/critics.py) for each --algorithms;
+    else the synthetic study's --arms (arms.py).
+    """
+    if args.critics:
+        arms = critics.study_arms(args.critics, args.algorithms)
+        scaled = "sparse_scaled" in arms
+        reference = args.scale_reference or critics.SCALE_REFERENCE
+        first = ["sparse"] + [a for a in arms if a not in ("sparse", "sparse_scaled")]  # sparse: the target
+        first += [reference] if scaled and reference not in first else []
+        return first, reference if scaled else None, lambda a, seed, k=None: critics.settings(a, seed=seed, k=k)
+    reference = args.scale_reference or "dense_all"
+    needs = set(args.arms) | ({"sparse", reference} if "sparse_scaled" in args.arms else set()) | {"sparse"}
+    return ([a for a in PHASE_1 if a in needs], reference if "sparse_scaled" in needs else None,
+            lambda a, seed, k=None: arm_settings(a, selective_threshold=threshold, k=k))
 
 
 def main(argv: list[str] | None = None) -> dict | None:
@@ -239,42 +323,75 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=None, help="replace params.yaml's rounds with N rounds")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    parser.add_argument("--critics", nargs="+", default=None, choices=list(critics.CRITICS),
+                        help="the real-text study: sparse, sparse_scaled and a dense arm per critic (replaces --arms)")
+    parser.add_argument("--algorithms", nargs="+", default=["ppo"], choices=list(critics.ALGORITHMS),
+                        help="with --critics: run the arms under each algorithm (value-free ones: no sparse_scaled)")
+    parser.add_argument("--scale-reference", default=None,
+                        help="the dense arm sparse_scaled's k is matched to (default dense_all; with --critics "
+                             f"{critics.SCALE_REFERENCE})")
+    parser.add_argument("--main-seeds", type=int, nargs="+", default=None,
+                        help="seeds of sparse, sparse_scaled and the scale reference (default: --seeds)")
     parser.add_argument("--runner", choices=("queue", "temp"), default="queue")
     parser.add_argument("--scale-match", choices=("mean", "std"), default="std")
     parser.add_argument("--final-window", type=int, default=3)
+    parser.add_argument("--critic-quality", type=Path, default=ROOT / "benchmarks" / "results" / "study_critics.json",
+                        help="with --critics: each critic's char F1 (benchmarks/study_critics.py)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sample_efficiency_dvc.json")
     parser.add_argument("--dry-run", action="store_true", help="print the dvc commands only")
+    parser.add_argument("--max-new", type=int, default=None,
+                        help="run at most N new experiments, then stop (run the same command again to go on)")
     args = parser.parse_args(argv)
     started, project = time.perf_counter(), args.project.resolve()
     params = yaml.safe_load((project / "params.yaml").read_text())
     threshold = float(params["critic"]["threshold"])
     extra = rounds_overrides(args.rounds)
     n_rounds = args.rounds or len(params["rounds"])
-    needs = set(args.arms) | ({"sparse", "dense_all"} if "sparse_scaled" in args.arms else set()) | {"sparse"}
-    first = [a for a in PHASE_1 if a in needs]
-    run_phase(project, first, args.seeds, lambda a: arm_settings(a, selective_threshold=threshold), extra,
-              runner=args.runner, dry_run=args.dry_run)
+    first, reference, settings_of = study_design(args, threshold)
+    main_seeds = args.main_seeds or args.seeds
+
+    def seeds_of(arm: str) -> list[int]:
+        return main_seeds if arm in ("sparse", "sparse_scaled", reference) else args.seeds
+
+    try:
+        return study(project, args, params, first, reference, settings_of, seeds_of, extra, n_rounds, started)
+    except Unfinished as left:
+        print(f"stopped after --max-new {args.max_new} new experiments; left: {left.args[0]} (and sparse_scaled "
+              "once its k can be computed); run the same command again", flush=True)
+        return None
+
+
+def study(project, args, params, first, reference, settings_of, seeds_of, extra, n_rounds, started) -> dict | None:
+    """Both phases, the collection and the report of :func:`main` (Unfinished when --max-new stops it)."""
+    ran = run_phase(project, first, seeds_of, settings_of, extra, runner=args.runner, dry_run=args.dry_run,
+                    max_new=args.max_new)
     k, by_arm, spread = None, {}, args.scale_match == "std"
     if not args.dry_run:
-        by_arm = collect(project, first, args.seeds, with_spread=spread)
-    if "sparse_scaled" in needs:
-        k = "<k>" if args.dry_run else scale_factor(by_arm["dense_all"], by_arm["sparse"], args.scale_match)
+        by_arm = collect(project, first, seeds_of, with_spread=spread or bool(args.critics))
+    if reference is not None:
+        k = "<k>" if args.dry_run else scale_factor(by_arm[reference], by_arm["sparse"], args.scale_match)
         if not args.dry_run and not k > 0:
             raise DataError(f"scale k = {k} by {args.scale_match} is not positive (sparse's mean env reward is "
                             "<= 0?): use --scale-match std")
-        run_phase(project, ["sparse_scaled"], args.seeds,
-                  lambda a: arm_settings(a, selective_threshold=threshold, k=k), extra,
-                  runner=args.runner, dry_run=args.dry_run)
+        left = None if args.max_new is None else args.max_new - ran
+        run_phase(project, ["sparse_scaled"], seeds_of, lambda a, seed: settings_of(a, seed, k), extra,
+                  runner=args.runner, dry_run=args.dry_run, max_new=left)
         if not args.dry_run:
-            by_arm.update(collect(project, ["sparse_scaled"], args.seeds, with_spread=spread))
+            by_arm.update(collect(project, ["sparse_scaled"], seeds_of, with_spread=spread or bool(args.critics)))
     if args.dry_run:
         return None
     window = min(args.final_window, n_rounds)
     result = {"study": "sample_efficiency_dvc", "project": str(project), "task": params["run"]["task"],
-              "seeds": args.seeds, "rounds": n_rounds, "runner": args.runner,
-              "arms": {a: arm_settings(a, selective_threshold=threshold, k=k) for a in by_arm},
-              "scale_factor": {"k": k if k is not None else float("nan"), "match": args.scale_match},
+              "seeds": args.seeds, "main_seeds": args.main_seeds or args.seeds, "rounds": n_rounds,
+              "runner": args.runner,
+              "arms": {a: settings_of(a, args.seeds[0], k) for a in by_arm},
+              "scale_factor": {"k": k if k is not None else float("nan"), "match": args.scale_match,
+                               "reference": reference},
               "runs": by_arm, "headline": headline(by_arm, final_window=window)}
+    if args.critics:
+        policy = f"round={n_rounds:04d}" if args.rounds else params["evaluate"]["policy"]
+        result["real_text"] = real_text_report(project, by_arm, args, policy=policy, final_window=window,
+                                               batch_size=int(params["rollout"]["batch_size"]))
     result["wall_seconds"] = round(time.perf_counter() - started, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")

@@ -338,8 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--backend", default="lexicon", help=" | ".join(CRITIC_BACKENDS))
-    serve.add_argument("--model-dir", default=None, help="local chat-model checkpoint for --backend hf, "
-                                                         "model folder of `drlc critic distill` for --backend tagger")
+    serve.add_argument("--model-dir", default=None,
+                       help="local chat-model checkpoint for --backend hf, model folder of `drlc critic distill` "
+                            "for --backend tagger or random_spans")
     serve.add_argument("--layout", default="drlc", choices=LAYOUTS,
                        help="layout of the lexicon backend's answers (default: drlc, the templates' own format)")
     serve.add_argument("--latency", type=float, default=0.0, help="seconds added to every answer")

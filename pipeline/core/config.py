@@ -208,7 +208,7 @@ class ScoreParams:
 
 
 # the local critic server's backends (pipeline/critic/offline/server.py); the one list, also `drlc critic serve`'s
-CRITIC_BACKENDS = ("lexicon", "echo", "hf", "tagger")
+CRITIC_BACKENDS = ("lexicon", "echo", "hf", "tagger", "random_spans")
 # critic.answer_format: free text, a JSON schema, or JSON whose spans are copied from the response
 # (pipeline/critic/structured.py); the one list
 CRITIC_ANSWER_FORMATS = ("text", "json", "copy")
@@ -219,7 +219,8 @@ class CriticParams:
     enabled: bool = True
     endpoint: str = "local"  # "local" = drlc's own server on 127.0.0.1, else an OpenAI-compatible base URL
     backend: str = "lexicon"  # backend of the local server
-    model_dir: str | None = None  # hf backend: "base" (this run's base model: self-critique) or a model folder; tagger: its model folder
+    # hf backend: "base" (this run's base model: self-critique) or a model folder; tagger, random_spans: the tagger
+    model_dir: str | None = None
     model: str = "drlc-lexicon"
     template: str = "prompts/sentiment.md"
     labels: list[str] = field(default_factory=list)  # span labels; [] = the template's front matter (.txt: required)

@@ -58,9 +58,10 @@ def critic_endpoint(critic: CriticParams, base_dir: str | None = None, device=No
     labels: the template's labels, which a tagger backend's model must tag.
     """
     if critic.endpoint == "local":
-        model_dir = critic_model_dir(critic, base_dir) if critic.backend in ("hf", "tagger") else None
+        tagger = critic.backend in ("tagger", "random_spans")
+        model_dir = critic_model_dir(critic, base_dir) if tagger or critic.backend == "hf" else None
         options = {"device": device} if critic.backend == "hf" else {}
-        options |= {"labels": tuple(labels) if labels else None} if critic.backend == "tagger" else {}
+        options |= {"labels": tuple(labels) if labels else None} if tagger else {}
         with serve_in_background(backend=critic.backend, model_dir=model_dir, **options) as (base_url, stats):
             yield base_url, stats
     else:
@@ -71,16 +72,18 @@ def critic_model_id(critic: CriticParams) -> str:
     """The critic's identity in cache keys: critic.model, or for drlc's local server its backend.
 
     The local server answers with its backend (and checkpoint) whatever model name is sent, so
-    its answers are keyed by ``drlc-local:<backend>`` (``drlc-local:hf:<model_dir>``,
-    ``drlc-local:tagger:<model hash>``): answers of two backends never mix, a retrained tagger
-    (other model bytes) never reads the old one's answers, and a server restarted on another port still hits.
+    its answers are keyed by ``drlc-local:<backend>`` (``drlc-local:hf:<model_dir>``, ``drlc-local:tagger:<model
+    hash>``, ``drlc-local:random_spans:<model hash>:seed=<critic.extra_body.drlc_seed>``):
+    answers of two backends never mix, a retrained tagger (other model bytes) never reads the old one's
+    answers, and a server restarted on another port still hits.
     """
     if critic.endpoint != "local":
         return critic.model
-    if critic.backend == "tagger":
+    if critic.backend in ("tagger", "random_spans"):
         from pipeline.critic.offline.tagger import tagger_hash
 
-        return f"drlc-local:tagger:{tagger_hash(critic.model_dir)}"
+        seed = f":seed={critic.extra_body.get('drlc_seed', 0)}" if critic.backend == "random_spans" else ""
+        return f"drlc-local:{critic.backend}:{tagger_hash(critic.model_dir)}{seed}"
     if critic.backend == "hf" and critic.model_dir:
         return f"drlc-local:hf:{critic.model_dir}"
     return f"drlc-local:{critic.backend}"

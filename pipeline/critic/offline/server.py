@@ -16,9 +16,11 @@ Endpoints:
   of the backend's model (null for a backend without one).
 
 Backends: ``tagger`` (a span tagger distilled by `drlc critic distill`, in ``model_dir``; see
-:mod:`pipeline.critic.offline.tagger_backend`), ``lexicon`` (the offline lexicon critic; ``layout`` picks its layout, one of
-:data:`pipeline.critic.offline.lexicon.LAYOUTS`), ``echo`` (repeats the last user
-message), ``hf`` (a local causal LM checkpoint in ``model_dir``, loaded once per server;
+:mod:`pipeline.critic.offline.tagger_backend`), ``random_spans`` (the random-span control: that
+tagger's spans moved to random places, :mod:`pipeline.critic.offline.random_spans`), ``lexicon``
+(the offline lexicon critic; ``layout`` picks its layout, one of
+:data:`pipeline.critic.offline.lexicon.LAYOUTS`), ``echo`` (repeats the last user message),
+``hf`` (a local causal LM checkpoint in ``model_dir``, loaded once per server;
 see :mod:`pipeline.critic.offline.hf_backend`) or any callable ``messages -> text``.
 ``lexicon`` and ``hf`` honour ``critic.answer_format``'s fields (a ``json_schema``
 ``response_format``, ``drlc_copy``): the lexicon writes its spans as drlc's span JSON, the hf
@@ -50,6 +52,7 @@ from pipeline.critic.offline.protocol import AnswerFn, CompleteFn, Completion, c
 __all__ = ["BACKENDS", "FAULT_KINDS", "Completion", "make_server", "serve_in_background", "serve_forever"]
 
 FAULT_KINDS = ("error", "rate_limit", "garbage", "drop", "empty")
+MODEL_DIR_BACKENDS = ("hf", "tagger", "random_spans")  # the backends that read model_dir
 MAX_BODY_BYTES = 1 << 20
 _MAX_DRAIN_BYTES = 16 << 20
 
@@ -78,9 +81,9 @@ def _resolve_backend(backend: str | AnswerFn, model_dir: str | None,
     if layout != "drlc" and backend != "lexicon":
         raise CriticError(f"critic server layout (--layout) {layout!r} is only used by "
                           f"backend 'lexicon', not {backend!r}; drop it or use --backend lexicon")
-    if backend not in ("hf", "tagger") and model_dir is not None:
-        raise CriticError(f"critic server model_dir (--model-dir) is only used by backends 'hf' and 'tagger', "
-                          f"not {backend!r}; drop it or use --backend hf or tagger")
+    if backend not in MODEL_DIR_BACKENDS and model_dir is not None:
+        raise CriticError(f"critic server model_dir (--model-dir) is only used by backends 'hf', 'tagger' and "
+                          f"'random_spans', not {backend!r}; drop it or use --backend hf, tagger or random_spans")
     if callable(backend):
         return getattr(backend, "__name__", "custom"), _word_count_completion(backend)
     if backend == "echo":
@@ -104,13 +107,14 @@ def _resolve_backend(backend: str | AnswerFn, model_dir: str | None,
         from pipeline.critic.offline.hf_backend import HFBackend
 
         return "hf", HFBackend(model_dir, device=device)
-    if backend == "tagger":
+    if backend in ("tagger", "random_spans"):
         if model_dir is None:
-            raise CriticError("critic server backend 'tagger' needs model_dir (--model-dir DIR): "
+            raise CriticError(f"critic server backend {backend!r} needs model_dir (--model-dir DIR): "
                               "a folder written by `drlc critic distill`")
-        from pipeline.critic.offline.tagger_backend import TaggerBackend
+        from pipeline.critic.offline.tagger_backend import RandomSpanBackend, TaggerBackend
 
-        return "tagger", TaggerBackend(model_dir, labels=labels)
+        cls = TaggerBackend if backend == "tagger" else RandomSpanBackend
+        return backend, cls(model_dir, labels=labels)
     raise CriticError(f"unknown critic server backend {backend!r}; valid: {list(BACKENDS)}")
 
 
@@ -309,12 +313,12 @@ def make_server(*, host: str = "127.0.0.1", port: int = 0, backend: str | Answer
     :param error_rate, rate_limit_rate, garbage_rate, drop_rate, empty_rate: fault
         probabilities per chat request, each in [0, 1], summing to at most 1
     :param seed: seed of the fault draws
-    :param model_dir: checkpoint folder of the "hf" backend or model folder of the "tagger" backend;
+    :param model_dir: checkpoint folder of the "hf" backend or model folder of the "tagger" and "random_spans" backends;
         must be ``None`` for the others
     :param layout: layout of the "lexicon" backend's answers (drlc, paper, markdown, messy);
         must be "drlc" for the others
     :param device: where the "hf" backend's model runs (None: the CPU); the other backends have no model
-    :param labels: the labels the "tagger" backend's model must tag (None: any); checked at start
+    :param labels: the labels the "tagger" (and "random_spans") backend's model must tag (None: any); checked at start
     :return: a server with ``base_url``, ``stats()``, ``serve_forever()``, ``shutdown()``
     :raises CriticError: on an unknown backend or layout, "hf" without a loadable
         ``model_dir``, or a ``model_dir`` or layout given to another backend

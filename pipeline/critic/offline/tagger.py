@@ -269,7 +269,8 @@ def tagger_hash(model_dir: str | Path | None) -> str:
     :raises CriticError: (one line) model_dir is unset or lacks a model file
     """
     if not model_dir:
-        raise CriticError("critic.backend 'tagger' needs critic.model_dir: a folder written by `drlc critic distill`")
+        raise CriticError("critic.backend 'tagger' (or 'random_spans') needs critic.model_dir: a folder written "
+                          "by `drlc critic distill`")
     missing = [name for name in MODEL_FILES if not (Path(model_dir) / name).is_file()]
     if missing:
         raise CriticError(f"critic.model_dir '{model_dir}' has no tagger model ({', '.join(missing)} missing); "

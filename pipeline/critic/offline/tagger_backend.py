@@ -26,7 +26,7 @@ from pipeline.critic.offline.tagger import SpanTagger, model_hash
 from pipeline.critic.parse import format_answer
 from pipeline.critic.structured import requested_span_limit, spans_json
 
-__all__ = ["TaggerBackend", "critiqued_text"]
+__all__ = ["SEED_FIELD", "RandomSpanBackend", "TaggerBackend", "critiqued_text", "request_seed"]
 
 _TASK_LINE = re.compile(r"^Task:[ \t]*(\S+)[ \t]*$", re.MULTILINE)
 _BLOCKS = {"summarization": "summary"}  # the block holding the text to critique; "response" otherwise
@@ -57,6 +57,23 @@ def critiqued_text(messages: list[dict]) -> str:
     return inner.removesuffix("\n")
 
 
+SEED_FIELD = "drlc_seed"  # the request field seeding the random-span control (set by critic.extra_body)
+
+
+def request_seed(request: dict) -> int:
+    """The request's ``drlc_seed`` field (0 when absent): the random-span backend's seed.
+
+    Not OpenAI's ``seed``, which drlc's client sends itself (a sampling parameter, never in extra_body).
+
+    :raises CriticError: a seed that is not an integer
+    """
+    seed = request.get(SEED_FIELD, 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise CriticError(f"critic request {SEED_FIELD}={seed!r} is not an integer; set critic.extra_body."
+                          f"{SEED_FIELD} to one")
+    return seed
+
+
 class TaggerBackend:
     """``request -> Completion`` answering with the tagger in ``model_dir``, batched across threads.
 
@@ -78,11 +95,15 @@ class TaggerBackend:
         self._busy = False
         self._cond = threading.Condition()
 
-    def answer_text(self, text: str, span_limit: int | None = None) -> str:
+    def spans_of(self, text: str, seed: int = 0) -> list[tuple[str, int, int]]:
+        """The ``(label, start, end)`` spans this backend names in ``text`` (the tagger's; ``seed`` unused)."""
+        return self.tagger.spans(text)
+
+    def answer_text(self, text: str, span_limit: int | None = None, seed: int = 0) -> str:
         """The answer to a critic request about ``text``: the templates' format, or drlc's span JSON
         when the request asked for a structured answer of at most ``span_limit`` spans."""
         spans = []
-        for label, start, end in self.tagger.spans(text):
+        for label, start, end in self.spans_of(text, seed):
             spans += [(label, part) for part in text[start:end].split('"') if part.strip()]
         spans = list(dict.fromkeys(spans))
         if span_limit is not None:  # the spans are copied from the response already: copy needs no constraint
@@ -90,7 +111,8 @@ class TaggerBackend:
         return format_answer(self.tagger.config.labels, spans)
 
     def __call__(self, request: dict) -> Completion:
-        item = {"messages": request["messages"], "span_limit": requested_span_limit(request), "answer": None, "error": None, "done": False}
+        item = {"messages": request["messages"], "span_limit": requested_span_limit(request),
+                "seed": request_seed(request), "answer": None, "error": None, "done": False}
         with self._cond:
             self._queue.append(item)
         while True:
@@ -115,9 +137,22 @@ class TaggerBackend:
         self.batch_sizes.append(len(batch))
         for item in batch:
             try:
-                text = self.answer_text(critiqued_text(item["messages"]), item["span_limit"])
+                text = self.answer_text(critiqued_text(item["messages"]), item["span_limit"], item["seed"])
                 prompt = sum(len(content_text(m.get("content")).split()) for m in item["messages"])
                 item["answer"] = Completion(text=text, prompt_tokens=prompt, completion_tokens=len(text.split()))
             except Exception as error:  # handed to the request's own thread, which re-raises it
                 item["error"] = error
             item["done"] = True
+
+
+class RandomSpanBackend(TaggerBackend):
+    """The random-span control: the tagger's spans in ``model_dir``, each moved to a random place
+    (:func:`pipeline.critic.offline.random_spans.random_spans`, seeded by the response and the request's
+    ``drlc_seed``)."""
+
+    name = "random_spans"
+
+    def spans_of(self, text: str, seed: int = 0) -> list[tuple[str, int, int]]:
+        from pipeline.critic.offline.random_spans import random_spans
+
+        return random_spans(text, self.tagger.spans(text), seed=seed)

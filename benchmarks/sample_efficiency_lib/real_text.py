@@ -1,0 +1,175 @@
+"""The real-text study's report (issue 30): RL gain over the scale-matched control against critic quality.
+
+Inputs are the DVC study's run records (benchmarks/sample_efficiency_dvc.py: per arm, one record per
+seed with ``rounds`` [env_reward, kl, critic tokens ...], ``eval`` {"<set>/<metric>": value} of the
+final policy and ``samples``) and each critic's char F1 on the SemEval trial posts. Every number is
+a plain function of those lists, so the tests recompute them by hand.
+
+- **Matched KL:** :func:`analysis.matched_kl` (each arm's isotonic reward-vs-KL frontier read at the
+  sparse arm's KL levels), its mean gain over ``sparse_scaled``.
+- **Paired intervals:** arm minus control per seed (the same seed = the same prompts and the same
+  base sampling in round 1), mean ± t(0.975, n-1) · sd / sqrt(n); undefined (None) for one seed.
+- **Critic cost:** the tokens the critic read and wrote, priced at an API's per-1M-token prices (what
+  the arm would have cost with that critic), beside the dollars actually paid (0 from drlc's
+  local critics, and 0 for every answer read from the cache).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from benchmarks.sample_efficiency_lib.analysis import matched_kl, mean, seed_mean_curve, sparse_target, steps_to_reach
+
+CONTROL = "sparse_scaled"
+EVAL_METRICS = ("expected_max_toxicity", "toxicity_probability", "perplexity", "dist_1", "dist_2", "dist_3",
+                "env_reward_mean")
+API_PRICE = ("gpt-3.5-turbo", 0.5, 1.5)  # the paper's critic; USD per 1M prompt and per 1M completion tokens
+
+
+def t_quantile_975(df: int) -> float:
+    """The 0.975 quantile of Student's t with ``df`` degrees of freedom: scipy's; without scipy (not a drlc
+    dependency) the printed table to df 10, then the Cornish-Fisher series in 1/df (within 1e-3 there)."""
+    try:
+        from scipy.stats import t
+
+        return float(t.ppf(0.975, df))
+    except ImportError:
+        table = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+        z = 1.959964
+        series = (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+                  + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3))
+        return table.get(df, series)
+
+
+def paired_interval(arm: dict[int, float], control: dict[int, float]) -> dict:
+    """Mean of (arm - control) over the seeds both have, with its 95 % t interval.
+
+    :param arm: {seed: value}
+    :param control: {seed: value}
+    :return: {"mean", "low", "high", "n"}; low/high None with fewer than 2 paired seeds, all None with none
+    """
+    diffs = [arm[s] - control[s] for s in sorted(arm) if s in control]
+    if not diffs:
+        return {"mean": None, "low": None, "high": None, "n": 0}
+    m = mean(diffs)
+    if len(diffs) < 2:
+        return {"mean": m, "low": None, "high": None, "n": 1}
+    half = t_quantile_975(len(diffs) - 1) * math.sqrt(sum((d - m) ** 2 for d in diffs) / (len(diffs) - 1)) \
+        / math.sqrt(len(diffs))
+    return {"mean": m, "low": m - half, "high": m + half, "n": len(diffs)}
+
+
+def by_seed(runs: list[dict], value) -> dict[int, float]:
+    """{seed: value(run)} over an arm's runs, skipping runs where value is None."""
+    out = {run["seed"]: value(run) for run in runs}
+    return {s: v for s, v in out.items() if v is not None}
+
+
+def final_reward(run: dict, window: int) -> float:
+    return mean([r["env_reward"] for r in run["rounds"][-window:]])
+
+
+def api_cost(runs: list[dict], price: tuple[str, float, float] = API_PRICE) -> dict:
+    """An arm's critic tokens (summed over seeds and rounds) at an API's prices, and what it paid.
+
+    Local backends count words (lexicon, tagger, random_spans) or their tokenizer's tokens (hf):
+    the API figure is an estimate of the same traffic at ``price``.
+    """
+    rounds = [r for run in runs for r in run["rounds"]]
+    prompt = sum(r.get("critic_prompt_tokens", 0) for r in rounds)
+    completion = sum(r.get("critic_completion_tokens", 0) for r in rounds)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "api_model": price[0],
+            "at_api_prices_usd": (prompt * price[1] + completion * price[2]) / 1e6,
+            "paid_usd": sum(r["critic_cost_usd"] for r in rounds),
+            "requests": sum(r["critic_requests"] for r in rounds), "cache_hits": sum(r["cache_hits"] for r in rounds)}
+
+
+def arm_rows(by_arm: dict[str, list[dict]], quality: dict[str, dict], *, final_window: int,
+             batch_size: int) -> dict[str, dict]:
+    """Per arm: critic char F1, rollouts to sparse's final reward, matched-KL gain and paired intervals vs the control.
+
+    :param quality: {critic name: {"char_f1", ...}} for the dense arms' critics (``dense_<critic>[-algo]``)
+    :param batch_size: rollouts per round (rollout.batch_size)
+    """
+    target = sparse_target(by_arm["sparse"], final_window)
+    gains = matched_kl(by_arm)["mean_gain_vs"] if CONTROL in by_arm else {}
+    control = by_arm.get(CONTROL, [])
+
+    def final(arm_runs):
+        return by_seed(arm_runs, lambda r: final_reward(r, final_window))
+
+    rows = {}
+    for arm, runs in by_arm.items():
+        critic = arm.split("-")[0].removeprefix("dense_") if arm.startswith("dense_") else None
+        reached = steps_to_reach(seed_mean_curve(runs, "env_reward"), target)
+        row = {"critic": critic, "char_f1": (quality.get(critic) or {}).get("char_f1") if critic else None,
+               "seeds": sorted(run["seed"] for run in runs),
+               "rollouts_to_sparse_final": None if reached is None else reached * batch_size,
+               "gain_at_matched_kl": gains.get(CONTROL, {}).get(arm),
+               "gain_at_matched_kl_vs_sparse": gains.get("sparse", {}).get(arm),
+               "final_env_reward_vs_control": paired_interval(final(runs), final(control)),
+               "eval_vs_control": {}, "critic_cost": api_cost(runs)}
+        for key in sorted({k for run in runs for k in run["eval"]}):
+            if key.split("/")[-1] in EVAL_METRICS:
+                row["eval_vs_control"][key] = paired_interval(by_seed(runs, lambda r: r["eval"].get(key)),
+                                                              by_seed(control, lambda r: r["eval"].get(key)))
+        rows[arm] = row
+    return rows
+
+
+def plot_gain_vs_f1(rows: dict[str, dict], path: Path) -> Path:
+    """The headline picture: each dense arm's reward gain over the scale-matched control against its critic's char F1.
+
+    y = the paired final-reward gain with its 95 % interval (bars, where there are 2+ seeds); a hollow
+    marker at the matched-KL gain.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for arm, row in sorted(rows.items()):
+        if row["char_f1"] is None or row["final_env_reward_vs_control"]["mean"] is None:
+            continue
+        gain = row["final_env_reward_vs_control"]
+        err = None if gain["low"] is None else [[gain["mean"] - gain["low"]], [gain["high"] - gain["mean"]]]
+        ax.errorbar([row["char_f1"]], [gain["mean"]], yerr=err, fmt="o", capsize=4, label=arm)
+        if row["gain_at_matched_kl"] is not None:
+            ax.scatter([row["char_f1"]], [row["gain_at_matched_kl"]], facecolors="none", edgecolors="k", s=50)
+    ax.axhline(0.0, color="grey", lw=1, ls=":")
+    ax.set_xlabel("critic char F1 on the SemEval-2021 trial posts")
+    ax.set_ylabel(f"final env reward minus {CONTROL} (paired 95 % CI)")
+    ax.set_title("RL gain over the scale-matched control vs critic quality (hollow: at matched KL)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def _ci(interval: dict, digits: int = 3) -> str:
+    if interval["mean"] is None:
+        return "-"
+    if interval["low"] is None:
+        return f"{interval['mean']:+.{digits}f} (1 seed)"
+    return f"{interval['mean']:+.{digits}f} [{interval['low']:+.{digits}f}, {interval['high']:+.{digits}f}]"
+
+
+def markdown(rows: dict[str, dict], *, eval_set: str = "world") -> str:
+    """The study table: one row per arm, intervals paired over seeds against sparse_scaled."""
+    metrics = ("expected_max_toxicity", "toxicity_probability", "perplexity", "dist_2")
+    lines = ["| arm | critic char F1 | seeds | rollouts to sparse's final | Δ reward @KL vs sparse_scaled | "
+             "Δ final reward [95 % CI] | " + " | ".join(f"Δ {m}" for m in metrics)
+             + " | critic $ at API prices | paid |",
+             "|---" * (8 + len(metrics)) + "|"]
+    for arm, row in rows.items():
+        f1 = "-" if row["char_f1"] is None else f"{row['char_f1']:.3f}"
+        gain = "-" if row["gain_at_matched_kl"] is None else f"{row['gain_at_matched_kl']:+.3f}"
+        cells = [arm, f1, ",".join(map(str, row["seeds"])), str(row["rollouts_to_sparse_final"] or "-"), gain,
+                 _ci(row["final_env_reward_vs_control"])]
+        cells += [_ci(row["eval_vs_control"].get(f"{eval_set}/{m}", {"mean": None})) for m in metrics]
+        cost = row["critic_cost"]
+        cells += [f"{cost['at_api_prices_usd']:.4f}", f"{cost['paid_usd']:.4f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

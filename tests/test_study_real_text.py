@@ -1,0 +1,212 @@
+"""The real-text study (issue 30): its arms' params (valid on the study profile, parsed by Hydra as DVC does),
+its dry-run plan, and its report numbers recomputed by hand on tiny synthetic runs."""
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import sample_efficiency_dvc as se  # noqa: E402
+from benchmarks.sample_efficiency_lib import critics, real_text  # noqa: E402
+from benchmarks.sample_efficiency_lib.arms import ALL  # noqa: E402
+from pipeline.core.config import load_params  # noqa: E402
+from pipeline.core.errors import ConfigError  # noqa: E402
+
+PROFILE = ROOT / "configs" / "study-detox.yaml"
+EVERY_ARM = critics.study_arms(list(critics.CRITICS), list(critics.ALGORITHMS))
+
+
+def test_each_critic_arm_sets_its_critic_and_the_controls_set_none():
+    tagger = critics.settings("dense_tagger", seed=0)
+    assert tagger["critic.backend"] == "tagger" and tagger["critic.model_dir"] == "critics/semeval"
+    assert tagger["critic.threshold"] == ALL and tagger["score.scale"] == 1.0 and tagger["critic.extra_body"] == {}
+    assert critics.settings("dense_random", seed=2)["critic.extra_body"] == {"drlc_seed": 2}
+    assert critics.settings("dense_random", seed=2)["critic.backend"] == "random_spans"
+    assert critics.settings("dense_smol_copy", seed=0)["critic.answer_format"] == "copy"
+    assert critics.settings("dense_smol_text", seed=0)["critic.model_dir"] == "base"
+    assert critics.settings("sparse_scaled", seed=0, k=2.5)["score.scale"] == 2.5
+    assert critics.settings("sparse", seed=1)["critic.enabled"] is False
+    grpo = critics.settings("dense_tagger-grpo", seed=0)
+    assert grpo["ppo.algorithm"] == "grpo" and grpo["rollout.samples_per_prompt"] == 4 and grpo["ppo.vf_coef"] == 0.0
+    with pytest.raises(ConfigError, match="normalises the env reward per group"):
+        critics.settings("sparse_scaled-grpo", seed=0, k=2.0)
+    with pytest.raises(ConfigError, match="needs k"):
+        critics.settings("sparse_scaled", seed=0)
+    with pytest.raises(ConfigError, match="unknown real-text arm 'dense_gpt'"):
+        critics.settings("dense_gpt", seed=0)
+    assert critics.study_arms(["tagger", "random"], ["ppo"]) == ["sparse", "dense_tagger", "dense_random",
+                                                                  "sparse_scaled"]
+    assert critics.study_arms(["tagger"], ["grpo"]) == ["sparse-grpo", "dense_tagger-grpo"]
+
+
+def test_every_arm_is_valid_on_the_study_profile_through_hydras_override_parser():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for arm in EVERY_ARM:
+        for seed in (0, 3):
+            settings = critics.settings(arm, seed=seed, k=1.7)
+            command = se.run_command(arm, seed, settings, [], runner="queue")
+            overrides = [command[i + 1] for i, part in enumerate(command) if part == "-S"]
+            parsed = {o.key_or_group: o.value() for o in map(parser.parse_override, overrides)}
+            assert parsed == {"run.seed": seed, **settings}  # what DVC writes into params.yaml
+            params = load_params(PROFILE, overrides)  # every key exists and the whole profile validates
+            assert params.critic.backend == settings.get("critic.backend", params.critic.backend)
+            assert params.ppo.algorithm == settings["ppo.algorithm"]
+
+
+def test_dry_run_plans_sparse_the_critics_then_sparse_scaled_matched_to_the_tagger(tmp_path, capsys):
+    shutil.copy(PROFILE, tmp_path / "params.yaml")
+    assert se.main(["--project", str(tmp_path), "--critics", "random", "--seeds", "0", "1", "--dry-run"]) is None
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("$ dvc exp run -")
+             and " -n " in line]
+    names = [line.split(" -n ")[1].split()[0] for line in lines]
+    assert names == ["sparse-s0", "sparse-s1", "dense_random-s0", "dense_random-s1", "dense_tagger-s0",
+                     "dense_tagger-s1", "sparse_scaled-s0", "sparse_scaled-s1"]
+    assert "-S 'critic.extra_body={drlc_seed: 1}'" in lines[3]
+    assert "-S 'score.scale=\"<k>\"'" in lines[-1]
+
+
+def test_paired_interval_by_hand():
+    got = real_text.paired_interval({0: 1.0, 1: 2.0, 2: 3.0, 5: 9.0}, {0: 0.5, 1: 1.0, 2: 1.5})
+    half = 4.302653 * 0.5 / math.sqrt(3)  # diffs 0.5, 1, 1.5: sd 0.5; t(0.975, 2) = 4.3027
+    assert got["n"] == 3 and got["mean"] == pytest.approx(1.0)
+    assert got["low"] == pytest.approx(1.0 - half, abs=1e-4) and got["high"] == pytest.approx(1.0 + half, abs=1e-4)
+    assert real_text.paired_interval({0: 2.0}, {0: 0.5}) == {"mean": 1.5, "low": None, "high": None, "n": 1}
+    assert real_text.paired_interval({1: 2.0}, {0: 0.5})["mean"] is None
+    assert real_text.t_quantile_975(4) == pytest.approx(2.776, abs=1e-3)
+
+
+def test_t_quantile_without_scipy_matches_scipy(monkeypatch):
+    from scipy.stats import t
+
+    monkeypatch.setitem(sys.modules, "scipy.stats", None)  # `from scipy.stats import t` raises ImportError
+    for df in (1, 2, 5, 10, 11, 20, 60):
+        assert real_text.t_quantile_975(df) == pytest.approx(float(t.ppf(0.975, df)), abs=1e-3)
+
+
+def _run(seed, rewards, kls, *, tox, tokens=(0, 0)):
+    rounds = [{"round": i + 1, "env_reward": r, "kl": k, "critic_prompt_tokens": tokens[0],
+               "critic_completion_tokens": tokens[1], "critic_cost_usd": 0.0, "critic_requests": 4, "cache_hits": 0}
+              for i, (r, k) in enumerate(zip(rewards, kls))]
+    return {"seed": seed, "rounds": rounds, "eval": {"world/expected_max_toxicity": tox, "world/dist_2": 0.5}}
+
+
+def test_arm_rows_by_hand():
+    kls = [0.0, 1.0, 2.0, 3.0]
+    by_arm = {
+        "sparse": [_run(s, [0.50, 0.55, 0.60, 0.65], kls, tox=0.6) for s in (0, 1)],
+        "sparse_scaled": [_run(s, [0.50, 0.56, 0.61, 0.66], kls, tox=0.6 - 0.01 * s) for s in (0, 1)],
+        # the same KL at every round, reward 0.04 above sparse_scaled: the matched-KL gain is exactly 0.04
+        "dense_tagger": [_run(s, [0.54, 0.60, 0.65, 0.70], kls, tox=0.5 - 0.03 * s, tokens=(1000, 100))
+                         for s in (0, 1)],
+    }
+    rows = real_text.arm_rows(by_arm, {"tagger": {"char_f1": 0.655}}, final_window=2, batch_size=16)
+    tagger = rows["dense_tagger"]
+    assert tagger["critic"] == "tagger" and tagger["char_f1"] == 0.655 and rows["sparse"]["char_f1"] is None
+    assert tagger["gain_at_matched_kl"] == pytest.approx(0.04)
+    # sparse's final reward = mean(0.60, 0.65) = 0.625; tagger's curve first reaches it at round 3 (0.65)
+    assert tagger["rollouts_to_sparse_final"] == 3 * 16 and rows["sparse"]["rollouts_to_sparse_final"] == 4 * 16
+    assert tagger["final_env_reward_vs_control"]["mean"] == pytest.approx(0.675 - 0.635)
+    tox = tagger["eval_vs_control"]["world/expected_max_toxicity"]  # diffs -0.1 and -0.12
+    assert tox["mean"] == pytest.approx(-0.11) and tox["n"] == 2
+    assert tox["high"] - tox["mean"] == pytest.approx(12.7062 * 0.01, rel=1e-3)  # sd 0.01 x sqrt 2, / sqrt 2
+    cost = tagger["critic_cost"]  # 2 seeds x 4 rounds x (1000, 100) tokens at $0.5 / $1.5 per 1M
+    assert cost["prompt_tokens"] == 8000 and cost["completion_tokens"] == 800
+    assert cost["at_api_prices_usd"] == pytest.approx(8000 * 0.5e-6 + 800 * 1.5e-6) and cost["paid_usd"] == 0.0
+    assert cost["requests"] == 32
+    table = real_text.markdown(rows)
+    assert "| dense_tagger | 0.655 | 0,1 | 48 | +0.040 |" in table
+
+
+def test_gain_vs_f1_plot_is_written(tmp_path):
+    kls = [0.0, 1.0]
+    by_arm = {arm: [_run(s, [0.5, 0.6 + 0.01 * i], kls, tox=0.5) for s in (0, 1)]
+              for i, arm in enumerate(("sparse", "sparse_scaled", "dense_tagger", "dense_random"))}
+    rows = real_text.arm_rows(by_arm, {"tagger": {"char_f1": 0.65}, "random": {"char_f1": 0.05}}, final_window=1,
+                              batch_size=16)
+    path = real_text.plot_gain_vs_f1(rows, tmp_path / "gain.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+def test_study_critics_reads_smollm2_quality_from_the_committed_formats_result():
+    from benchmarks.study_critics import smollm2_quality
+
+    quality = smollm2_quality(ROOT / "benchmarks" / "results" / "critic_formats.json")
+    formats = {r["answer_format"]: r for r in json.loads((ROOT / "benchmarks" / "results" /
+                                                          "critic_formats.json").read_text())["results"]}
+    assert quality["smol_copy"]["char_f1"] == formats["copy"]["char_f1"]
+    assert quality["smol_text"]["n_posts"] == formats["text"]["n_posts"]
+
+
+def test_experiment_copies_see_the_projects_shared_data(tmp_path):
+    project, shared = tmp_path / "project", tmp_path / "shared"
+    (shared / "data").mkdir(parents=True)
+    project.mkdir()
+    se.link_shared(project)
+    for copy in (project / ".dvc/tmp/exps/tmpabc", project / ".dvc/tmp/exps/standalone/tmpdef"):  # queued, --temp
+        copy.mkdir()
+        assert (copy / ".." / "shared" / "data").is_dir()
+    se.link_shared(project)  # again: nothing to do
+    alone = tmp_path / "alone" / "project"
+    alone.mkdir(parents=True)
+    se.link_shared(alone)
+    assert not (alone / ".dvc").exists()
+
+
+@pytest.mark.slow  # three DVC experiments of one round each on the shrunken toxicity demo (~3 min on 2 cores)
+def test_real_text_arms_run_as_dvc_experiments_and_report(tmp_path, monkeypatch):
+    import os
+    import subprocess
+
+    from e2e import make_project, run, tiny_params
+
+    project = make_project(tmp_path, tiny_params(n_rounds=1, task="toxicity"))
+    run(["git", "add", "-A"], project)
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "demo"], project)
+    for key, value in dict(PYTHONPATH=str(project), DVC_NO_ANALYTICS="1", TQDM_DISABLE="1", OMP_NUM_THREADS="1",
+                           PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}").items():
+        monkeypatch.setenv(key, value)
+    quality = tmp_path / "quality.json"
+    quality.write_text(json.dumps({"critics": {"lexicon": {"char_f1": 0.46}}}))
+    out = tmp_path / "study.json"
+    argv = ["--project", str(project), "--critics", "lexicon", "--scale-reference", "dense_lexicon", "--seeds", "0",
+            "--runner", "temp", "--critic-quality", str(quality), "--out", str(out)]
+    assert se.main(argv + ["--max-new", "1"]) is None and not out.exists()  # one piece: sparse-s0 only
+    first = se.existing_experiments(project)
+    assert list(first) == ["sparse-s0"]
+    result = se.main(argv)  # the same command goes on where it stopped
+    assert set(result["runs"]) == {"sparse", "dense_lexicon", "sparse_scaled"}
+    assert result["runs"]["sparse"][0]["rev"] == first["sparse-s0"]["rev"]  # collected, not run again
+    section = json.loads(out.read_text())["real_text"]
+    lexicon = section["arms"]["dense_lexicon"]
+    assert lexicon["char_f1"] == 0.46 and lexicon["seeds"] == [0]
+    # the tokens the critic read, recounted from the experiment's annotations table
+    import io
+
+    import dvc.api
+    import pyarrow.parquet as pq
+
+    rev = result["runs"]["dense_lexicon"][0]["rev"]
+    with dvc.api.open("data/annotations/round=0001/part-0.parquet", repo=str(project), rev=rev, mode="rb") as f:
+        notes = pq.read_table(io.BytesIO(f.read())).to_pylist()
+    assert lexicon["critic_cost"]["prompt_tokens"] == sum(n["prompt_tokens"] for n in notes) > 0
+    assert lexicon["critic_cost"]["paid_usd"] == 0.0 and section["arms"]["sparse"]["critic_cost"]["prompt_tokens"] == 0
+    gain = lexicon["final_env_reward_vs_control"]
+    final = {arm: result["runs"][arm][0]["rounds"][-1]["env_reward"] for arm in ("dense_lexicon", "sparse_scaled")}
+    assert gain["n"] == 1 and gain["low"] is None
+    assert gain["mean"] == pytest.approx(final["dense_lexicon"] - final["sparse_scaled"])
+    samples = section["samples"]["dense_lexicon"]
+    assert len(samples) == 5 and all(isinstance(s["base"], str) and isinstance(s["final"], str) for s in samples)
+    assert (out.parent / section["plot"]).stat().st_size > 0 and "| dense_lexicon | 0.460 | 0 |" in section["table"]
+    shown = subprocess.run([sys.executable, "-m", "dvc", "exp", "show", "--json"], cwd=project, capture_output=True,
+                           text=True, check=True).stdout
+    params = {e["name"]: e["revs"][0]["data"]["params"]["params.yaml"]["data"]
+              for c in json.loads(shown) for e in c.get("experiments") or []}
+    assert params["dense_lexicon-s0"]["critic"]["backend"] == "lexicon"
+    assert params["sparse_scaled-s0"]["score"]["scale"] == pytest.approx(result["scale_factor"]["k"])
