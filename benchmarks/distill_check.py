@@ -56,7 +56,8 @@ def agreement(pairs: list[tuple[tuple, tuple]]) -> dict:
 def side_rounds(project: Path, side: str) -> list[dict[str, list[dict]]]:
     """Each round of one switch side: {rollouts, scores, annotations: rows} from data/<table>/chunk=<side>/round=N."""
     data = project / "data"
-    return [{t: store.read_table(store.chunk_dir(data, t, side) / part.name, t) for t in ("rollouts", "scores", "annotations")}
+    tables = ("rollouts", "scores", "annotations")
+    return [{t: store.read_table(store.chunk_dir(data, t, side) / part.name, t) for t in tables}
             for part in sorted(store.chunk_dir(data, "rollouts", side).glob("round=*"))]
 
 

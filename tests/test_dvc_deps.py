@@ -132,8 +132,8 @@ def test_dvc_yaml_params_are_the_keys_the_stage_reads(stage):
     read = params_read(CODE_ROOT / script)
     if "*" in read:  # chunk, switch_*: the whole params go to their step modules, which read these sections
         modules = STEP_MODULES.get(stage, (stage,))
-        read = read - {"*"} | set().union(*(section_reads(CODE_ROOT / "pipeline" / "steps" / f"{m}.py") for m in modules))
-    if stage in ("ppo", "chunk", *STEP_MODULES):  # they pass `base` on for LoRA only: pipeline/steps/ppo_round.py reads base.lora_*
+        read = read - {"*"} | set().union(*(section_reads(CODE_ROOT / "pipeline/steps" / f"{m}.py") for m in modules))
+    if stage in ("ppo", "chunk", *STEP_MODULES):  # they pass `base` on for LoRA: steps/ppo_round.py reads base.lora_*
         used = set(re.findall(r"\bbase\.(\w+)", (CODE_ROOT / "pipeline/steps/ppo_round.py").read_text()))
         assert used == {"lora_r", "lora_alpha", "lora_target_modules"}
         read = read - {"base"} | {f"base.{key}" for key in used}

@@ -208,7 +208,8 @@ def planned_stages(params: Params, dvc_file: str | Path = "dvc.yaml") -> list[st
         return []
     stages = (yaml.safe_load(path.read_text()) or {}).get("stages", {})
     keys = {"${rounds}": [] if params.chunks or params.switch else params.round_keys(),
-            "${chunks}": sorted(params.chunks), "${distill}": sorted(params.distill), "${switch}": sorted(params.switch)}
+            "${chunks}": sorted(params.chunks), "${distill}": sorted(params.distill),
+            "${switch}": sorted(params.switch)}
     names = []
     for name, spec in stages.items():
         expanded = keys.get(spec["foreach"], params.round_keys()) if "foreach" in spec else None
@@ -355,7 +356,8 @@ def format_report(config: str, params: Params, *, critic: CriticEstimate, stages
     if c.paid_rounds is not None:
         lines.append(f"  switch-over: rounds 0001..{c.paid_rounds:04d} at the critic's prices (the cost above), rounds "
                      f"{c.paid_rounds + 1:04d}..{c.rounds:04d} by the run's own tagger: $0; without the switch "
-                     f"${c.usd_without_switch:.2f} expected, ${c.calls_upper_bound * c.usd_per_call_max:.2f} upper bound")
+                     f"${c.usd_without_switch:.2f} expected, "
+                     f"${c.calls_upper_bound * c.usd_per_call_max:.2f} upper bound")
     lines.append("  re-runs and replays answer from cache/critic: $0")
     if scorer_calls:
         train, evaluation = scorer_calls

@@ -72,8 +72,8 @@ def _quoted(value: str) -> str:
 
 def _check_switch_after(n_rounds: int, per_stage: int, switch_after: int | None) -> None:
     if switch_after is not None and not 1 <= switch_after < n_rounds:
-        raise ConfigError(f"--switch-after {switch_after}: give a round R in 1..{n_rounds - 1}, so that rounds R+1..{n_rounds} "
-                          "have a tagger to critique them.")
+        raise ConfigError(f"--switch-after {switch_after}: give a round R in 1..{n_rounds - 1}, so that rounds "
+                          f"R+1..{n_rounds} have a tagger to critique them.")
     if switch_after is not None and per_stage != 1:
         raise ConfigError(f"--switch-after with --per-stage {per_stage}: a switch-over runs each side in one stage "
                           "already; drop --per-stage.")

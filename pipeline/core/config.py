@@ -586,14 +586,15 @@ def _check_switch(switch, raw: dict, critic: CriticParams, per_stage: int):
                           f"of the configured critic).")
     built = build_section(SwitchParams, spec, f"switch.{key}")
     if raw.get("rounds") or raw.get("chunks") or per_stage != 1:
-        raise ConfigError(f"'switch.{key}' runs rounds 0001..{key} and {int(key) + 1:04d}..{built.last} in one stage each: "
-                          f"set rounds: {{}}, chunks: {{}} and run.rounds_per_stage: 1; {fix}.")
+        raise ConfigError(f"'switch.{key}' runs rounds 0001..{key} and {int(key) + 1:04d}..{built.last} in one stage "
+                          f"each: set rounds: {{}}, chunks: {{}} and run.rounds_per_stage: 1; {fix}.")
     if not critic.enabled:
         raise ConfigError(f"'switch.{key}' trains a tagger on the critic's answers, but 'critic.enabled' is false: "
                           f"set critic.enabled: true, or switch: {{}} for the sparse baseline.")
     if int(key) < 1 or int(key) >= int(built.last):
         raise ConfigError(f"'switch.{key}': R = {key} must be a round before the last ('switch.{key}.last' = "
-                          f"'{built.last}'), so the tagger has rounds to critique: use R in 0001..{int(built.last) - 1:04d}.")
+                          f"'{built.last}'), so the tagger has rounds to critique: use R in "
+                          f"0001..{int(built.last) - 1:04d}.")
     rounds = {f"{r:04d}": RoundParams(prev="base" if r == 1 else f"round={r - 1:04d}")
               for r in range(1, int(built.last) + 1)}
     return rounds, {key: built}
