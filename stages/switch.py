@@ -8,7 +8,7 @@ from pipeline.core import store
 from pipeline.core.device import resolve_device
 from pipeline.steps import stage
 from pipeline.steps.preflight import check_inputs
-from pipeline.steps.switch import SIDES, run_side
+from pipeline.steps.switch import SIDES, run_side, side_params
 
 
 def main():
@@ -16,10 +16,11 @@ def main():
     parser.add_argument("--side", required=True, choices=SIDES, help="critic: rounds 1..R; tagger: rounds R+1..last")
     parser.add_argument("--tagger", help="the tagger side's critic: the model folder switch_distill@R writes")
     args = parser.parse_args()
-    params = stage.start(args, check_inputs)
+    params = side_params(stage.start(args), args.side, args.tagger)  # the tagger side: critic = the tagger
+    check_inputs(params)
     run_side(store.read_table(args.prompts, "prompts"), params=params, side=args.side, policy_dir=args.policy,
              reference_dir=args.reference, out_dir=args.out, data_dir=args.data, metrics_dir=args.metrics,
-             tagger_dir=args.tagger, device=resolve_device(params.run.device))
+             device=resolve_device(params.run.device))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ from e2e import ROOT
 from pipeline.audit.distill import examples_from_folders
 from pipeline.core.config import params_from_dict
 from pipeline.core.errors import ConfigError, DataError
-from pipeline.steps.switch import round_critic, side_rounds, tagger_critic
+from pipeline.steps.preflight import check_inputs
+from pipeline.steps.switch import round_critic, side_params, side_rounds, tagger_critic
 
 SPAN = pa.struct([("label", pa.string()), ("start", pa.int32()), ("end", pa.int32())])
 
@@ -39,6 +40,19 @@ def test_rounds_up_to_r_keep_the_configured_critic_and_later_ones_get_the_tagger
     assert round_critic(unswitched, "0004") is unswitched.critic
     with pytest.raises(ConfigError, match="'switch' is {}"):
         side_rounds(unswitched, "critic")
+
+
+def test_the_tagger_side_checks_its_own_critic_so_a_paid_api_key_is_not_needed(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    params = switched_params()
+    paid = dataclasses.replace(params, critic=dataclasses.replace(params.critic, endpoint="https://api.openai.com/v1",
+                                                                  model="gpt-4o-mini"))
+    with pytest.raises(Exception, match="OPENAI_API_KEY"):
+        check_inputs(side_params(paid, "critic", None))
+    tagger_side = side_params(paid, "tagger", "models/tagger=0002")
+    assert check_inputs(tagger_side).critic.endpoint == "local"
+    with pytest.raises(ConfigError, match="--tagger DIR is given to the tagger side"):
+        side_params(paid, "critic", "models/tagger=0002")
 
 
 def write_part(folder, rows: dict) -> None:

@@ -66,13 +66,18 @@ def side_outputs(data_dir: str | Path, metrics_dir: str | Path, side: str) -> di
     return chunk_outputs(data_dir, metrics_dir, side)
 
 
-def run_side(prompt_rows: list[dict], *, params: Params, side: str, policy_dir: str, reference_dir: str,
-             out_dir: str, data_dir: str | Path, metrics_dir: str | Path, tagger_dir: str | None = None,
-             device="cpu", log=print) -> list[dict]:
-    """Run one side's rounds; the tagger side needs tagger_dir (models/tagger=R). Returns the critique metrics."""
+def side_params(params: Params, side: str, tagger_dir: str | None) -> Params:
+    """params with the side's critic as `critic` (the tagger side's: :func:`tagger_critic` of tagger_dir), so the
+    stage's preflight checks the critic it calls: a remote critic's API key is not needed after the switch."""
     if (side == "tagger") != (tagger_dir is not None):
         raise ConfigError("--tagger DIR is given to the tagger side (switch_tagger@R) and only to it.")
-    critic = params.critic if side == "critic" else tagger_critic(params.critic, tagger_dir)
-    return run_rounds(prompt_rows, params=params, keys=side_rounds(params, side), critic=critic,
+    return params if side == "critic" else dataclasses.replace(params, critic=tagger_critic(params.critic, tagger_dir))
+
+
+def run_side(prompt_rows: list[dict], *, params: Params, side: str, policy_dir: str, reference_dir: str,
+             out_dir: str, data_dir: str | Path, metrics_dir: str | Path, device="cpu", log=print) -> list[dict]:
+    """Run one side's rounds with params.critic (:func:`side_params` gives the tagger side's). Returns the
+    critique metrics."""
+    return run_rounds(prompt_rows, params=params, keys=side_rounds(params, side), critic=params.critic,
                       name=f"switch_{side}", policy_dir=policy_dir, reference_dir=reference_dir, out_dir=out_dir,
                       folders=side_outputs(data_dir, metrics_dir, side), device=device, log=log)
