@@ -31,13 +31,14 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline.audit.distill import examples_from_folders  # noqa: E402
+from pipeline.audit.distill import distill, examples_from_folders  # noqa: E402
 from pipeline.audit.labelled import LabelledPost  # noqa: E402
 from pipeline.audit.span_baselines import everything, learn_wordlist, nothing, wordlist_spans  # noqa: E402
 from pipeline.audit.span_metrics import score_post, span_precision_recall  # noqa: E402
 from pipeline.commands.rounds import set_rounds  # noqa: E402
 from pipeline.core import store  # noqa: E402
 from pipeline.core.config import load_params  # noqa: E402
+from pipeline.critic.offline.tagger import SpanTagger  # noqa: E402
 from pipeline.steps.critique import critique  # noqa: E402
 from tests.e2e import dvc, make_project, tiny_params  # noqa: E402
 
@@ -88,15 +89,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--switch-after", type=int, default=2)
     parser.add_argument("--tiny", action="store_true", help="the tests' shrunken demo (tests/e2e.tiny_params)")
+    parser.add_argument("--keep", help="build the project in KEEP/project and keep it; a finished one is reused")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "distill_check.json"))
     args = parser.parse_args()
     raw = tiny_params(args.rounds) if args.tiny else yaml.safe_load((REPO / "params.yaml").read_text())
     with tempfile.TemporaryDirectory() as tmp:
-        project = make_project(Path(tmp), raw)
+        home = Path(args.keep or tmp)
+        home.mkdir(parents=True, exist_ok=True)
+        project = home / "project" if (home / "project").is_dir() else make_project(home, raw)
         set_rounds(project / "params.yaml", args.rounds, switch_after=args.switch_after)
         params = load_params(project / "params.yaml")
         started = time.perf_counter()
-        dvc(["repro"], project)
+        dvc(["repro"], project)  # nothing to run in a kept, finished project
         repro_s = time.perf_counter() - started
         key = params.switch_round()
         card = json.loads((project / "models" / f"tagger={key}" / "card.json").read_text())
@@ -116,6 +120,15 @@ def main() -> None:
             "nothing": lambda k: tuple(nothing(texts[k], labels)),
         }
         table = {name: agreement([(predict(k), lexicon[k]) for k in common]) for name, predict in predictors.items()}
+        started = time.perf_counter()  # the stage's training again, in this process: time, and the same bytes?
+        again = distill(train, labels=labels, out_dir=Path(tmp) / "again", source=card["source"],
+                        seed=params.switch[key].seed, heldout_share=params.switch[key].heldout_share)
+        train_s = time.perf_counter() - started
+        tagger = SpanTagger.load(project / "models" / f"tagger={key}", labels=labels)
+        started = time.perf_counter()
+        for k in common:
+            tagger.spans(tagged[k][0])
+        tag_ms = 1000 * (time.perf_counter() - started) / max(1, len(common))
         metrics = {k: json.loads(p.read_text()) for k, p in
                    ((p.stem, p) for p in sorted((project / "metrics" / "critique").glob("chunk=*/round=*.json")))}
     result = {
@@ -129,6 +142,8 @@ def main() -> None:
         "critique_per_round": {k: {m: v[m] for m in ("critiqued", "critic_requests", "cache_hits", "critic_cost_usd")}
                                for k, v in metrics.items()},
         "next_rounds_responses": len(common),
+        "tagger_train_s": round(train_s, 2), "tagger_ms_per_response (model only, no server)": round(tag_ms, 3),
+        "same_model_bytes_when_retrained": again["model_hash"] == card["model_hash"],
         "agreement_with_lexicon": table,
         "note": ("gold = the lexicon critic's located spans on the responses the tagger critiqued in rounds R+1..N; "
                  "char F1 counts (label, offset) pairs, so a span's label must agree too; span P/R at IoU >= 0.5"),
