@@ -50,14 +50,13 @@ def test_the_tagger_of_rounds_1_2_critiques_round_3_and_reruns_send_nothing(tmp_
     dvc(["repro"], project)
 
     # rounds 1..2: the lexicon through drlc's server; round 3: the tagger, through the same server and client
-    # (a response sampled twice is asked once: the second is a cache hit)
-    for key in ("0001", "0002"):
-        paid = critique_metrics(project, "critic", key)
-        assert paid["critiqued"] == 32 == paid["critic_requests"] + paid["cache_hits"] and paid["critic_requests"] > 0
-        assert paid["critic_error_rate"] == 0.0
-    tagged = critique_metrics(project, "tagger", "0003")
-    assert tagged["critiqued"] == 32 == tagged["critic_requests"] + tagged["cache_hits"] and tagged["critic_requests"] > 0
-    assert tagged["critic_cost_usd"] == 0.0 and tagged["critic_error_rate"] == 0.0
+    # (a response sampled twice is asked once: a cache hit, or neither a request nor a hit in the same batch)
+    first = {(side, key): critique_metrics(project, side, key)
+             for side, key in (("critic", "0001"), ("critic", "0002"), ("tagger", "0003"))}
+    for m in first.values():
+        assert m["critiqued"] == 32 >= m["critic_requests"] + m["cache_hits"] and m["critic_requests"] > 16
+        assert m["critic_error_rate"] == 0.0
+    assert first["tagger", "0003"]["critic_cost_usd"] == 0.0
     query = "SELECT round, critic_model, count(*) AS n FROM annotations WHERE critiqued GROUP BY ALL ORDER BY 1"
     rows = run([sys.executable, "-m", "pipeline", "sql", "--format", "csv", query], project).stdout.split()
     assert rows[1:] == ["1,drlc-lexicon,32", "2,drlc-lexicon,32", "3,drlc-tagger,32"]
@@ -86,9 +85,9 @@ def test_the_tagger_of_rounds_1_2_critiques_round_3_and_reruns_send_nothing(tmp_
     # a forced re-run of the three stages: every answer from the cache, the same tables and tagger
     before = tables(project)
     dvc(["repro", "-f", "--single-item", "switch_critic@0002", "switch_distill@0002", "switch_tagger@0002"], project)
-    for side, key in (("critic", "0001"), ("critic", "0002"), ("tagger", "0003")):
+    for (side, key), m in first.items():
         again = critique_metrics(project, side, key)
-        assert again["critic_requests"] == 0 and again["cache_hits"] == 32
+        assert again["critic_requests"] == 0 and again["cache_hits"] == m["critic_requests"] + m["cache_hits"]
     assert tables(project) == before
     assert yaml.safe_load((project / "dvc.lock").read_text())["stages"]["switch_distill@0002"]["outs"][0]["md5"] \
         == tagger_md5
