@@ -13,7 +13,8 @@ same responses: the everything / nothing baselines and a word list learnt from r
 (pipeline/audit/span_baselines.py).
 
 Run: ``flock /tmp/drlc-heavy.lock python benchmarks/distill_check.py`` (the demo as configured: about
-10 minutes on two shared cores; ``--tiny`` shrinks it as the tests do). Writes benchmarks/results/distill_check.json.
+2 minutes of `dvc repro` on two shared cores; ``--tiny`` shrinks it as the tests do; with ``--keep DIR``
+a finished project there is reused and repro_s is DVC's check only). Writes benchmarks/results/distill_check.json.
 """
 from __future__ import annotations
 
