@@ -1,7 +1,7 @@
 """base: the model every round starts from (tiny GPT-2 pretrained on the corpus, or base.model), then SFT."""
 from pipeline.core import store
 from pipeline.core.device import resolve_device
-from pipeline.model.gguf import check_base_model
+from pipeline.model.folders import check_base_model
 from pipeline.steps import stage
 from pipeline.steps.base import build_base_model
 

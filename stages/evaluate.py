@@ -8,6 +8,8 @@ from pipeline.core import store
 from pipeline.core.device import resolve_device
 from pipeline.data.inputs import check_eval_prompts
 from pipeline.evaluate.curves import round_curves
+from pipeline.evaluate.naive_bayes import check_classifier_data
+from pipeline.model.folders import check_eval_models
 from pipeline.parallel.shard import Shard
 from pipeline.steps import stage
 from pipeline.steps.evaluate import evaluate_models
@@ -18,7 +20,7 @@ def main():
     parser = stage.parser(__doc__, "prompts", "base", "policy", "data", "metrics", "curves", "out", "samples")
     parser.add_argument("--stage-metrics", help="JSON of the stage itself: device, samples, seconds")
     args = parser.parse_args()
-    params = stage.start(args, check_params, check_eval_prompts)
+    params = stage.start(args, check_params, check_eval_prompts, check_eval_models, check_classifier_data)
     device, shard = resolve_device(params.run.device), Shard.from_environment()
     policy_name = Path(args.policy).name
     rows, samples, metrics, info = evaluate_models(

@@ -1,7 +1,7 @@
 """prepare: the task's pretraining corpus and the train/eval prompts (synthetic world or local data)."""
 from pipeline.core import store
 from pipeline.data.inputs import check_world_source
-from pipeline.model.gguf import check_base_model
+from pipeline.model.folders import check_base_model
 from pipeline.steps import stage
 from pipeline.steps.prepare import prepare
 from pipeline.tasks import check_params

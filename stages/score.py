@@ -3,7 +3,7 @@ from pipeline.core import store
 from pipeline.core.device import resolve_device
 from pipeline.data.inputs import check_score_data
 from pipeline.steps import stage
-from pipeline.steps.score import score_round
+from pipeline.steps.score import check_score_model, score_round
 from pipeline.tasks import check_params
 
 
@@ -11,7 +11,7 @@ def main():
     parser = stage.parser(__doc__, "rollouts", "out", "metrics", with_round=True)
     parser.add_argument("--prompts", help="prompts table with each prompt's reference (needed by summarization)")
     args = parser.parse_args()
-    params = stage.start(args, check_params, check_score_data)
+    params = stage.start(args, check_params, check_score_data, check_score_model)
     device = resolve_device(params.run.device)
     rows, metrics = score_round(
         store.read_table(args.rollouts, "rollouts"),

@@ -129,6 +129,59 @@ def test_base_stage_refuses_a_missing_gguf_before_writing(workdir):
     assert not (workdir / "models").exists()
 
 
+CONFIG = '{"model_type": "gpt2"}'
+TOKENIZER = '{"version": "1.0"}'
+
+
+@pytest.mark.parametrize("files, sets, needles", [
+    ({}, ["base.model=./models/nope"], ["'base.model'", "./models/nope", "no such folder", "hub id"]),
+    ({"in/m.json": "{}"}, ["base.model=in/m.json"], ["'base.model'", "in/m.json", "is a file, not a model folder"]),
+    ({"in/m/README.md": "x"}, ["base.model=in/m"],
+     ["'base.model'", "'in/m'", "no config.json and no weights", "and no tokenizer files", "save_pretrained"]),
+    ({"in/m/config.json": CONFIG, "in/m/model.safetensors": b"x"}, ["base.model=in/m"],
+     ["'base.model'", "'in/m'", "no tokenizer files", "tokenizer.save_pretrained"]),
+    ({"in/m/config.json": "{nope", "in/m/model.safetensors": b"x", "in/m/tokenizer.json": TOKENIZER},
+     ["base.model=in/m"], ["'base.model'", "config.json does not parse"]),
+    ({"in/clf/config.json": CONFIG, "in/clf/tokenizer.json": TOKENIZER, "in/clf/training_args.bin": b"x"},
+     ["score.scorer=hf_classifier", "score.model=in/clf"], ["'score.model'", "'in/clf'", "no weights"]),
+    ({}, ["evaluate.fluency_model=in/lm/"], ["'evaluate.fluency_model'", "in/lm/", "no such folder"]),
+    ({}, ["evaluate.classifier_data=in/labels.txt"], ["'evaluate.classifier_data'", "in/labels.txt", "no such file",
+                                                     "'world'"]),
+    ({"in/labels.txt": "1 a fine film\n2 not a label\n"}, ["evaluate.classifier_data=in/labels.txt"],
+     ["'evaluate.classifier_data'", "in/labels.txt:2", "<0|1> <text>", "2 not a label"]),
+    ({"in/labels.txt": b"1 ok\n0 " + LATIN1 + b"\n"}, ["evaluate.classifier_data=in/labels.txt"],
+     ["in/labels.txt:2", "byte 0xe9", "not UTF-8"]),
+], ids=["missing-model-folder", "model-path-is-a-file", "empty-model-folder", "no-tokenizer", "bad-config",
+        "classifier-without-weights", "missing-fluency-model", "missing-classifier-data", "bad-classifier-line",
+        "classifier-data-not-utf8"])
+def test_check_refuses_bad_model_folders_and_classifier_data(workdir, files, sets, needles):
+    for name, data in files.items():
+        write(workdir / name, data)
+    before = sorted(workdir.rglob("*"))
+    assert_clean_failure(check_with(workdir, *sets), *needles)
+    assert sorted(workdir.rglob("*")) == before
+
+
+def test_check_passes_a_saved_model_folder_a_hub_id_and_good_classifier_data(workdir):
+    from tests.test_resume import save_tiny_base
+
+    save_tiny_base(workdir / "in" / "m")  # GPT-2 weights, config.json and a tokenizer, as save_pretrained writes
+    write(workdir / "in/labels.txt", "1 a fine film\n\n0 a dull one\n")
+    for sets in (["base.model=in/m"], ["base.model=gpt2"], ["evaluate.classifier_data=in/labels.txt"],
+                 ["score.scorer=hf_classifier", "score.model=in/m"]):
+        result = check_with(workdir, *sets)
+        assert result.returncode == 0, (sets, result.stderr)
+
+
+def test_score_stage_refuses_a_broken_score_model_before_writing(workdir):
+    write(workdir / "in/clf/config.json", CONFIG)
+    edit_params(workdir, lambda r: r["score"].update(scorer="hf_classifier", model="in/clf"))
+    result = stage("score", ["--round", "0001", "--rollouts", "data/rollouts/round=0001", "--out",
+                             "data/scores/round=0001", "--metrics", "m.json"], workdir)
+    assert_clean_failure(result, "'score.model'", "'in/clf'", "no weights")
+    assert not (workdir / "data").exists()
+
+
 def test_estimate_exits_non_zero_on_a_missing_local_path(workdir):
     result = drlc(["estimate", "params.yaml", "--set", "world.source=data/nope.jsonl"], workdir)
     assert result.returncode == 2

@@ -72,6 +72,37 @@ def test_run_time_adds_processes_critic_and_io():
     assert run.run_s == pytest.approx(len(params.rounds) * sum(run.stages.values()) + 7.0)
 
 
+def test_each_stage_counts_its_model_loads_and_ppo_its_checkpoint_write():
+    params = _demo()
+    shape = PolicyShape(params=1_000_000, layers=10, hidden=64, dtype_bytes=4)
+    device = replace(DEVICE, load_call_s=0.5, load_bps=1e9, write_bps=0.5e9, stage_start_s={"critique": 5.0})
+    plain = estimate_run_time(params, shape, device, query=3.5, response=20, critic_calls=0, critic_latency_s=0.5)
+    loads = {"rollout": {"models/round=1": 1e9}, "score": {}, "ppo": {"models/round=1": 2e9, "models/base": 1e9}}
+    run = estimate_run_time(params, shape, device, query=3.5, response=20, critic_calls=0, critic_latency_s=0.5,
+                            loads=loads, checkpoint_bytes=1e9)
+    # rollout: one folder, 0.5 s + 1 GB at 1 GB/s; ppo: two folders, 2 x 0.5 s + 3 GB, and writes 1 GB at 0.5 GB/s
+    assert run.stages["rollout"] - plain.stages["rollout"] == pytest.approx(0.5 + 1.0)
+    assert run.stages["ppo"] - plain.stages["ppo"] == pytest.approx(2 * 0.5 + 3.0 + 2.0)
+    assert run.stages["score"] == plain.stages["score"] == pytest.approx(3.0 + 1.0)  # no model: start + DVC
+    assert run.stages["critique"] == pytest.approx(5.0 + 1.0)  # its own measured start, + DVC
+
+
+def test_the_score_stage_counts_building_its_reward():
+    from pipeline.commands.runtime import measured_scorer_setup_s
+
+    params = _demo()
+    shape = PolicyShape(params=1_000_000, layers=10, hidden=64, dtype_bytes=4)
+    plain = estimate_run_time(params, shape, DEVICE, query=3.5, response=20, critic_calls=0, critic_latency_s=0.5)
+    built = estimate_run_time(params, shape, DEVICE, query=3.5, response=20, critic_calls=0, critic_latency_s=0.5,
+                              scorer_setup_s=2.0)
+    assert built.stages["score"] - plain.stages["score"] == pytest.approx(2.0)
+    assert measured_scorer_setup_s(params) > 0  # VADER's analyzer built by the task's own make_reward
+    for scorer, model in (("hf_classifier", "some/hub-model"), ("perspective", None)):
+        toxic = replace(params, run=replace(params.run, task="toxicity"),
+                        score=replace(params.score, scorer=scorer, model=model))
+        assert measured_scorer_setup_s(toxic) == 0.0  # a model (counted with the loads) or the network: not built
+
+
 def test_stated_assumptions_are_named_in_the_report(capsys):
     parser = argparse.ArgumentParser(prog="drlc")
     add_estimate_parser(parser.add_subparsers(dest="command", required=True))
@@ -94,5 +125,8 @@ def test_calibrate_measures_the_demo_policy_and_says_so(capsys):
     args.func(args)
     out = capsys.readouterr().out.split("== run time", 1)[1]
     assert "MEASURED on this machine (--calibrate)" in out and "STATED" not in out
-    per_round = [float(seconds) for _, seconds in re.findall(r"(rollout|ppo) ([\d.]+) s", out)]
+    assert re.search(r"stage process start rollout [\d.]+ s, score [\d.]+ s, critique [\d.]+ s, ppo [\d.]+ s", out)
+    assert re.search(r"model load [\d.]+ s \+ [\d.]+ GB/s, write [\d.]+ GB/s", out)
+    line = re.search(r"per round: (.+)", out)[1]
+    per_round = [float(seconds) for _, seconds in re.findall(r"(rollout|ppo) ([\d.]+) s", line)]
     assert len(per_round) == 2 and all(seconds > 0 for seconds in per_round)

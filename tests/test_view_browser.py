@@ -1,6 +1,7 @@
 """`drlc view` in a real headless Debian chromium, driven over the DevTools protocol: the page loads with no
 console error, the spans it shows are the annotations table's, a filter changes what is shown, the
-env-reward toggle changes a token's shading, and a screenshot is written (reports/test_artifacts/view.png).
+env-reward toggle changes a token's shading, the KL part shown per token is the kl_rewards table's (and its toggle
+removes exactly it), and a screenshot is written (reports/test_artifacts/view.png).
 """
 import base64
 import json
@@ -36,8 +37,9 @@ def span(text, response, label, reward):
     return {"label": label, "text": text, "start": start, "end": start + len(text), "reward": reward}
 
 
-def make_run(run: Path, rounds=(1, 2)) -> list[dict]:
-    """data/{rollouts,scores,annotations} of a small finished run and its models/base tokenizer."""
+def make_run(run: Path, rounds=(1, 2), kl_rounds=()) -> list[dict]:
+    """data/{rollouts,scores,annotations} of a small finished run and its models/base tokenizer; the rounds in
+    kl_rounds also get a kl_rewards partition (as their ppo stage writes it)."""
     tokenizer = train_bpe(TEXTS * 5)
     tokenizer.save_pretrained(str(run / "models" / "base"))
     annotations = []
@@ -64,7 +66,12 @@ def make_run(run: Path, rounds=(1, 2)) -> list[dict]:
                                 "template_sha": "s", "raw_text": f"answer {i}\nNEGATIVE: awful", "items": [],
                                 "spans": spans, "dropped": dropped, "token_rewards": rewards, "prompt_tokens": 9,
                                 "completion_tokens": 3, "cost_usd": 0.0, "attempts": int(round_ == 1), "error": ""})
-        for table, data in (("rollouts", rollouts), ("scores", scores), ("annotations", rows)):
+        kl = [keys | {"rollout_id": r["rollout_id"], "algorithm": "ppo", "kl_penalty": "kl", "kl_coef": 0.2,
+                      "kl_reward": [-0.01 * (j + 1) * (i + 1) for j in range(len(r["response_ids"]))]}
+              for i, r in enumerate(rollouts)]
+        tables = (("rollouts", rollouts), ("scores", scores), ("annotations", rows)) + \
+            ((("kl_rewards", kl),) if round_ in kl_rounds else ())
+        for table, data in tables:
             store.write_table(data, table, store.partition_dir(run / "data", table, round_))
         annotations += rows
     return annotations
@@ -201,3 +208,41 @@ def test_report_links_the_view_page(tmp_path):
     write_view(run)
     text = write_report([str(run)], str(tmp_path / "out"))["markdown"].read_text()
     assert "[view.html](../run/reports/view.html)" in text
+
+
+TOKENS = """Object.fromEntries([...document.querySelectorAll('.row')].map(r => [r.dataset.id,
+  [...r.querySelectorAll('.tok')].map(t => [t.dataset.kl === undefined ? null : +t.dataset.kl, +t.dataset.reward])]))"""
+
+
+def test_kl_penalty_shading_is_the_kl_rewards_table_and_its_toggle_removes_it(tmp_path, browser):
+    run = tmp_path / "run"
+    annotations = make_run(run, kl_rounds=(1,))  # round 2's ppo stage has not run: no KL part there
+    table = store.read_table(store.partition_dir(run / "data", "kl_rewards", 1), "kl_rewards")
+    stored = {r["rollout_id"]: r["kl_reward"] for r in table}
+    browser.load(write_view(run).as_uri())
+    assert browser.errors == []
+    with_kl = browser.js(TOKENS)
+    critiqued = {a["rollout_id"]: a for a in annotations if a["critiqued"]}
+    assert set(with_kl) == set(critiqued)
+    for rid, tokens in with_kl.items():
+        shown_kl = [kl for kl, _ in tokens]
+        assert shown_kl == (pytest.approx(stored[rid]) if rid.startswith("r1-") else [None] * len(tokens))
+    browser.js("const k = document.getElementById('t-kl'); k.checked = false; k.dispatchEvent(new Event('change'))")
+    without_kl = browser.js(TOKENS)
+    for rid, tokens in with_kl.items():
+        kl = stored[rid] if rid.startswith("r1-") else [0.0] * len(tokens)
+        assert [r for _, r in tokens] == pytest.approx([r + k for (_, r), k in zip(without_kl[rid], kl)], abs=2e-6)
+        assert [r for _, r in without_kl[rid]] == pytest.approx(
+            [c + (critiqued_env(critiqued[rid], run) if j == len(tokens) - 1 else 0.0)
+             for j, c in enumerate(critiqued[rid]["token_rewards"])], abs=2e-6)
+    meta = browser.js("[...document.querySelectorAll('.row .meta')].map(m => m.textContent)")
+    assert any("ppo: -beta*KL per token" in m for m in meta)
+    assert any("no KL stored for this round" in m for m in meta)
+    summary = browser.js("[...document.querySelectorAll('#summary tr')].map(r => r.cells[7].textContent)")
+    assert summary == ["KL reward sum", f"{sum(sum(stored[r]) for r in stored if r in critiqued):.4f}", "n/a"]
+    assert browser.errors == []
+
+
+def critiqued_env(annotation: dict, run: Path) -> float:
+    scores = store.read_table(store.partition_dir(run / "data", "scores", annotation["round"]), "scores")
+    return next(s["env_reward"] for s in scores if s["rollout_id"] == annotation["rollout_id"])

@@ -18,7 +18,7 @@ from pipeline.critic.offline.lexicon import LAYOUTS
 
 def cmd_check(args) -> None:
     from pipeline.core.config import load_params
-    from pipeline.steps.preflight import check_run_inputs
+    from pipeline.commands.check import check_run_inputs
 
     params = load_params(args.params, args.set)
     check_run_inputs(params)

@@ -62,6 +62,7 @@ import yaml
 
 from pipeline.core.config import Params, load_params
 from pipeline.core.errors import ConfigError, DrlcError
+from pipeline.model.folders import looks_like_path
 from pipeline.model.gguf import is_gguf_spec, resolve_gguf
 from pipeline.model.shapes import DTYPE_BYTES, known_config, lora_parameter_count, meta_model
 
@@ -235,8 +236,7 @@ def source_status(name: str, *, kind: str, root: str | Path = ".") -> str:
         return "local"  # a saved DatasetDict folder with a split: DIR:<split>
     if (Path(root) / name).exists():
         return "local"
-    looks_like_path = name.startswith((".", "/", "~")) or name.count("/") > 1 or "." in Path(name).name
-    if looks_like_path:
+    if looks_like_path(name):
         return "MISSING local path"
     return "hub (cached)" if _hub_cached(name, kind) else "hub: NOT LOCAL, needs a download"
 
@@ -406,12 +406,15 @@ def report_run_time(params: Params, disk, critic: CriticEstimate, load: TimeEsti
     layers, hidden = layers_hidden(config) if config is not None else (0, 0)
     scorer = _config_of(params.score.model, args.root) if loads_scorer_model(params) and params.score.model else None
     shape = PolicyShape(params=disk.policy.params, layers=layers, hidden=hidden, dtype_bytes=disk.policy.dtype_bytes,
+                        trainable=min(disk.policy.trainable, disk.policy.params),
                         scorer_params=model_size(params.score.model, args.root).params if scorer else 0,
                         scorer_layers=layers_hidden(scorer[0])[0] if scorer else 0)
+    per_stage = params.run.rounds_per_stage == 1  # then each stage counts its own loads and writes
     return run_time(params, shape, config=config, query=query_tokens(params), response=mean_response_tokens(params),
                     critic_calls_per_round=timed_critic_calls(params, critic.calls_per_round),
-                    critic_latency_s=args.critic_latency_s, io_s=load.load_s + load.write_s, calibrate=args.calibrate,
-                    root=args.root)
+                    critic_latency_s=args.critic_latency_s, io_s=0.0 if per_stage else load.load_s + load.write_s,
+                    calibrate=args.calibrate, loads=load.loads if per_stage else None,
+                    checkpoint_bytes=disk.checkpoint_bytes if per_stage else 0.0, root=args.root)
 
 
 def add_estimate_parser(subparsers) -> None:

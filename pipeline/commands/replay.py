@@ -278,12 +278,14 @@ def train_rounds(build_dir: Path, run_dir: Path, params: Params, prepared: dict,
                               store.partition_dir(data, table, round_))
         critique_metrics = prepared["critique_metrics"][key]
         write_json(critique_metrics, build_dir / "metrics" / "critique" / f"round={key}.json")
+        kl_rewards = []
         steps = ppo_round(
             tables["rollouts"], tables["scores"], annotations, policy_dir=str(models / params.rounds[key].prev),
             reference_dir=str(models / "base"), out_dir=str(models / f"round={key}"), params=params.ppo,
-            run_id=run_id, round_=round_, seed=params.run.seed, base=params.base,
+            run_id=run_id, round_=round_, seed=params.run.seed, base=params.base, kl_rewards=kl_rewards,
         )
         store.write_table(steps, "ppo_steps", store.partition_dir(data, "ppo_steps", round_))
+        store.write_table(kl_rewards, "kl_rewards", store.partition_dir(data, "kl_rewards", round_))
         write_json(ppo_summary(steps), build_dir / "metrics" / "ppo" / f"round={key}.json")
         if progress:
             print(f"replay: round {key}: {len(steps)} PPO steps, "

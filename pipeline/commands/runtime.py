@@ -7,13 +7,17 @@ M = mini_batch_size (pipeline/model/throughput.py has the per-call formulas):
 - rollout: ceil(B / G) batches, each a prefill forward of G x q tokens and n decoding steps of G
   sequences at the mean context q + n / 2;
 - score: a local scorer model's forward over B x (q + r) tokens (VADER and other lexicons: none);
+  calibrated, also the time the task's make_reward takes to build a scorer that reads no model
+  (e.g. the fitted toxicity scorer learning score.train_data);
 - critique: critic calls x critic latency / critic.max_concurrency (a local lexicon or offline
   backend: none), as configured;
 - ppo: the policy's and the reference's no-grad forwards, then E x B / M training steps of M x (q + r)
   tokens (Adam's update is not counted);
-- every stage: one process start and DVC's per-stage work; model loads and checkpoint writes at
-  --disk-gbps (the load-time section's bytes).
-The base and evaluate stages (once per run) are not counted.
+- every stage: its process start and DVC's per-stage work, and the model folders it loads (the
+  load-time section's folders and bytes of a round from round 2: load_call_s each + bytes / load_bps);
+  ppo also writes its checkpoint (bytes / write_bps).
+The base and evaluate stages (once per run) are not counted. With run.rounds_per_stage > 1 the loads
+and writes are counted once for the run (at --disk-gbps) instead.
 """
 from __future__ import annotations
 
@@ -21,7 +25,16 @@ import math
 from dataclasses import dataclass, field
 
 from pipeline.core.config import Params
-from pipeline.model.throughput import Throughput, assumed, decode_step_s, forward_s, kv_bytes, train_step_s
+from pipeline.model.throughput import (
+    Throughput,
+    assumed,
+    decode_step_s,
+    forward_s,
+    kv_bytes,
+    load_s,
+    train_step_s,
+    write_s,
+)
 
 ROUND_STAGES = ("rollout", "score", "critique", "ppo")
 
@@ -34,6 +47,7 @@ class PolicyShape:
     layers: int
     hidden: int
     dtype_bytes: int
+    trainable: int | None = None  # weights that get gradients (LoRA: the adapters and value head); None = all
     scorer_params: int = 0
     scorer_layers: int = 0
 
@@ -74,21 +88,34 @@ def ppo_s(params: Params, shape: PolicyShape, t: Throughput, tokens_per_response
     mb_tokens = p.mini_batch_size * tokens_per_response
     steps = math.ceil(batch / p.mini_batch_size)
     no_grad = 2 * steps * forward_s(t, shape.params, mb_tokens, shape.layers)
-    return no_grad + p.ppo_epochs * steps * train_step_s(t, shape.params, mb_tokens, shape.layers)
+    return no_grad + p.ppo_epochs * steps * train_step_s(t, shape.params, mb_tokens, shape.layers, shape.trainable)
 
 
 def estimate_run_time(params: Params, shape: PolicyShape, t: Throughput, *, query: float, response: float,
-                      critic_calls: float, critic_latency_s: float, io_s: float = 0.0) -> RunTime:
-    """RunTime of the training rounds; see the module docstring."""
+                      critic_calls: float, critic_latency_s: float, io_s: float = 0.0, loads: dict | None = None,
+                      checkpoint_bytes: float = 0.0, scorer_setup_s: float = 0.0) -> RunTime:
+    """RunTime of the training rounds; see the module docstring.
+
+    loads: {stage: {folder: bytes}} each stage process loads in a round; checkpoint_bytes: what ppo writes;
+    scorer_setup_s: the score stage's building of its reward (measured_scorer_setup_s).
+    """
     tokens = query + response
-    process = t.process_start_s + t.dvc_stage_s
     scorer = (forward_s(t, shape.scorer_params, params.rollout.batch_size * tokens, shape.scorer_layers)
               if shape.scorer_params else 0.0)
-    stages = {"rollout": process + rollout_s(params, shape, t, query),
-              "score": process + scorer,
-              "critique": process + critic_calls * critic_latency_s / params.critic.max_concurrency,
-              "ppo": process + ppo_s(params, shape, t, tokens)}
+    work = {"rollout": rollout_s(params, shape, t, query),
+            "score": scorer + scorer_setup_s,
+            "critique": critic_calls * critic_latency_s / params.critic.max_concurrency,
+            "ppo": ppo_s(params, shape, t, tokens) + write_s(t, checkpoint_bytes)}
+    stages = {stage: t.start_s(stage) + _loads_s(t, (loads or {}).get(stage, {})) + seconds
+              for stage, seconds in work.items()}
     return RunTime(rounds=len(params.rounds), stages=stages, io_s=io_s, throughput=t)
+
+
+def _loads_s(t: Throughput, folders: dict) -> float:
+    """A stage's loads: each model folder's fixed cost and bytes; a tokenizer alone (named "... (tokenizer)" in
+    the load plan, pipeline/commands/estimate.py process_loads) counts its bytes only."""
+    models = [name for name in folders if not name.endswith("(tokenizer)")]
+    return load_s(t, len(models), sum(folders.values()))
 
 
 def device_kind(params: Params) -> str:
@@ -128,7 +155,15 @@ def layers_hidden(config) -> tuple[int, int]:
     return _layers_hidden(config)
 
 
-STAGE_IMPORTS = "import pipeline.steps.rollout, pipeline.steps.ppo_round"  # what a stage process imports before work
+def stage_imports() -> dict[str, str]:
+    """{stage: python code importing every module its stage script can import} (pipeline/core/code_deps.py)."""
+    from pipeline.core.code_deps import import_closure
+
+    def modules(stage: str) -> list[str]:
+        files = import_closure(f"stages/{stage}.py")
+        return sorted({f.removesuffix(".py").removesuffix("/__init__").replace("/", ".") for f in files})
+
+    return {stage: "import " + ", ".join(modules(stage)) for stage in ROUND_STAGES}
 
 
 def calibrated_throughput(params: Params, config, query: float, response: float, root=".") -> Throughput:
@@ -145,16 +180,35 @@ def calibrated_throughput(params: Params, config, query: float, response: float,
     decode_batch = max(1, min(params.rollout.generation_batch_size, params.rollout.batch_size, 64))
     return calibrate(config, resolve_device(params.run.device), train_batch=train_batch, seq=seq,
                      decode_batch=decode_batch, context=max(1, round(query + params.rollout.max_new_tokens / 2)),
-                     stage_imports=STAGE_IMPORTS, root=root)
+                     stage_imports=stage_imports(), root=root)
 
 
 def run_time(params: Params, shape: PolicyShape, *, config, query: float, response: float,
              critic_calls_per_round: float, critic_latency_s: float, io_s: float, calibrate: bool = False,
-             root=".") -> RunTime:
+             loads: dict | None = None, checkpoint_bytes: float = 0.0, root=".") -> RunTime:
     """The run's RunTime at the stated Throughput of run.device's kind, or measured at `config` with `calibrate`."""
     t = calibrated_throughput(params, config, query, response, root) if calibrate else stated_throughput(params)
     return estimate_run_time(params, shape, t, query=query, response=response, critic_calls=critic_calls_per_round,
-                             critic_latency_s=critic_latency_s, io_s=io_s)
+                             critic_latency_s=critic_latency_s, io_s=io_s, loads=loads,
+                             checkpoint_bytes=checkpoint_bytes,
+                             scorer_setup_s=measured_scorer_setup_s(params) if calibrate else 0.0)
+
+
+def measured_scorer_setup_s(params: Params) -> float:
+    """Seconds the task's own make_reward takes to build the environment reward (the fitted toxicity scorer
+    learns score.train_data there); 0 for a scorer that reads a model (counted with the loads) or calls the
+    network (perspective), which are not built offline."""
+    import time
+
+    from pipeline.tasks import get_task
+
+    task = get_task(params.run.task)
+    if params.score.scorer in task.MODEL_SCORERS or params.score.scorer == "perspective":
+        return 0.0
+    start = time.perf_counter()
+    task.make_reward(params.score)
+    return time.perf_counter() - start
+
 
 def timed_critic_calls(params: Params, calls_per_round: float) -> float:
     """Critic calls that take time: a remote endpoint or the local hf backend (lexicon/offline answer at once)."""

@@ -2,14 +2,17 @@
 
 The page (`<run>/reports/view.html` by default) needs no network: its data sit in the page as JSON
 and a short script renders them. For each critiqued response: the prompt, the response token by
-token shaded by its reward (the environment reward on the last token; the critic's per-token
-reward, `annotations.token_rewards`, the values PPO adds; each part toggled, critic rewards per
-label), the critic's raw answer, the status, the kept spans and the dropped items with their
-reasons. Filters by round, status, label and env reward; a per-round summary at the top; 25
-rows a page, so thousands of rows stay fast.
+token shaded by its reward, the parts PPO adds (README, "Where each reward is computed"):
 
-The KL penalty per token is not shown: the reference model's log-probs are not stored in any
-table (the ppo stage computes them in memory), and recomputing them needs both models.
+- env reward: the scorer's, on the last token (`scores.env_reward`, pipeline/rewards/);
+- critic: the span rewards per token, toggled per label (`annotations.token_rewards`, pipeline/critic/align.py);
+- KL penalty: −β·KL per token as the round's PPO used it (`kl_rewards.kl_reward`, written by the ppo stage
+  from pipeline/train/ppo.py token_kl_rewards; rloo: the per-token terms of its sequence penalty; grpo:
+  none, its KL is a loss term). A round whose ppo stage has not run yet has no KL part (shown as such).
+
+Each part has a toggle. Also: the critic's raw answer, the status, the kept spans and the dropped
+items with their reasons. Filters by round, status, label and env reward; a per-round summary at
+the top; 25 rows a page, so thousands of rows stay fast.
 """
 from __future__ import annotations
 
@@ -21,17 +24,27 @@ from pipeline.core.errors import DataError
 
 ROWS_SQL = """
 SELECT a.round, a.rollout_id, r.query, r.response, r.response_ids, s.env_reward, a.status, a.raw_text,
-       a.spans, a.dropped, a.token_rewards, a.cache_hit, a.attempts, a.error
-FROM annotations a JOIN rollouts r USING (round, rollout_id) JOIN scores s USING (round, rollout_id)
+       a.spans, a.dropped, a.token_rewards, a.cache_hit, a.attempts, a.error, {kl} AS kl_reward, {kind} AS kl_kind
+FROM annotations a JOIN rollouts r USING (round, rollout_id) JOIN scores s USING (round, rollout_id) {join}
 WHERE a.critiqued ORDER BY a.round, a.rollout_id
 """
+KL_JOIN = "LEFT JOIN kl_rewards k USING (round, rollout_id)"
+
+
+def rows_sql(has_kl: bool) -> str:
+    """ROWS_SQL, with the ppo stage's per-token KL reward when the run has a kl_rewards table (else null)."""
+    if has_kl:
+        return ROWS_SQL.format(kl="k.kl_reward", kind="k.algorithm", join=KL_JOIN)
+    return ROWS_SQL.format(kl="NULL::DOUBLE[]", kind="NULL::VARCHAR", join="")
 
 
 def view_rows(data_dir: str | Path, tokenizer) -> list[dict]:
     """One dict per critiqued response, with its tokens' text (decoded one by one) and character offsets."""
     from pipeline.core.store import connect
 
-    rows = connect(data_dir).sql(ROWS_SQL).df().to_dict("records")
+    con = connect(data_dir)
+    has_kl = bool(con.sql("SELECT 1 FROM duckdb_views() WHERE view_name = 'kl_rewards'").fetchall())
+    rows = con.sql(rows_sql(has_kl)).df().to_dict("records")
     if not rows:
         raise DataError(f"No critiqued responses under '{data_dir}': run `dvc repro` with critic.enabled first.")
     return [_row(row, tokenizer) for row in rows]
@@ -46,7 +59,22 @@ def _row(row: dict, tokenizer) -> dict:
         "spans": [{k: _plain(s[k]) for k in ("label", "text", "start", "end", "reward")} for s in row["spans"]],
         "dropped": [{k: _plain(d[k]) for k in ("label", "text", "reason")} for d in row["dropped"]],
         "cache_hit": bool(row["cache_hit"]), "attempts": int(row["attempts"] or 0),
+        "kl": None if _null(row["kl_reward"]) else [float(x) for x in row["kl_reward"]],
+        "kl_kind": _kl_kind(row["kl_kind"]),
     }
+
+
+def _kl_kind(algorithm) -> str:
+    """What the row's KL part is, for the page: none stored, a per-token reward, or a loss term (grpo)."""
+    if _null(algorithm):  # no kl_rewards row
+        return "no KL stored for this round (its ppo stage has not run)"
+    if algorithm == "grpo":
+        return "grpo: KL is a loss term, not a reward"
+    return f"{algorithm}: -beta*KL per token"
+
+
+def _null(value) -> bool:
+    return value is None or (isinstance(value, float) and value != value)  # pandas gives NaN for some nulls
 
 
 def _plain(value):
@@ -96,7 +124,9 @@ table.summary{border-collapse:collapse}table.summary td,table.summary th{border:
 <input id="f-env-max" type="number" step="any" size="6"></label>
 </div>
 <div id="toggles">shade by: <label><input type="checkbox" id="t-env" checked> env reward (last token)</label>
-<span id="t-labels"></span></div>
+<span id="t-labels"></span>
+<label><input type="checkbox" id="t-kl" checked> KL penalty (&minus;&beta;&middot;KL per token, as PPO used it)</label>
+</div>
 <div id="pager"></div><div id="count"></div><div id="rows"></div>
 <script type="application/json" id="data">{data}</script>
 <script>{script}</script>
@@ -127,6 +157,7 @@ function tokenReward(row, j, labels) {
   if ($('t-env').checked && j === row.tokens.length - 1) v += row.env;
   if (labels[j].length === 0 || labels[j].some(l => { const t = $('t-label-' + l); return !t || t.checked; }))
     v += row.critic[j] || 0;
+  if ($('t-kl').checked && row.kl) v += row.kl[j] || 0;
   return v;
 }
 function filtered() {
@@ -142,9 +173,12 @@ function renderRow(row) {
   row.tokens.forEach((t, j) => {
     const r = tokenReward(row, j, labels);
     const s = el('span', {className: 'tok' + (labels[j].length ? ' spanned' : ''), textContent: t,
-      title: `token ${j}: critic ${(row.critic[j] || 0).toFixed(3)}` + (j === row.tokens.length - 1 ?
+      title: `token ${j}: critic ${(row.critic[j] || 0).toFixed(3)}, `
+        + (row.kl ? `KL ${(row.kl[j] || 0).toFixed(4)}` : row.kl_kind) + (j === row.tokens.length - 1 ?
         `, env ${row.env.toFixed(3)}` : '') + (labels[j].length ? ` [${labels[j].join(', ')}]` : '')});
-    s.style.background = shade(r); s.dataset.reward = r.toFixed(6); response.append(s);
+    s.style.background = shade(r); s.dataset.reward = r.toFixed(6);
+    if (row.kl) s.dataset.kl = row.kl[j] || 0;
+    response.append(s);
   });
   const spans = el('ul', {className: 'spans'}, ...row.spans.map(s => { const li = el('li', {className: 'span',
     textContent: `kept ${s.label} "${s.text}" [${s.start}, ${s.end}) reward ${s.reward}`});
@@ -152,7 +186,7 @@ function renderRow(row) {
     ...row.dropped.map(d => el('li', {className: 'dropped', textContent: `dropped ${d.label} "${d.text}": ${d.reason}`})));
   const div = el('div', {className: 'row'},
     el('div', {className: 'meta', textContent: `round ${row.round} · ${row.id} · status ${row.status} · env reward `
-      + `${row.env.toFixed(3)} · ${row.cache_hit ? 'cache hit' : row.attempts + ' attempt(s)'}`
+      + `${row.env.toFixed(3)} · ${row.cache_hit ? 'cache hit' : row.attempts + ' attempt(s)'} · ${row.kl_kind}`
       + (row.error ? ` · ${row.error}` : '')}),
     el('div', {className: 'prompt', textContent: 'prompt: ' + row.query}), response, spans,
     el('details', {}, el('summary', {textContent: 'raw critic answer'}), el('pre', {className: 'raw', textContent: row.raw})));
@@ -170,12 +204,13 @@ function render() {
 }
 function summary() {
   const head = el('tr', {}, ...['round', 'critiqued', 'ok', 'other statuses', 'spans', 'mean env reward',
-    'critic reward sum'].map(h => el('th', {textContent: h})));
+    'critic reward sum', 'KL reward sum'].map(h => el('th', {textContent: h})));
   const body = uniq(ROWS.map(r => r.round)).map(round => { const rs = ROWS.filter(r => r.round === round);
     const other = rs.filter(r => r.status !== 'ok').length;
     const cells = [round, rs.length, rs.length - other, other, rs.reduce((n, r) => n + r.spans.length, 0),
       (rs.reduce((n, r) => n + r.env, 0) / rs.length).toFixed(3),
-      rs.reduce((n, r) => n + r.critic.reduce((a, b) => a + b, 0), 0).toFixed(3)];
+      rs.reduce((n, r) => n + r.critic.reduce((a, b) => a + b, 0), 0).toFixed(3),
+      rs.some(r => r.kl) ? rs.reduce((n, r) => n + (r.kl || []).reduce((a, b) => a + b, 0), 0).toFixed(4) : 'n/a'];
     return el('tr', {}, ...cells.map(c => el('td', {textContent: String(c)}))); });
   $('summary').replaceChildren(head, ...body);
 }

@@ -63,6 +63,12 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("env_reward_mean", pa.float64()), ("intrinsic_reward_sum", pa.float64()),
         ("behaviour_logprob_gap", pa.float64()), ("tokens_per_s", pa.float64()),
     ]),
+    # the ppo stage: per response, the KL part of each response token's reward (pipeline/train/ppo.py
+    # token_kl_rewards; null for grpo, whose KL is a loss term); `drlc view` shades tokens by it
+    "kl_rewards": pa.schema(KEYS + [
+        ("rollout_id", pa.string()), ("algorithm", pa.string()), ("kl_penalty", pa.string()),
+        ("kl_coef", pa.float64()), ("kl_reward", pa.list_(pa.float64())),
+    ]),
     "eval": pa.schema(KEYS + [
         ("policy", pa.string()), ("metric", pa.string()), ("value", pa.float64()), ("n", pa.int64()),
     ]),

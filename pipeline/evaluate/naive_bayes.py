@@ -101,6 +101,24 @@ def read_labelled_file(path: str | Path) -> list[tuple[str, int]]:
     return pairs
 
 
+def check_classifier_data(params) -> None:
+    """'evaluate.classifier_data' of a sentiment run, where not 'world': UTF-8 '<0|1> <text>' lines, each parsed
+    (read_labelled_file); raises DataError naming the key, the file (and line) and the fix."""
+    from pipeline.data.inputs import check_utf8
+
+    source = params.evaluate.classifier_data
+    if params.run.task != "sentiment" or source == WORLD:
+        return
+    if not Path(source).is_file():
+        raise DataError(f"'evaluate.classifier_data' = {source!r}: no such file; fix the path in params.yaml "
+                        f"(relative paths start at the project root) or use 'world'.")
+    check_utf8(Path(source))
+    try:
+        read_labelled_file(source)
+    except DataError as error:
+        raise DataError(f"'evaluate.classifier_data': {error}") from None
+
+
 def train_sentiment_classifier(source: str, *, seed: int) -> NaiveBayesClassifier:
     """Fit the classifier on `source`: 'world' (labelled synthetic reviews) or a labelled file."""
     pairs = generate_labelled_reviews(WORLD_TRAIN_SIZE, seed=seed) if source == WORLD else read_labelled_file(source)

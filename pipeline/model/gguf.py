@@ -41,12 +41,6 @@ def is_gguf_spec(name: str | None) -> bool:
     return name is not None and (name.startswith(PACKAGE_PREFIX) or name.lower().endswith(".gguf"))
 
 
-def check_base_model(params) -> None:
-    """Raise ConfigError when 'base.model' names a GGUF file or package that does not resolve (a stage check)."""
-    if is_gguf_spec(params.base.model):
-        resolve_gguf(params.base.model, key="base.model")
-
-
 def resolve_gguf(spec: str, *, key: str) -> Path:
     """The GGUF file that `spec` names, checked to be a readable GGUF file.
 

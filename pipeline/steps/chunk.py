@@ -43,6 +43,7 @@ from pipeline.steps.critique import critic_session
 from pipeline.steps.ppo_round import (
     group_size,
     join_round,
+    kl_reward_rows,
     load_ppo_state,
     response_limit,
     save_ppo_state,
@@ -58,7 +59,8 @@ from pipeline.tasks import get_task
 
 def chunk_outputs(data_dir: str | Path, metrics_dir: str | Path, chunk: str) -> dict[str, Path]:
     """{table or metrics kind: the chunk's output folder}, e.g. rollouts -> data/rollouts/chunk=0001."""
-    folders = {t: store.chunk_dir(data_dir, t, chunk) for t in ("rollouts", "scores", "annotations", "ppo_steps")}
+    folders = {t: store.chunk_dir(data_dir, t, chunk) for t in ("rollouts", "scores", "annotations", "ppo_steps",
+                                                                        "kl_rewards")}
     folders |= {f"{kind}_metrics": Path(metrics_dir) / kind / f"chunk={chunk}"
                 for kind in ("rollout", "score", "critique", "ppo")}
     return folders
@@ -124,11 +126,14 @@ def run_rounds(prompt_rows: list[dict], *, params: Params, keys: list[str], crit
             annotations = _stored(annotations, "annotations", folders["annotations"] / part)
             write_json(critique_metrics, folders["critique_metrics"] / f"{part}.json")
             torch.manual_seed(round_seed(run.seed, round_, 3))  # as the ppo stage
+            per_token = []
             stats = train_ppo_round(state, join_round(rollouts, scores, annotations), params=params.ppo,
                                     seed=run.seed, round_=round_, group_size=group_size(rollouts),
-                                    max_completion_length=response_limit(rollouts))
+                                    max_completion_length=response_limit(rollouts), kl_rewards=per_token)
             steps = [step_row(stat, run_id=run.run_id, round_=round_, step=i) for i, stat in enumerate(stats)]
             store.write_table(steps, "ppo_steps", folders["ppo_steps"] / part)
+            store.write_table(kl_reward_rows(rollouts, per_token, params=params.ppo, stats=stats, run_id=run.run_id,
+                                             round_=round_), "kl_rewards", folders["kl_rewards"] / part)
             write_json({**summarize(steps), "device": str(device)}, folders["ppo_metrics"] / f"{part}.json")
             log(f"{name}: round {key}: {critique_metrics['critiqued']} critiqued, "
                 f"{critique_metrics['critic_requests']} requests, {len(steps)} PPO steps")

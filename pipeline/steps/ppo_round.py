@@ -75,7 +75,8 @@ class PPOState:
 
 def ppo_round(rollouts: list[dict], scores: list[dict], annotations: list[dict], *, policy_dir: str,
               reference_dir: str, out_dir: str, params: PPOParams, run_id: str, round_: int,
-              seed: int, base: BaseParams | None = None, device="cpu") -> list[dict]:
+              seed: int, base: BaseParams | None = None, device="cpu",
+              kl_rewards: list | None = None) -> list[dict]:
     """Train the policy of `policy_dir` for one round and save the checkpoint to out_dir.
 
     The reference model is the base model: a frozen copy, or with lower layers shared
@@ -87,16 +88,21 @@ def ppo_round(rollouts: list[dict], scores: list[dict], annotations: list[dict],
     Launched with N processes (pipeline.parallel.distributed), the round runs data parallel and only the
     main process writes the checkpoint; every process returns the same rows.
     A single process trains on `device` (run.device); N processes on accelerator.device.
-    Returns the `ppo_steps` rows, one per gradient step.
+    Returns the `ppo_steps` rows, one per gradient step; a `kl_rewards` list receives the round's
+    `kl_rewards` rows (kl_reward_rows), one per response.
     Raises ConfigError if policy_dir holds the checkpoint of this round or a later one.
     """
     batch = join_round(rollouts, scores, annotations)
+    per_token = [] if kl_rewards is not None else None
     processes = DataParallel.from_environment() or SingleProcess()
     torch.manual_seed(round_seed(seed, round_, 3))
     state = load_ppo_state(policy_dir, reference_dir=reference_dir, params=params, seed=seed, round_=round_, base=base,
                            device=device if processes.world_size == 1 else "cpu")  # accelerate places its own
     stats = train_ppo_round(state, batch, params=params, seed=seed, round_=round_, data_parallel=processes,
-                            group_size=group_size(rollouts), max_completion_length=response_limit(rollouts))
+                            group_size=group_size(rollouts), max_completion_length=response_limit(rollouts),
+                            kl_rewards=per_token)
+    if kl_rewards is not None:
+        kl_rewards.extend(kl_reward_rows(rollouts, per_token, params=params, stats=stats, run_id=run_id, round_=round_))
     if processes.is_main:
         save_ppo_state(state, out_dir, round_=round_)
     processes.close()  # after the checkpoint is written: no rank exits before it exists
@@ -131,8 +137,9 @@ def load_ppo_state(policy_dir: str, *, reference_dir: str, params: PPOParams, se
 
 def train_ppo_round(state: PPOState, batch: RolloutBatch, *, params: PPOParams, seed: int, round_: int,
                     data_parallel: DataParallel | SingleProcess | None = None, group_size: int = 1,
-                    max_completion_length: int | None = None) -> list[dict]:
+                    max_completion_length: int | None = None, kl_rewards: list | None = None) -> list[dict]:
     """One round of PPO epochs on `batch` (train_round); updates `state` in place, returns the stats dicts.
+    kl_rewards: a list to receive each response's per-token KL reward (train_round's).
 
     data_parallel: None or a SingleProcess for one process, whose state keeps its policy and optimizer.
     Data parallel, state.policy becomes the full gathered module and state.optimizer the full Adam
@@ -146,6 +153,7 @@ def train_ppo_round(state: PPOState, batch: RolloutBatch, *, params: PPOParams, 
         policy=model, ref_model=reference, optimizer=optimizer, batch=batch, params=params,
         kl_controller=state.kl_controller, score_moments=state.score_moments, seed=round_seed(seed, round_, 4),
         progress=dp.is_main, data_parallel=dp, group_size=group_size, max_completion_length=max_completion_length,
+        kl_rewards=kl_rewards,
     )
     state.policy, state.optimizer = dp.full_state(model, optimizer)  # every rank gathers; DDP, FSDP2 or ZeRO alike
     return stats
@@ -164,6 +172,16 @@ def step_row(stat: dict, *, run_id: str, round_: int, step: int) -> dict:
     row = {key: float(value) for key, value in stat.items()}
     row.update(skipped=bool(stat["skipped"]), epoch=int(stat["epoch"]))
     return {"run_id": run_id, "round": round_, "step": step, **row}
+
+
+def kl_reward_rows(rollouts: list[dict], per_token: list, *, params: PPOParams, stats: list[dict], run_id: str,
+                   round_: int) -> list[dict]:
+    """The round's `kl_rewards` rows: per response, the KL part of each token's reward (ppo.token_kl_rewards),
+    with the algorithm, the KL estimator (ppo.kl_penalty) and the round's kl_coef β it was computed with."""
+    kl_coef = stats[0]["kl_coef"] if stats else None
+    return [{"run_id": run_id, "round": round_, "rollout_id": r["rollout_id"], "algorithm": params.algorithm,
+             "kl_penalty": params.kl_penalty, "kl_coef": kl_coef, "kl_reward": values}
+            for r, values in zip(rollouts, per_token, strict=True)]
 
 
 SUMMARY_MEANS = ("policy_loss", "value_loss", "approx_kl", "policy_kl", "clipfrac", "entropy", "kl", "kl_coef")

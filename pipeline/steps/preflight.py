@@ -19,18 +19,6 @@ def check_inputs(params: Params, root: str | Path = ".") -> Params:
     return check_critic(check_params(params), root)
 
 
-def check_run_inputs(params: Params, root: str | Path = ".") -> Params:
-    """What `drlc check` runs: check_inputs, then every input file and model file any stage reads
-    (each stage runs its own share of these at its start, pipeline.steps.stage.start)."""
-    from pipeline.data.inputs import check_data_files
-    from pipeline.model.gguf import check_base_model
-
-    check_inputs(params, root)
-    check_data_files(params)
-    check_base_model(params)
-    return params
-
-
 def check_critic(params: Params, root: str | Path = ".") -> Params:
     """The critic's inputs: its template (task, labels, placeholders), its cache folder, its API key.
 

@@ -21,6 +21,15 @@ SCORE_CHUNK = 256  # responses per scorer call; the progress bar advances per ch
 NORMALIZED_VERSION_SUFFIX = "+znorm"  # appended to scorer_version when score.normalize is on
 
 
+def check_score_model(params) -> None:
+    """'score.model' of a scorer that reads it (the task's MODEL_SCORERS): a hub id or a model folder with config,
+    weights and tokenizer (pipeline/model/folders.py). The score stage and `drlc check` run it at their start."""
+    from pipeline.model.folders import check_model_folder
+
+    if params.score.scorer in get_task(params.run.task).MODEL_SCORERS:
+        check_model_folder(params.score.model, key="score.model")
+
+
 def population_std(values: list[float]) -> float:
     """The standard deviation of `values` with ddof 0: sqrt(Σ (v − mean)² / n).
 

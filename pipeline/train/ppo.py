@@ -117,6 +117,22 @@ def total_rewards(
     return rewards + env_at_end, kl_rewards
 
 
+def token_kl_rewards(algorithm: str, *, kl: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor,
+                     ref_logprobs: torch.Tensor | None, kl_coef: float) -> list[list[float] | None]:
+    """Per response, the KL part of each response token's reward, as the round's rewards use it.
+
+    ppo, reinforce_pp: −β·kl_t, total_rewards' kl_rewards (kl = kl_penalty's estimate, β = the round's kl_coef);
+    rloo: −β·(old_t − ref_t), the per-token terms of its sequence-level k1 penalty (they sum to it);
+    grpo: None, its KL is a k3 loss term, not part of any reward.
+    kl, old_logprobs, mask, ref_logprobs: (B, T). Returns B lists of each response's mask.sum() values.
+    """
+    if algorithm == "grpo":
+        return [None] * mask.shape[0]
+    per_token = kl if algorithm != "rloo" else old_logprobs - ref_logprobs  # (B, T)
+    values = -kl_coef * per_token * mask  # (B, T)
+    return [row[: int(n)].tolist() for row, n in zip(values.cpu(), mask.sum(-1).tolist())]
+
+
 def gae(
     *,
     values: torch.Tensor,

@@ -43,6 +43,7 @@ from pipeline.train.ppo import (
     policy_loss,
     ratio_exceeds,
     scale_scores,
+    token_kl_rewards,
     total_rewards,
     value_loss,
 )
@@ -177,8 +178,12 @@ def train_round(
     data_parallel: DataParallel | SingleProcess | None = None,
     group_size: int = 1,
     max_completion_length: int | None = None,
+    kl_rewards: list | None = None,
 ) -> list[dict]:
     """Run `ppo_epochs` of PPO over one batch of rollouts; return one stats dict per optimizer step.
+
+    kl_rewards: a list to receive, per response in batch order, the KL part of its per-token reward
+    (token_kl_rewards: what `drlc view` shades and the kl_rewards table stores).
 
     params.algorithm other than "ppo": the same passes, minibatches and steps with a value-free advantage and
     loss (pipeline/train/value_free.py); group_size = responses per prompt (consecutive rows),
@@ -212,6 +217,9 @@ def train_round(
     intrinsic_rewards = _padded(batch.intrinsic_rewards, width, mask.device)  # (B, T)
     rewards, _ = total_rewards(env_rewards=scaled, kl=kl, intrinsic_rewards=intrinsic_rewards, mask=mask,
                                kl_coef=kl_coef)  # (B, T)
+    if kl_rewards is not None:
+        kl_rewards.extend(token_kl_rewards(params.algorithm, kl=kl, old_logprobs=old_logprobs, mask=mask,
+                                           ref_logprobs=passes.get("ref_logprobs"), kl_coef=kl_coef))
     tensors = {"old_logprobs": old_logprobs, "old_values": old_values, "mask": mask}
     if params.algorithm == "ppo":
         # GAE and advantage whitening over the whole batch (also data parallel: global whitening)
