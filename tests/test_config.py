@@ -32,6 +32,38 @@ def test_distill_lists_one_tagger_per_key_and_defaults_to_none():
     assert (spec.spans, spec.seed, spec.heldout_share) == ("train.csv", 0, 0.2)
 
 
+def switched(raw: dict, switch=None, **changes) -> dict:
+    """raw as `drlc rounds 4 --switch-after 2` writes it, then `changes` (section: values)."""
+    raw.update(rounds={}, switch={"0002": {"last": "0004"}} if switch is None else switch)
+    for section, values in changes.items():
+        raw[section].update(values)
+    return raw
+
+
+def test_a_switch_over_expands_every_round_and_defaults_to_off():
+    assert load_params(ROOT / "params.yaml").switch == {}
+    params = params_from_dict(switched(demo_raw()))
+    assert params.round_keys() == ["0001", "0002", "0003", "0004"] and params.switch_round() == "0002"
+    assert params.rounds["0003"].prev == "round=0002" and params.switch["0002"].heldout_share == 0.15
+
+
+@pytest.mark.parametrize("raw, expected", [
+    (switched(demo_raw(), {"0004": {"last": "0004"}}), ["'switch.0004'", "R = 0004", "use R in 0001..0003"]),
+    (switched(demo_raw(), {"0006": {"last": "0004"}}), ["'switch.0006'", "R = 0006", "use R in 0001..0003"]),
+    (switched(demo_raw(), critic={"enabled": False}), ["'switch.0002'", "'critic.enabled' is false", "switch: {}"]),
+    (dict(demo_raw(), switch={"0002": {"last": "0004"}}), ["'switch.0002'", "set rounds: {}", "--switch-after R"]),
+    (switched(demo_raw(), run={"rounds_per_stage": 2}), ["'switch.0002'", "run.rounds_per_stage: 1"]),
+    (switched(demo_raw(), {"0001": {"last": "0004"}, "0002": {"last": "0004"}}), ["'switch'", "one entry"]),
+    (switched(demo_raw(), {"2": {"last": "0004"}}), ["'2'", "4-digit"]),
+    (switched(demo_raw(), {"0002": {"last": "0004", "seeds": 1}}), ["switch.0002.seeds", "'seed'"]),
+    (switched(demo_raw(), {"0002": {"last": "0003"}}), ["'evaluate.policy' = 'round=0004'", "'round=0003'"]),
+])
+def test_bad_switch_overs_name_the_key_and_the_fix(raw, expected):
+    with pytest.raises(ConfigError) as info:
+        params_from_dict(raw)
+    assert "\n" not in str(info.value) and all(part in str(info.value) for part in expected), str(info.value)
+
+
 def test_params_are_frozen():
     params = load_params(ROOT / "params.yaml")
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -77,7 +77,9 @@ def test_closure_follows_lazy_and_dynamic_imports_and_skips_docstring_only_packa
 
 # params a stage declares without reading them through `params.`: the round list, which DVC itself
 # expands (foreach) and which decides what the evaluate stage's curves cover.
-READ_BY_DVC = {"rounds", "chunks"}
+READ_BY_DVC = {"rounds", "chunks", "switch"}
+# the step modules a stage script passes the whole params to, where not pipeline/steps/<stage>.py
+STEP_MODULES = {"switch_critic": ("switch", "chunk"), "switch_tagger": ("switch", "chunk")}
 
 
 def params_read(path: Path) -> set[str]:
@@ -106,7 +108,7 @@ def params_read(path: Path) -> set[str]:
 
 def section_reads(path: Path) -> set[str]:
     """The params sections a module reads (`params.<section>`), for a stage that passes `params` on whole."""
-    return set(re.findall(r"\bparams\.(\w+)", path.read_text())) - {"chunk_rounds", "round_keys"}
+    return set(re.findall(r"\bparams\.(\w+)", path.read_text())) - {"chunk_rounds", "round_keys", "switch_round"}
 
 
 def dvc_params() -> dict[str, list[str]]:
@@ -128,9 +130,10 @@ def params_problems(stage: str, read: set[str], declared: list[str]) -> list[str
 def test_dvc_yaml_params_are_the_keys_the_stage_reads(stage):
     script, _ = dvc_yaml_stages()[stage]
     read = params_read(CODE_ROOT / script)
-    if "*" in read:  # chunk: the whole params go to its step module, which reads these sections
-        read = read - {"*"} | section_reads(CODE_ROOT / "pipeline" / "steps" / f"{stage}.py")
-    if stage in ("ppo", "chunk"):  # they pass `base` on for LoRA only: pipeline/steps/ppo_round.py reads base.lora_*
+    if "*" in read:  # chunk, switch_*: the whole params go to their step modules, which read these sections
+        modules = STEP_MODULES.get(stage, (stage,))
+        read = read - {"*"} | set().union(*(section_reads(CODE_ROOT / "pipeline/steps" / f"{m}.py") for m in modules))
+    if stage in ("ppo", "chunk", *STEP_MODULES):  # they pass `base` on for LoRA: steps/ppo_round.py reads base.lora_*
         used = set(re.findall(r"\bbase\.(\w+)", (CODE_ROOT / "pipeline/steps/ppo_round.py").read_text()))
         assert used == {"lora_r", "lora_alpha", "lora_target_modules"}
         read = read - {"base"} | {f"base.{key}" for key in used}

@@ -134,6 +134,32 @@ def test_stages_expand_foreach_over_rounds_or_chunks():
     assert [name for name in tagger if name.startswith("distill@")] == ["distill@semeval"]
 
 
+# sentiment-dense's 128 rounds, switched after round 16: the file `drlc rounds 128 --switch-after 16` writes
+SWITCH = ["rounds={}", "chunks={}", "run.rounds_per_stage=1", "switch={'0016': {last: '0128'}}"]
+
+
+def test_a_switch_over_prices_rounds_1_to_r_only(capsys, monkeypatch, tmp_path):
+    paid = estimate_critic(load_params(ROOT / "configs/paper/sentiment-dense.yaml"), root=ROOT)
+    params = load_params(ROOT / "configs/paper/sentiment-dense.yaml", SWITCH)
+    switched = estimate_critic(params, root=ROOT)
+    assert switched.calls == paid.calls == 16 * 128  # the tagger answers the other 112 rounds' calls, at $0
+    assert switched.usd == pytest.approx(paid.usd * 16 / 128) and switched.usd_without_switch == pytest.approx(paid.usd)
+    assert switched.usd_upper_bound == pytest.approx(paid.usd_upper_bound * 16 / 128)
+    stages = planned_stages(params, ROOT / "dvc.yaml")
+    assert [s for s in stages if "@" in s] == ["switch_critic@0016", "switch_distill@0016", "switch_tagger@0016"]
+    raw = yaml.safe_load((ROOT / "configs/paper/sentiment-dense.yaml").read_text())
+    raw.update(rounds={}, chunks={}, switch={"0016": {"last": "0128"}})
+    raw["run"]["rounds_per_stage"] = 1
+    config = tmp_path / "switched.yaml"
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    monkeypatch.chdir(ROOT)
+    run_cli([str(config)])
+    out = capsys.readouterr().out
+    assert (f"switch-over: rounds 0001..0016 at the critic's prices (the cost above), rounds 0017..0128 by the run's "
+            f"own tagger: $0; without the switch ${paid.usd:.2f} expected") in out
+    assert f"cost: ${switched.usd:.2f} expected" in out
+
+
 def test_source_status(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     (tmp_path / "hub" / "models--org--cached-model").mkdir(parents=True)

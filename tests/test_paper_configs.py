@@ -47,7 +47,7 @@ def test_config_validates(path):
 def test_paper_config_is_complete(path):
     """Every section and every key is written out, as in params.yaml: nothing silently defaulted."""
     raw = read_yaml(path.read_text())
-    assert list(raw) == [*SECTIONS, "rounds", "chunks", "distill"]
+    assert list(raw) == [*SECTIONS, "rounds", "chunks", "distill", "switch"]
     for name, cls in SECTIONS.items():
         assert set(raw[name]) == {f.name for f in dataclasses.fields(cls)}, name
 

@@ -79,3 +79,48 @@ def test_dvc_sees_the_new_stage_list(tmp_path):
     assert not any(name.endswith("@0003") for name in names) and "evaluate" in names
     run([sys.executable, "-m", "pipeline", "rounds", "5"], project)
     assert "ppo@0005" in stage_names(dvc(["status"], project).stdout)
+
+
+def test_switch_after_writes_the_switch_over_and_back(params_file):
+    original = params_file.read_text()
+    set_rounds(params_file, 5, switch_after=2)
+    params = load_params(params_file)
+    assert params.round_keys() == [f"{r:04d}" for r in range(1, 6)] and params.evaluate.policy == "round=0005"
+    assert params.switch_round() == "0002" and params.switch["0002"].last == "0005" and params.chunks == {}
+    text = params_file.read_text()
+    assert "rounds: {}\n" in text and 'switch:\n  "0002": {last: "0005"}\n' in text
+    params_file.write_text(text.replace('{last: "0005"}', '{last: "0005", seed: 3}'))
+    set_rounds(params_file, 6, switch_after=4)  # moved: the seed is kept
+    assert load_params(params_file).switch["0004"].seed == 3
+    set_rounds(params_file, 4)
+    assert params_file.read_text() == original
+    for bad in (0, 4, 7):
+        with pytest.raises(ConfigError, match=f"--switch-after {bad}: give a round R in 1..3"):
+            set_rounds(params_file, 4, switch_after=bad)
+    with pytest.raises(ConfigError, match="--switch-after with --per-stage 2"):
+        set_rounds(params_file, 4, 2, switch_after=2)
+    assert params_file.read_text() == original
+
+
+def test_switch_exp_run_overrides_load_as_the_file_drlc_rounds_writes(params_file):
+    from dvc.utils.hydra import apply_overrides
+
+    written = params_file.with_name("written.yaml")
+    shutil.copy(params_file, written)
+    set_rounds(written, 5, switch_after=3)
+    apply_overrides(params_file, exp_run_overrides(5, switch_after=3))
+    assert load_params(params_file) == load_params(written)
+    assert exp_run_overrides(5) == exp_run_overrides(5, 1, None)  # no switch: the flags as before
+
+
+def test_dvc_lists_the_three_switch_stages(tmp_path):
+    project = make_project(tmp_path, yaml.safe_load((ROOT / "params.yaml").read_text()))
+    run([sys.executable, "-m", "pipeline", "rounds", "4", "--switch-after", "2"], project)
+    names = stage_names(dvc(["status"], project).stdout)
+    assert {"switch_critic@0002", "switch_distill@0002", "switch_tagger@0002", "evaluate"} <= names
+    assert not any(name.startswith(("rollout@", "critique@", "chunk@")) for name in names)
+    dag = dvc(["dag", "--dot"], project).stdout
+    assert '"switch_critic@0002" -> "switch_distill@0002"' in dag
+    assert '"switch_distill@0002" -> "switch_tagger@0002"' in dag
+    later = ("switch_distill@0002", "switch_tagger@0002")
+    assert not any(f'"{stage}" -> "switch_critic@0002"' in dag for stage in later)

@@ -35,6 +35,7 @@ __all__ = [
     "data_sha256",
     "distill",
     "examples_from_file",
+    "examples_from_folders",
     "examples_from_run",
     "score_tagger",
     "split_examples",
@@ -74,8 +75,36 @@ def examples_from_run(data_dir: str | Path, *, labels: tuple[str, ...], query: s
     if missing:
         raise DataError(f"distill query returns no column(s) {missing}; select the response as text and its "
                         "annotation spans as spans")
+    return _examples(result.fetchall(), labels=labels, where=f"under '{data_dir}' (the query returned no rows); "
+                     "run rounds with the critic on, or check --query")
+
+
+def examples_from_folders(rollouts_dir: str | Path, annotations_dir: str | Path, *, labels: tuple[str, ...]) -> list:
+    """:func:`examples_from_run`'s examples (RUN_QUERY) from the partitions under two folders only.
+
+    The switch-over's tagger stage reads rounds 1..R this way, from the folders one stage wrote
+    (data/rollouts/chunk=critic, data/annotations/chunk=critic), which are its DVC deps.
+
+    :raises DataError: a folder without a partition, a label outside ``labels`` or no read answer
+    """
+    import duckdb
+
+    con = duckdb.connect()
+    for table, folder in (("rollouts", rollouts_dir), ("annotations", annotations_dir)):
+        files = sorted(Path(folder).glob("**/part-0.parquet"))
+        if not files:
+            raise DataError(f"'{folder}' holds no {table} partition (round=NNNN/part-0.parquet): run the stage "
+                            "that writes it first (dvc repro)")
+        con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet({[f.as_posix() for f in files]!r}, "
+                    "union_by_name = true, hive_partitioning = false)")
+    return _examples(con.sql(RUN_QUERY).fetchall(), labels=labels,
+                     where=f"in '{annotations_dir}': every critique there failed, or the critic was off")
+
+
+def _examples(rows, *, labels: tuple[str, ...], where: str) -> list:
+    """``(text, spans)`` of (text, spans) result rows: located spans only (start >= 0), deduplicated, sorted."""
     examples = []
-    for text, spans in result.fetchall():
+    for text, spans in rows:
         kept = []
         for span in spans or []:
             if span["start"] < 0:
@@ -85,8 +114,7 @@ def examples_from_run(data_dir: str | Path, *, labels: tuple[str, ...], query: s
             kept.append((span["label"], int(span["start"]), int(span["end"])))
         examples.append((text, tuple(sorted(set(kept)))))
     if not examples:
-        raise DataError(f"distill: no critiqued response with a read answer under '{data_dir}' (the query returned "
-                        "no rows); run rounds with the critic on, or check --query")
+        raise DataError(f"distill: no critiqued response with a read answer {where}")
     return examples
 
 

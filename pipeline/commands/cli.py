@@ -30,12 +30,15 @@ def cmd_rounds(args) -> None:
     from pipeline.commands.rounds import exp_run_overrides, set_rounds
 
     if args.exp:
-        overrides = exp_run_overrides(args.n, args.per_stage)
+        overrides = exp_run_overrides(args.n, args.per_stage, args.switch_after)
         print("dvc exp run " + " ".join(f"-S {_shell_word(value)}" for value in overrides))
         return
-    set_rounds(args.params, args.n, args.per_stage)
+    set_rounds(args.params, args.n, args.per_stage, args.switch_after)
     n_chunks = -(-args.n // args.per_stage)
     chunks = f", {n_chunks} chunk stage{'s' * (n_chunks > 1)} of {args.per_stage}" if args.per_stage > 1 else ""
+    if args.switch_after:
+        chunks = (f", the critic through round {args.switch_after:04d}, then a tagger of its answers "
+                  f"(switch_critic, switch_distill, switch_tagger @{args.switch_after:04d})")
     print(f"{args.params}: {args.n} rounds (0001..{args.n:04d}){chunks}, evaluate.policy = round={args.n:04d}")
 
 
@@ -287,6 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
     rounds.add_argument("--per-stage", type=int, default=1, metavar="K",
                         help="rounds per DVC stage: K > 1 writes `chunks` of K rounds run in one process "
                              "(docs/chunked-rounds.md); default 1")
+    rounds.add_argument("--switch-after", type=int, metavar="R",
+                        help="the switch-over: critic.* critiques rounds 1..R, a tagger trained on its answers the "
+                             "rest (docs/tagger.md); without it `switch: {}`")
     rounds.set_defaults(func=cmd_rounds)
 
     sql = sub.add_parser("sql", help="run a DuckDB query over the Parquet tables")

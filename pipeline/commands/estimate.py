@@ -15,7 +15,9 @@ the upper bound is rollout.batch_size x rounds. When the threshold is at or abov
 reward the scorer can give (`reward_maximum`), every response is critiqued and the bound is the
 expectation. Otherwise the share is unknown before the run: pass `--critique-rate R`, or
 `--data DIR` to measure it from a finished run's scores tables; without either the report gives
-the upper bound and says so.
+the upper bound and says so. With a switch-over after round R (params `switch`) only rounds 1..R
+are priced: the tagger trained on their answers critiques the rest at $0 (same calls, drlc's own
+server); the report gives the cost without the switch beside it.
 
 Tokens. Prompt tokens = the template's system and user text with the placeholders filled by
 nothing, plus the response (the mean of rollout.min_new_tokens and max_new_tokens), plus the
@@ -87,18 +89,29 @@ class CriticEstimate:
     usd_per_call_max: float
     priced: bool
     token_counter: str
+    paid_rounds: int | None = None  # switch-over: rounds 1..R at the critic's prices, the rest by the run's tagger ($0)
 
     @property
     def calls(self) -> float:
         return self.calls_per_round * self.rounds
 
     @property
+    def priced_share(self) -> float:
+        """Share of the rounds whose calls are priced: R / rounds with a switch-over, else 1."""
+        return 1.0 if self.paid_rounds is None else self.paid_rounds / self.rounds
+
+    @property
     def usd(self) -> float:
-        return self.calls * self.usd_per_call
+        return self.usd_without_switch * self.priced_share
 
     @property
     def usd_upper_bound(self) -> float:
-        return self.calls_upper_bound * self.usd_per_call_max
+        return self.calls_upper_bound * self.usd_per_call_max * self.priced_share
+
+    @property
+    def usd_without_switch(self) -> float:
+        """The expected cost had the critic critiqued every round."""
+        return self.calls * self.usd_per_call
 
 
 def reward_maximum(params: Params) -> float | None:
@@ -184,19 +197,20 @@ def estimate_critic(params: Params, *, root: str | Path = ".", stated_rate: floa
         prompt_tokens=prompt_tokens, completion_tokens=completion,
         completion_tokens_max=params.critic.max_tokens, usd_per_call=usd(prompt_tokens, completion),
         usd_per_call_max=usd(prompt_tokens, params.critic.max_tokens), priced=price is not None,
-        token_counter=counter_name)
+        token_counter=counter_name, paid_rounds=int(params.switch_round()) if params.switch else None)
 
 
 def planned_stages(params: Params, dvc_file: str | Path = "dvc.yaml") -> list[str]:
     """dvc.yaml's stage names with `foreach` stages expanded (name@key): over the rounds, or over the
     chunks for `foreach: ${chunks}` (per-round stages have no rounds then: `rounds: {}`), or over
-    the `distill` keys for `foreach: ${distill}`."""
+    the `distill` keys for `foreach: ${distill}`, or the switch-over's R for `foreach: ${switch}`."""
     path = Path(dvc_file)
     if not path.is_file():
         return []
     stages = (yaml.safe_load(path.read_text()) or {}).get("stages", {})
-    keys = {"${rounds}": [] if params.chunks else params.round_keys(), "${chunks}": sorted(params.chunks),
-            "${distill}": sorted(params.distill)}
+    keys = {"${rounds}": [] if params.chunks or params.switch else params.round_keys(),
+            "${chunks}": sorted(params.chunks), "${distill}": sorted(params.distill),
+            "${switch}": sorted(params.switch)}
     names = []
     for name, spec in stages.items():
         expanded = keys.get(spec["foreach"], params.round_keys()) if "foreach" in spec else None
@@ -339,6 +353,11 @@ def format_report(config: str, params: Params, *, critic: CriticEstimate, stages
                      f"{params.critic.prices[params.critic.model]} USD per 1M prompt/completion tokens")
     else:
         lines.append("  cost: unpriced model (critic.prices has no entry): $0 counted")
+    if c.paid_rounds is not None:
+        lines.append(f"  switch-over: rounds 0001..{c.paid_rounds:04d} at the critic's prices (the cost above), rounds "
+                     f"{c.paid_rounds + 1:04d}..{c.rounds:04d} by the run's own tagger: $0; without the switch "
+                     f"${c.usd_without_switch:.2f} expected, "
+                     f"${c.calls_upper_bound * c.usd_per_call_max:.2f} upper bound")
     lines.append("  re-runs and replays answer from cache/critic: $0")
     if scorer_calls:
         train, evaluation = scorer_calls

@@ -193,16 +193,21 @@ def rebuild_annotations(run_dir: Path, params: Params, inputs: dict, *, allow_ne
     from pipeline.steps.critique import critique_round, scored_rows
     from pipeline.steps.critique import summarize as critique_summary
 
-    critic, run_id = params.critic, params.run.run_id
-    annotations, metrics, total = {}, {}, 0
+    from pipeline.steps.switch import round_critic
+
+    run_id = params.run.run_id
+    annotations, metrics, total, opened = {}, {}, 0, {}
     with contextlib.ExitStack() as stack:
-        if critic.enabled:
-            open_critic = _open_critic(stack, run_dir, params, allow_new_calls=allow_new_calls)
         for key, tables in inputs.items():
             rows = scored_rows(tables["rollouts"], tables["scores"])
+            critic = round_critic(params, key, run_dir / "models")  # after a switch-over: the run's own tagger
             if not critic.enabled:
                 rows_out, stats = [skipped_row(row) for row in rows], RunStats()
             else:
+                which = (critic.backend, critic.model_dir)
+                if which not in opened:
+                    opened[which] = _open_critic(stack, run_dir, params, critic, allow_new_calls=allow_new_calls)
+                open_critic = opened[which]
                 client = open_critic["client"]()  # fresh counters per round
                 rows_out, stats = critique_round(
                     rows, client=client, cache=open_critic["cache"], template=open_critic["template"],
@@ -214,8 +219,8 @@ def rebuild_annotations(run_dir: Path, params: Params, inputs: dict, *, allow_ne
     return annotations, metrics, total
 
 
-def _open_critic(stack: contextlib.ExitStack, run_dir: Path, params: Params, *, allow_new_calls: bool) -> dict:
-    """RUN's template, tokenizer and cache, and a client factory (cache-only unless allow_new_calls)."""
+def _open_critic(stack: contextlib.ExitStack, run_dir: Path, params: Params, critic, *, allow_new_calls: bool) -> dict:
+    """RUN's template, tokenizer and cache, and a client factory for `critic` (cache-only unless allow_new_calls)."""
     from transformers import AutoTokenizer
 
     from pipeline.core.cache import CriticCache
@@ -223,11 +228,10 @@ def _open_critic(stack: contextlib.ExitStack, run_dir: Path, params: Params, *, 
     from pipeline.steps.critique import critic_client, critic_endpoint
     from pipeline.tasks import get_task
 
-    critic = params.critic
     fields = get_task(params.run.task).critic_fields
     template = load_template(run_dir / critic.template, task=params.run.task, labels=critic.labels, fields=fields)
     cache = stack.enter_context(CriticCache(_cache_dir(run_dir, params)))
-    base_url = stack.enter_context(critic_endpoint(critic))[0] if allow_new_calls else None
+    base_url = stack.enter_context(critic_endpoint(critic, labels=template.labels))[0] if allow_new_calls else None
     return {"template": template, "fields": fields, "cache": cache,
             "tokenizer": AutoTokenizer.from_pretrained(str(run_dir / "models" / "base")),
             "client": lambda: critic_client(critic, base_url, template_sha=template.sha256)}
@@ -294,7 +298,7 @@ def train_rounds(build_dir: Path, run_dir: Path, params: Params, prepared: dict,
 def raw_params(params: Params) -> dict:
     """Params as the plain mapping params.yaml holds (load_params of it gives `params` back)."""
     raw = dataclasses.asdict(params)
-    chunked = bool(params.chunks)  # then `rounds` is empty in the file and expanded from `chunks` on load
+    chunked = bool(params.chunks or params.switch)  # then `rounds` is empty in the file, expanded from them on load
     raw["rounds"] = {} if chunked else {key: {"prev": spec["prev"]} for key, spec in raw["rounds"].items()}
     return raw
 

@@ -98,6 +98,7 @@ def dvc_stages(run_dir: Path, out_dir: Path, params: Params, *, allow_new_calls:
     inputs = [run_dir / "params.yaml", run_dir / "models" / "base", store.partition_dir(data, "prompts", 0)]
     inputs += [store.round_partition(data, table, int(key)) for key in keys for table in INPUT_TABLES]
     inputs += [run_dir / params.critic.template] if params.critic.enabled else []
+    inputs += [run_dir / "models" / f"tagger={key}" for key in params.switch]  # the critic after a switch-over
     prompt_files = [Path(p) for p in resolved_evaluation(run_dir, params)[0].prompts if p != "world"]
     per_round = [{f"metrics/{kind}/round={key}.json": {"cache": False}} for kind in ("critique", "ppo") for key in keys]
     return {"stages": {

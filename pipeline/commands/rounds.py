@@ -9,6 +9,9 @@ flags, which delete and re-add the section because Hydra cannot address keys suc
 `--per-stage K` (K > 1) writes chunked rounds instead (docs/chunked-rounds.md): `rounds: {}`,
 `chunks` = {first round: {prev, last}} of K rounds each (the last may be shorter), and
 run.rounds_per_stage = K; K = 1 writes the per-round chain and `chunks: {}`.
+
+`--switch-after R` writes a switch-over run instead (docs/tagger.md): `rounds: {}`, `chunks: {}` and
+`switch: {R: {last: N, ...}}` (its seed and heldout_share kept); without it `switch` is set to `{}`.
 """
 from __future__ import annotations
 
@@ -67,16 +70,32 @@ def _quoted(value: str) -> str:
     return value if value == "base" else repr(value)
 
 
-def exp_run_overrides(n_rounds: int, per_stage: int = 1) -> list[str]:
+def _check_switch_after(n_rounds: int, per_stage: int, switch_after: int | None) -> None:
+    if switch_after is not None and not 1 <= switch_after < n_rounds:
+        raise ConfigError(f"--switch-after {switch_after}: give a round R in 1..{n_rounds - 1}, so that rounds "
+                          f"R+1..{n_rounds} have a tagger to critique them.")
+    if switch_after is not None and per_stage != 1:
+        raise ConfigError(f"--switch-after with --per-stage {per_stage}: a switch-over runs each side in one stage "
+                          "already; drop --per-stage.")
+
+
+def exp_run_overrides(n_rounds: int, per_stage: int = 1, switch_after: int | None = None) -> list[str]:
     """`dvc exp run -S` values giving n rounds: delete `rounds` and `chunks`, re-add them whole, set
-    run.rounds_per_stage and evaluate.policy.
+    run.rounds_per_stage and evaluate.policy; with switch_after R, `rounds: {}` and `switch` re-added too.
 
     >>> exp_run_overrides(2)[:2]
     ['~rounds', "+rounds={0001: {prev: base}, 0002: {prev: 'round=0001'}}"]
     >>> exp_run_overrides(2, 2)[:4]
     ['~rounds', '+rounds={}', '~chunks', "+chunks={0001: {prev: base, last: '0002'}}"]
+    >>> exp_run_overrides(4, switch_after=2)[:6]
+    ['~rounds', '+rounds={}', '~chunks', '+chunks={}', '~switch', "+switch={0002: {last: '0004'}}"]
     """
     _check_per_stage(per_stage)
+    _check_switch_after(n_rounds, per_stage, switch_after)
+    if switch_after is not None:
+        return ["~rounds", "+rounds={}", "~chunks", "+chunks={}", "~switch",
+                f"+switch={{{switch_after:04d}: {{last: '{n_rounds:04d}'}}}}", "run.rounds_per_stage=1",
+                f"evaluate.policy='{last_policy(n_rounds)}'"]
     if per_stage == 1:
         rounds = ", ".join(f"{key}: {{prev: {_quoted(prev)}}}" for key, prev in round_chain(n_rounds).items())
         chunks = ""
@@ -88,14 +107,15 @@ def exp_run_overrides(n_rounds: int, per_stage: int = 1) -> list[str]:
             f"run.rounds_per_stage={per_stage}", f"evaluate.policy='{last_policy(n_rounds)}'"]
 
 
-def set_rounds(params_file: str | Path, n_rounds: int, per_stage: int = 1) -> None:
-    """Rewrite params_file's `rounds`, `chunks`, `run.rounds_per_stage` and `evaluate.policy` for n
-    rounds (per_stage rounds per DVC stage), keeping everything else.
+def set_rounds(params_file: str | Path, n_rounds: int, per_stage: int = 1, switch_after: int | None = None) -> None:
+    """Rewrite params_file's `rounds`, `chunks`, `switch`, `run.rounds_per_stage` and `evaluate.policy` for n
+    rounds (per_stage rounds per DVC stage; switch_after R: a switch-over after round R), keeping everything else.
 
     The new file is validated like any params file before it replaces the old one (atomically).
     Raises ConfigError for a bad number or a file that would not load afterwards.
     """
     _check_per_stage(per_stage)
+    _check_switch_after(n_rounds, per_stage, switch_after)
     path = Path(params_file)
     if not path.is_file():
         raise ConfigError(f"Params file '{path}' not found: run from the project root or pass --params.")
@@ -104,10 +124,11 @@ def set_rounds(params_file: str | Path, n_rounds: int, per_stage: int = 1) -> No
     data = yaml.load(text)
     if not isinstance(data, dict) or not isinstance(data.get("evaluate"), dict):
         raise ConfigError(f"'{path}' has no 'evaluate' section: start from params.yaml or a profile in configs/.")
-    chunked = per_stage > 1
-    rounds = {} if chunked else {key: {"prev": prev} for key, prev in round_chain(n_rounds).items()}
+    chunked, switched = per_stage > 1, switch_after is not None
+    rounds = {} if chunked or switched else {key: {"prev": prev} for key, prev in round_chain(n_rounds).items()}
     data["rounds"] = _flow_map(data.get("rounds"), rounds)
     data["chunks"] = _flow_map(data.get("chunks"), chunk_chain(n_rounds, per_stage) if chunked else {})
+    data["switch"] = _switch_map(data.get("switch"), n_rounds, switch_after)
     if isinstance(data.get("run"), dict):
         data["run"]["rounds_per_stage"] = per_stage
     data["evaluate"]["policy"] = last_policy(n_rounds)
@@ -115,6 +136,15 @@ def set_rounds(params_file: str | Path, n_rounds: int, per_stage: int = 1) -> No
     yaml.dump(data, buffer)
     params_from_dict(read_yaml(buffer.getvalue()))  # the result must load, or nothing is written
     write_text(path, buffer.getvalue())
+
+
+def _switch_map(old, n_rounds: int, switch_after: int | None) -> CommentedMap:
+    """The `switch` mapping: {} (off), or {R: {last: N}} with the old entry's seed and heldout_share kept."""
+    if switch_after is None:
+        return _flow_map(old, {})
+    kept = next(iter(old.values()), {}) if isinstance(old, dict) and old else {}
+    entry = {"last": f"{n_rounds:04d}", **{k: v for k, v in kept.items() if k in ("seed", "heldout_share")}}
+    return _flow_map(old, {f"{switch_after:04d}": entry})
 
 
 def _round_trip(text: str) -> YAML:

@@ -393,6 +393,21 @@ class DistillParams:
     }
 
 
+@dataclass(frozen=True)
+class SwitchParams:
+    """The switch-over `switch.<R>`: the configured critic critiques rounds 1..R, a span tagger trained on
+    their read answers (stage switch_distill@R, into models/tagger=R) critiques rounds R+1..last (docs/tagger.md)."""
+
+    last: str = "0002"           # the run's last round (evaluate.policy names it)
+    seed: int = 0                # seed of the tagger's held-out split
+    heldout_share: float = 0.15  # share of rounds 1..R's answers held out to tune decoding and score the card
+
+    checks = {
+        "last": (lambda x: bool(ROUND_KEY.match(x)), "a quoted 4-digit round key such as '0004'"),
+        "heldout_share": (lambda x: 0 < x < 1, "in (0, 1)"),
+    }
+
+
 SECTIONS: dict[str, type] = {
     "run": RunParams,
     "world": WorldParams,
@@ -418,9 +433,14 @@ class Params:
     rounds: dict[str, RoundParams]  # every round, also when chunked (expanded from `chunks`)
     chunks: dict[str, ChunkParams] = field(default_factory=dict)  # empty unless run.rounds_per_stage > 1
     distill: dict[str, DistillParams] = field(default_factory=dict)  # `distill@<key>` stages; {} = none
+    switch: dict[str, SwitchParams] = field(default_factory=dict)  # {R: ...}: the switch-over; {} = off
 
     def round_keys(self) -> list[str]:
         return sorted(self.rounds)
+
+    def switch_round(self) -> str | None:
+        """R, the last round the configured critic critiques when the run switches to its own tagger; else None."""
+        return next(iter(self.switch), None)
 
     def chunk_rounds(self, key: str) -> list[str]:
         """The round keys chunk `key` runs, in order."""
@@ -551,6 +571,36 @@ def _check_chunks(chunks, rounds, per_stage: int) -> tuple[dict[str, RoundParams
     return expanded, built
 
 
+def _check_switch(switch, raw: dict, critic: CriticParams, per_stage: int):
+    """(every round, {R: SwitchParams}) of a switched run: `switch: {R: {last, ...}}`, `rounds` and `chunks` empty.
+
+    Rounds 1..R run in one stage with the configured critic, R+1..last in one stage with the tagger
+    trained on rounds 1..R's answers (docs/tagger.md); each needs at least one round.
+    """
+    fix = "`drlc rounds N --switch-after R` writes it"
+    if not isinstance(switch, dict) or len(switch) != 1:
+        raise ConfigError(f"'switch' must be {{}} (off) or one entry {{R: {{last: N}}}} (the configured critic through "
+                          f"round R, then the run's own tagger); got {switch!r}: {fix}.")
+    (key, spec), = switch.items()
+    if not isinstance(key, str) or not ROUND_KEY.match(key):
+        raise ConfigError(f"Switch key {key!r} must be a quoted 4-digit round key such as '0002' (R: the last round "
+                          f"of the configured critic).")
+    built = build_section(SwitchParams, spec, f"switch.{key}")
+    if raw.get("rounds") or raw.get("chunks") or per_stage != 1:
+        raise ConfigError(f"'switch.{key}' runs rounds 0001..{key} and {int(key) + 1:04d}..{built.last} in one stage "
+                          f"each: set rounds: {{}}, chunks: {{}} and run.rounds_per_stage: 1; {fix}.")
+    if not critic.enabled:
+        raise ConfigError(f"'switch.{key}' trains a tagger on the critic's answers, but 'critic.enabled' is false: "
+                          f"set critic.enabled: true, or switch: {{}} for the sparse baseline.")
+    if int(key) < 1 or int(key) >= int(built.last):
+        raise ConfigError(f"'switch.{key}': R = {key} must be a round before the last ('switch.{key}.last' = "
+                          f"'{built.last}'), so the tagger has rounds to critique: use R in "
+                          f"0001..{int(built.last) - 1:04d}.")
+    rounds = {f"{r:04d}": RoundParams(prev="base" if r == 1 else f"round={r - 1:04d}")
+              for r in range(1, int(built.last) + 1)}
+    return rounds, {key: built}
+
+
 def apply_override(raw: dict, assignment: str) -> None:
     """Apply one `dotted.key=value` override (value parsed as YAML) to the raw mapping."""
     if "=" not in assignment:
@@ -566,13 +616,16 @@ def apply_override(raw: dict, assignment: str) -> None:
 
 
 def params_from_dict(raw: dict) -> Params:
-    valid = list(SECTIONS) + ["rounds", "chunks", "distill"]
+    valid = list(SECTIONS) + ["rounds", "chunks", "distill", "switch"]
     for key in raw:
         if key not in valid:
             raise ConfigError(f"Unknown section '{key}' in params.{_suggest(key, valid)}")
     sections = {name: build_section(cls, raw.get(name, {}), name) for name, cls in SECTIONS.items()}
     per_stage = sections["run"].rounds_per_stage
-    if per_stage == 1:
+    if raw.get("switch", {}) != {}:
+        rounds, switch = _check_switch(raw["switch"], raw, sections["critic"], per_stage)
+        params = Params(**sections, rounds=rounds, switch=switch)
+    elif per_stage == 1:
         if raw.get("chunks"):
             raise ConfigError("'chunks' is set but 'run.rounds_per_stage' = 1: set chunks: {} (one stage per round "
                               "and step), or `drlc rounds N --per-stage K` for chunks of K rounds.")

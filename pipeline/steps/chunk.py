@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from pipeline.core import store
-from pipeline.core.config import Params
+from pipeline.core.config import CriticParams, Params
 from pipeline.core.device import place
 from pipeline.core.errors import ConfigError
 from pipeline.core.seeding import round_seed
@@ -83,20 +83,32 @@ def run_chunk(prompt_rows: list[dict], *, params: Params, chunk: str, policy_dir
     Raises ConfigError under a multi-process launch or for an unknown chunk; CriticError as the
     critique stage (the chunk then stops, and writes no checkpoint).
     """
+    if chunk not in params.chunks:
+        raise ConfigError(f"--chunk {chunk!r} is not in params 'chunks': {sorted(params.chunks)}.")
+    return run_rounds(prompt_rows, params=params, keys=params.chunk_rounds(chunk), critic=params.critic,
+                      name=f"chunk {chunk}", policy_dir=policy_dir, reference_dir=reference_dir, out_dir=out_dir,
+                      folders=chunk_outputs(data_dir, metrics_dir, chunk), device=device, log=log)
+
+
+def run_rounds(prompt_rows: list[dict], *, params: Params, keys: list[str], critic: CriticParams, name: str,
+               policy_dir: str, reference_dir: str, out_dir: str, folders: dict[str, Path], device="cpu",
+               log=print) -> list[dict]:
+    """Rounds `keys` (consecutive, starting from policy_dir) in this process, critiqued by `critic`;
+    every round's tables and metrics into `folders` (:func:`chunk_outputs`), the last checkpoint to out_dir.
+
+    The engine of a chunk stage and of the two sides of a switch-over (pipeline/steps/switch.py).
+    name: how the log lines call the block. Returns each round's critique metrics.
+    """
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("The chunk stage runs in one process: for `accelerate launch` set run.rounds_per_stage: 1 "
                           "(`drlc rounds N`), whose ppo stages run data parallel.")
-    if chunk not in params.chunks:
-        raise ConfigError(f"--chunk {chunk!r} is not in params 'chunks': {sorted(params.chunks)}.")
     run, r = params.run, params.rollout
-    keys = params.chunk_rounds(chunk)
-    folders = chunk_outputs(data_dir, metrics_dir, chunk)
     reward = place(get_task(run.task).make_reward(params.score), device)
     torch.manual_seed(round_seed(run.seed, int(keys[0]), 3))  # as the ppo stage before it loads its models
     state = load_ppo_state(policy_dir, reference_dir=reference_dir, params=params.ppo, seed=run.seed,
                            round_=int(keys[0]), base=params.base, device=device)
     summaries = []
-    with critic_session(params.critic, tokenizer_dir=reference_dir, task=run.task, device=device) as critic:
+    with critic_session(critic, tokenizer_dir=reference_dir, task=run.task, device=device) as session:
         for key in keys:
             round_, part = int(key), f"round={key}"
             rollouts, rollout_metrics = rollout_with(
@@ -110,7 +122,7 @@ def run_chunk(prompt_rows: list[dict], *, params: Params, chunk: str, policy_dir
                                                 round_=round_, params=params.score, reward=reward)
             scores = _stored(scores, "scores", folders["scores"] / part)
             write_json(score_metrics, folders["score_metrics"] / f"{part}.json")
-            annotations, critique_metrics = critic.critique(rollouts, scores, run_id=run.run_id, round_=round_)
+            annotations, critique_metrics = session.critique(rollouts, scores, run_id=run.run_id, round_=round_)
             annotations = _stored(annotations, "annotations", folders["annotations"] / part)
             write_json(critique_metrics, folders["critique_metrics"] / f"{part}.json")
             torch.manual_seed(round_seed(run.seed, round_, 3))  # as the ppo stage
@@ -123,7 +135,7 @@ def run_chunk(prompt_rows: list[dict], *, params: Params, chunk: str, policy_dir
             store.write_table(kl_reward_rows(rollouts, per_token, params=params.ppo, stats=stats, run_id=run.run_id,
                                              round_=round_), "kl_rewards", folders["kl_rewards"] / part)
             write_json({**summarize(steps), "device": str(device)}, folders["ppo_metrics"] / f"{part}.json")
-            log(f"chunk {chunk}: round {key}: {critique_metrics['critiqued']} critiqued, "
+            log(f"{name}: round {key}: {critique_metrics['critiqued']} critiqued, "
                 f"{critique_metrics['critic_requests']} requests, {len(steps)} PPO steps")
             summaries.append(critique_metrics)
     save_ppo_state(state, out_dir, round_=int(keys[-1]))
