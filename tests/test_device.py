@@ -82,7 +82,7 @@ def test_cuda_index_beyond_the_device_count_is_a_config_error(monkeypatch):
     ("critique", ["--round", "0001", "--rollouts", "r", "--scores", "s", "--tokenizer", "t", "--out", "out",
                   "--metrics", "m.json"]),
     ("ppo", ["--round", "0001", "--policy", "models/base", "--reference", "models/base", "--rollouts", "r",
-             "--scores", "s", "--annotations", "a", "--out", "out", "--steps", "st", "--metrics", "m.json"]),
+             "--scores", "s", "--annotations", "a", "--out", "out", "--steps", "st", "--kl-rewards", "kl", "--metrics", "m.json"]),
     ("evaluate", ["--prompts", "p", "--base", "models/base", "--policy", "models/round=0001", "--data", "data",
                   "--metrics", "m.json", "--curves", "c.json", "--out", "out", "--samples", "smp"]),
 ])

@@ -83,7 +83,10 @@ def test_gradient_accumulation_gives_the_one_minibatch_step(algorithm, loss_type
         run(policy, batch, params(algorithm, loss_type, ppo_epochs=1, mini_batch_size=mini,
                                   gradient_accumulation_steps=accumulation))
         weights.append(torch.cat([p.detach().flatten() for p in policy.parameters()]))
-    assert (weights[0] - weights[1]).abs().max() < 1e-6
+    # Adam's first step is lr * g / (|g| + eps): where |g| is near eps, float32 summation-order noise in g
+    # moves a weight by up to ~lr * 1e-3 (1.6e-6 seen on a Xeon, < 1e-6 on an EPYC); a wrong normaliser
+    # that is not a constant factor moves weights by a sizeable share of lr
+    assert (weights[0] - weights[1]).abs().max() < 1e-3 * 3e-3
 
 
 def test_the_first_grpo_loss_is_the_pure_functions_on_a_fresh_pass():
