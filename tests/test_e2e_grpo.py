@@ -56,7 +56,8 @@ def test_drlc_report_sql_catalog_and_readme_queries_read_a_grpo_run(finished_run
     main(["report", str(finished_run), "--out", str(tmp_path / "report")])
     text = (tmp_path / "report" / "report.md").read_text()
     evaluated = json.loads((finished_run / "metrics" / "eval.json").read_text())["round=0002"]["world"]
-    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1] for line in text.splitlines() if line.startswith("| ")}
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines() if line.startswith("| ")]
+    rows = {row[0]: row[1] for row in cells}  # metric -> this run's value
     assert rows["train/rounds"] == "2" and rows["train/critic_requests_total"] != "0"
     assert float(rows["final/world/positive_percent"]) == pytest.approx(evaluated["positive_percent"], rel=1e-3)
     assert (tmp_path / "report" / "curves.png").read_bytes()[:4] == b"\x89PNG"

@@ -150,7 +150,8 @@ def test_self_critique_lora_policy_critiqued_by_its_own_base_through_the_hf_back
         rollouts = store.read_table(project / "data/rollouts/round=0001", "rollouts")
         assert [r["sample_index"] for r in rollouts] == [0, 1] * 4 and len({r["prompt_id"] for r in rollouts}) == 4
         assert not (round1 / "value_head.safetensors").exists()
-        assert all(s["value_loss"] == 0 and s["grad_norm"] > 0 for s in steps)
+        # (no grad_norm check: the lexicon scores these random responses alike, so tied groups can give 0)
+        assert all(s["value_loss"] == 0 and s["vf_clipfrac"] == 0 for s in steps)
 
 
 def test_summarization_rm_dense_sft_reward_model_normalised_and_score_scaling(tmp_path):
