@@ -54,6 +54,7 @@ def test_a_forced_rerun_replays_the_critic_for_free_and_reproduces_every_table(f
 
 def test_drlc_report_sql_catalog_and_readme_queries_read_a_grpo_run(finished_run, tmp_path, capsys):
     main(["report", str(finished_run), "--out", str(tmp_path / "report")])
+    assert "report.md" in capsys.readouterr().out  # the command names what it wrote
     text = (tmp_path / "report" / "report.md").read_text()
     evaluated = json.loads((finished_run / "metrics" / "eval.json").read_text())["round=0002"]["world"]
     cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines() if line.startswith("| ")]
@@ -71,10 +72,10 @@ def test_drlc_report_sql_catalog_and_readme_queries_read_a_grpo_run(finished_run
     per_group = con.sql("SELECT round, group_index, avg(s.env_reward) FROM rollouts r JOIN scores s "
                         "USING (round, rollout_id) GROUP BY ALL").fetchall()
     assert len(per_group) == 16
-    assert con.sql("SELECT count(*), max(abs(value_loss)) FROM ppo_steps").fetchone()[1] == 0
+    assert con.execute("SELECT count(*), max(abs(value_loss)) FROM ppo_steps").fetchone()[1] == 0
     main(["sql", "SELECT round, count(DISTINCT group_index) AS groups FROM rollouts GROUP BY round ORDER BY round",
           "--data", str(finished_run / "data"), "--format", "csv"])
-    assert capsys.readouterr().out.splitlines() == ["round,groups", "1,8", "2,8"]
+    assert capsys.readouterr().out.strip().splitlines() == ["round,groups", "1,8", "2,8"]
     main(["catalog", "--data", str(finished_run / "data"), "--out", str(tmp_path / "catalog.sql")])
     assert "CREATE OR REPLACE VIEW rollouts" in (tmp_path / "catalog.sql").read_text()
 
