@@ -1,9 +1,9 @@
 """Do dense critic rewards make PPO more sample-efficient? The drlc issue-10 study as a benchmark.
 
-Per task (sentiment, toxicity, summarization: the demo worlds), five arms (sparse; sparse x k, k
+Per task (sentiment, toxicity, summarization: the demo worlds), seven arms (PPO: sparse; sparse x k, k
 matched to dense_all's total reward; dense on every response; dense on low-reward responses only;
-dense with zero-mean intrinsic rewards), three seeds each, the same rounds x batch rollouts per
-arm, all run in-process from one cached base model per world, with an environment reward that is
+dense with zero-mean intrinsic rewards; GRPO with groups of 4: sparse, and dense on every response),
+three seeds each, the same rounds x batch rollouts per arm, all run in-process from one cached base model per world, with an environment reward that is
 not a re-reading of the critic and the lexicon critic (benchmarks/sample_efficiency_lib/tasks.py
 says what each world can and cannot show). Then a zero-cost ablation replays the recorded
 dense_all rollouts under other critic settings.
@@ -13,6 +13,8 @@ Usage:
   python benchmarks/sample_efficiency.py --quick --task toxicity   # one task, merged into the JSON
   python benchmarks/sample_efficiency.py                    # the full study (see the results .md)
   python benchmarks/sample_efficiency.py --report-only      # rebuild PNGs + Markdown from the JSON
+  python benchmarks/sample_efficiency.py --quick --task sentiment --add-arms grpo_sparse grpo_dense
+                                                            # run only these arms, added to the JSON's task
   python benchmarks/sample_efficiency.py --quick --readme README.md   # also splice the section into README
 
 Writes benchmarks/results/sample_efficiency[_quick].json ({"tasks": {task: result}}),
@@ -34,10 +36,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.sample_efficiency_lib.arms import study_arms  # noqa: E402
 from benchmarks.sample_efficiency_lib.config import TASKS, preset  # noqa: E402
 from benchmarks.sample_efficiency_lib.report import markdown, splice_readme, write_plots  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
+ARM_NAMES = tuple(study_arms(0.5))
 
 
 def result_stem(preset_name: str) -> str:
@@ -106,12 +110,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", action="store_true",
                         help="recompute the derived numbers from the JSON's raw runs and rebuild PNGs and Markdown")
     parser.add_argument("--readme", help="splice the Markdown section into this README (between the markers)")
+    parser.add_argument("--add-arms", nargs="+", choices=ARM_NAMES, metavar="ARM",
+                        help="run only these arms and add them to the task's finished result in the JSON, after "
+                             "re-running sparse's first seed to check that result is what this code gives")
     args = parser.parse_args(argv)
     name = args.preset or ("quick" if args.quick else "full")
     out_dir = Path(args.out)
     study = load_study(out_dir, name)
     if args.report_only:
         study = recompute_headlines(study)
+    elif args.add_arms:
+        from benchmarks.sample_efficiency_lib.study import add_arms
+
+        for task in TASKS if args.task == "all" else (args.task,):
+            if task not in study["tasks"]:
+                raise SystemExit(f"--add-arms: the {name} JSON has no {task} result yet: run the task without it")
+            add_arms(study["tasks"][task], preset(name, task), args.add_arms, scratch=args.scratch)
+            write_outputs(recompute_headlines(study), out_dir)
     else:
         from benchmarks.sample_efficiency_lib.study import run_study
 

@@ -6,7 +6,7 @@ with a commit):
     python benchmarks/sample_efficiency_dvc.py --seeds 0 1 2 --rounds 4
     python benchmarks/sample_efficiency_dvc.py --dry-run          # print the dvc commands only
 
-Phase 1 queues sparse, dense_all, dense_selective and dense_zero_mean for every seed with
+Phase 1 queues sparse, dense_all, dense_selective, dense_zero_mean, grpo_sparse and grpo_dense for every seed with
 ``dvc exp run --queue -n <arm>-s<seed> -S ...`` and runs them (``dvc exp run --run-all -j 1``,
 or one ``dvc exp run --temp`` each with ``--runner temp``). Phase 2 computes sparse_scaled's
 scale k from the finished dense_all and sparse experiments (benchmarks/sample_efficiency_lib's
@@ -48,7 +48,7 @@ from pipeline.commands.rounds import exp_run_overrides  # noqa: E402
 from pipeline.core.errors import ConfigError, DataError  # noqa: E402
 from pipeline.steps.score import population_std  # noqa: E402
 
-PHASE_1 = ("sparse", "dense_all", "dense_selective", "dense_zero_mean")
+PHASE_1 = ("sparse", "dense_all", "dense_selective", "dense_zero_mean", "grpo_sparse", "grpo_dense")
 ARMS = PHASE_1 + ("sparse_scaled",)
 ALL_THRESHOLD = ALL  # above any environment reward: every response is critiqued
 

@@ -5,6 +5,9 @@ to the same tables.
 
 Shrunk beyond tests/e2e.py's tiny_params so three 8-round runs fit (rollout.batch_size 16, base.steps
 200, 4 evaluation prompts): one process start per stage dominates, so K = 1 is the slow run.
+
+The same for groups: configs/demo-grpo.yaml (GRPO, 4 responses to each of 4 prompts a round, no value head)
+over 4 rounds as per-round stages and as one chunk of 4 gives the same tables, metrics and checkpoint.
 """
 import json
 import shutil
@@ -23,54 +26,66 @@ from pipeline.core.store import VOLATILE_COLUMNS, round_partition
 pytestmark = pytest.mark.slow  # three 8-round `dvc repro` runs
 
 N_ROUNDS = 8
+GROUPED_ROUNDS = 4  # the demo-grpo runs
 ROUND_TABLES = ["rollouts", "scores", "annotations", "ppo_steps"]
 CHECKPOINT_FILES = ["model.safetensors", "value_head.safetensors"]
 
 
-def chunked_params(per_stage: int) -> dict:
-    raw = tiny_params(n_rounds=N_ROUNDS)
+def chunked_params(per_stage: int, n_rounds: int = N_ROUNDS, profile: str | None = None) -> dict:
+    raw = tiny_params(n_rounds=n_rounds, profile=profile)
     raw["base"].update(steps=200)
     raw["rollout"].update(batch_size=16, generation_batch_size=16)
     raw["evaluate"].update(n_prompts=4, samples_per_prompt=2)
     raw["run"]["rounds_per_stage"] = per_stage
-    raw["chunks"] = chunk_chain(N_ROUNDS, per_stage) if per_stage > 1 else {}
+    raw["chunks"] = chunk_chain(n_rounds, per_stage) if per_stage > 1 else {}
     if per_stage > 1:
         raw["rounds"] = {}
     return raw
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[int, Path]:
-    """{K: a finished project}; the base model is built once and the projects copied from there."""
-    first = make_project(tmp_path_factory.mktemp("k1"), chunked_params(1))
+def finished_projects(tmp_path_factory, per_stages: tuple[int, ...], n_rounds: int = N_ROUNDS,
+                      profile: str | None = None) -> dict[int, Path]:
+    """{K: a finished project} for K = 1 and each of per_stages; the base model is built once and copied."""
+    name = profile or "demo"
+    first = make_project(tmp_path_factory.mktemp(f"{name}-k1"), chunked_params(1, n_rounds, profile))
     dvc(["repro", "base"], first)
     projects = {1: first}
-    for per_stage in (4, 8):
-        copy = tmp_path_factory.mktemp(f"k{per_stage}") / "project"
+    for per_stage in per_stages:
+        copy = tmp_path_factory.mktemp(f"{name}-k{per_stage}") / "project"
         shutil.copytree(first, copy, symlinks=True)
-        (copy / "params.yaml").write_text(dump_params(chunked_params(per_stage)))
+        (copy / "params.yaml").write_text(dump_params(chunked_params(per_stage, n_rounds, profile)))
         projects[per_stage] = copy
     for project in projects.values():
         dvc(["repro"], project)
     return projects
 
 
-def round_tables(project: Path) -> dict[tuple[str, int], list[dict]]:
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[int, Path]:
+    return finished_projects(tmp_path_factory, (4, 8))
+
+
+@pytest.fixture(scope="module")
+def grouped_runs(tmp_path_factory) -> dict[int, Path]:
+    return finished_projects(tmp_path_factory, (GROUPED_ROUNDS,), GROUPED_ROUNDS, profile="demo-grpo")
+
+
+def round_tables(project: Path, n_rounds: int = N_ROUNDS) -> dict[tuple[str, int], list[dict]]:
     """{(table, round): rows minus the volatile columns}, found in either layout."""
     contents = {}
     for table in ROUND_TABLES:
-        for round_ in range(1, N_ROUNDS + 1):
+        for round_ in range(1, n_rounds + 1):
             parquet = pq.read_table(round_partition(project / "data", table, round_) / "part-0.parquet")
             contents[table, round_] = parquet.drop(VOLATILE_COLUMNS.get(table, [])).to_pylist()
     return contents
 
 
-def round_metrics(project: Path, per_stage: int) -> dict[tuple[str, int], dict]:
+def round_metrics(project: Path, per_stage: int, n_rounds: int = N_ROUNDS) -> dict[tuple[str, int], dict]:
     """{(critique|ppo, round): the round's metrics JSON}, from metrics/<kind>/[chunk=KKKK/]round=NNNN.json."""
-    folder = {r: f"chunk={key}/" for key, c in chunk_chain(N_ROUNDS, per_stage).items()
+    folder = {r: f"chunk={key}/" for key, c in chunk_chain(n_rounds, per_stage).items()
               for r in range(int(key), int(c["last"]) + 1)} if per_stage > 1 else {}
     return {(kind, r): json.loads((project / "metrics" / kind / f"{folder.get(r, '')}round={r:04d}.json").read_text())
-            for kind in ("critique", "ppo") for r in range(1, N_ROUNDS + 1)}
+            for kind in ("critique", "ppo") for r in range(1, n_rounds + 1)}
 
 
 def test_chunks_write_their_rounds_in_chunk_folders(runs):
@@ -122,3 +137,24 @@ def test_a_chunk_killed_before_its_end_reruns_alone_to_the_same_tables(runs):
     again = dvc(["repro", "--no-run-cache"], project).stdout
     assert "Running stage 'chunk@0005'" in again and "Running stage 'chunk@0001'" not in again, again
     assert round_tables(project) == round_tables(runs[1])
+
+
+def test_a_grouped_grpo_chunk_equals_its_per_round_stages(grouped_runs):
+    """demo-grpo (groups of 4, no value head): one chunk of 4 rounds writes the tables, metrics and checkpoint
+    of 4 per-round stage sets."""
+    per_round, chunked = grouped_runs[1], grouped_runs[GROUPED_ROUNDS]
+    expected = round_tables(per_round, GROUPED_ROUNDS)
+    for round_ in range(1, GROUPED_ROUNDS + 1):
+        rollouts = expected["rollouts", round_]
+        assert [r["sample_index"] for r in rollouts] == [i % 4 for i in range(16)]
+        assert all(len({r["prompt_id"] for r in rollouts[g : g + 4]}) == 1 for g in range(0, 16, 4))
+        assert expected["ppo_steps", round_] and all(s["value_loss"] == 0 for s in expected["ppo_steps", round_])
+    assert round_tables(chunked, GROUPED_ROUNDS) == expected
+    assert round_metrics(chunked, GROUPED_ROUNDS, GROUPED_ROUNDS) == round_metrics(per_round, 1, GROUPED_ROUNDS)
+    last = f"models/round={GROUPED_ROUNDS:04d}"
+    assert not (per_round / last / "value_head.safetensors").exists()
+    assert not (chunked / last / "value_head.safetensors").exists()
+    expected, got = load_file(per_round / last / "model.safetensors"), load_file(chunked / last / "model.safetensors")
+    assert set(got) == set(expected) and all(torch.equal(got[k], expected[k]) for k in expected)
+    for name in ("rounds.json", "eval.json"):
+        assert (chunked / "metrics" / name).read_text() == (per_round / "metrics" / name).read_text(), name

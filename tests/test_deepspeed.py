@@ -9,10 +9,12 @@ line: Adam's state over about half of the trainable elements on rank 0; under Ze
 reference partitioned, about half of its elements on rank 0), that the update is the one-process
 update at the DDP test's tolerance (tests/test_distributed.py), also with skipped minibatches,
 clipping, LoRA and shared layers, and that the gathered checkpoint has the one-process layout and
-resumes in one process and under ZeRO. Measured numbers: docs/scale-out.md, "DeepSpeed ZeRO-1/2/3".
+resumes in one process and under ZeRO; a value-free round (grpo, groups of 2, no value head) makes its one-process
+update too. Measured numbers: docs/scale-out.md, "DeepSpeed ZeRO-1/2/3".
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import re
@@ -88,6 +90,21 @@ def test_zero_makes_the_one_process_update_and_a_checkpoint_one_process_resumes(
     assert max_weight_diff(after["one"], after["zero"]) < WEIGHT_ATOL
     adam = [torch.load(tmp_path / f"{s}-2" / "optimizer.pt", weights_only=True)["state"] for s in ("one", "zero")]
     assert all(int(adam[1][k]["step"]) == int(adam[0][k]["step"]) == 8 for k in adam[0])  # 4 + 4 Adam steps
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_makes_the_one_process_grpo_update_with_no_value_head(tmp_path, monkeypatch, stage):
+    """The value-free path under ZeRO: the engine wraps a policy without a value head (nothing in
+    pipeline/parallel/deepspeed_zero.py depends on one), on grouped tables (tests/test_value_free_distributed.py)."""
+    from tests import test_distributed
+    from tests.test_value_free_distributed import write_grouped_round
+
+    monkeypatch.setattr(test_distributed, "write_round", write_grouped_round)
+    params = dataclasses.replace(PARAMS, algorithm="grpo", loss_type="dapo", vf_coef=0.0)
+    rows, launch = assert_two_processes_match_one(tmp_path, params, config=ZERO[stage])
+    assert f"DeepSpeed ZeRO-{stage} over 2 processes" in launch.stderr
+    assert all(row["value_loss"] == 0 for row in rows)
+    assert not (tmp_path / "two" / "value_head.safetensors").exists()
 
 
 def test_zero3_partitions_policy_and_reference_and_makes_the_one_process_update(tmp_path):

@@ -68,18 +68,23 @@ def free_port() -> int:
 
 
 def launch_stage(tmp: Path, params: Path, out: str, processes: int = 2, config: Path | None = None,
-                 policy: str = "base", round_: str = "0001") -> subprocess.CompletedProcess:
+                 policy: str = "base", round_: str = "0001", torchrun_env: dict | None = None
+                 ) -> subprocess.CompletedProcess:
     """`accelerate launch --multi_gpu --num_processes N stages/ppo.py ...` (torchrun + gloo on CPU),
-    or `accelerate launch --config_file CONFIG stages/ppo.py ...`, round `round_` from tmp/`policy`."""
+    or `accelerate launch --config_file CONFIG stages/ppo.py ...`, round `round_` from tmp/`policy`;
+    torchrun_env: torchrun itself (`torch.distributed.run`, N processes) with these variables set instead."""
     how = (["--config_file", str(config)] if config else
            ["--multi_gpu", "--num_processes", str(processes), "--num_machines", "1", "--mixed_precision", "no",
             "--dynamo_backend", "no"])
     launcher = [sys.executable, "-m", "accelerate.commands.launch", *how, "--main_process_port", str(free_port())]
+    if torchrun_env is not None:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
+                    "--master_port", str(free_port())]
     stage = ["stages/ppo.py", "--params", str(params), "--round", round_, "--policy", str(tmp / policy),
              "--reference", str(tmp / "base"), "--rollouts", str(tmp / "rollouts"), "--scores", str(tmp / "scores"),
              "--annotations", str(tmp / "annotations"), "--out", str(tmp / out), "--steps", str(tmp / f"{out}-steps"),
              "--metrics", str(tmp / f"{out}.json")]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TQDM_DISABLE="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TQDM_DISABLE="1", CUDA_VISIBLE_DEVICES="", **(torchrun_env or {}))
     return subprocess.run(launcher + stage, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -1,4 +1,7 @@
 """rollout.samples_per_prompt: G responses per prompt, each sample index from its own seeded sampler stream."""
+import hashlib
+from importlib.metadata import version
+
 import pyarrow.parquet as pq
 import pytest
 from conftest import REVIEW_PROMPTS, tiny_review_policy
@@ -8,6 +11,11 @@ from pipeline.core.seeding import round_seed
 from pipeline.steps.rollout import rollout, sample_seeds
 
 PROMPTS = REVIEW_PROMPTS
+# sha256 of the G = 1 rollouts table that run() writes on the tiny review policy (without and with a length range),
+# made by the code of 2aee596, the last commit before group sampling, under the pins of constraints.txt below
+BEFORE_GROUPS = {"plain": ({}, "9254b5b223023d943b812da118bc0738ca1b46a16a1b2ea3cdb3f98922d4e64e"),
+                 "ranged": ({"min_new_tokens": 4}, "0a1c54e3d37a6dd7d61e0e92bdb54716e9dd001603392fba4a4103b73a020c7a")}
+RECORDED_WITH = {"torch": "2.13.0", "pyarrow": "26.0.1", "tokenizers": "0.23.3", "transformers": "5.24.0"}
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +77,16 @@ def test_duckdb_reads_plain_and_grouped_rounds_together(policy_dir, tmp_path):
         "SELECT round, count(*), count(group_index), max(sample_index) FROM rollouts GROUP BY round ORDER BY round"
     ).fetchall()
     assert counts == [(1, 12, 0, None), (2, 12, 12, 1)]
+
+
+def test_one_sample_per_prompt_writes_the_bytes_of_the_table_before_group_sampling(policy_dir, tmp_path):
+    """G = 1 (the default, or set) keeps the rollouts table byte for byte as drlc wrote it before groups existed.
+    The digests depend on the pinned torch / pyarrow / tokenizers / transformers (sampling, Parquet encoding); under
+    other versions the test skips: re-record them by running run() at 2aee596 and at HEAD, which must agree."""
+    installed = {package: version(package).split("+")[0] for package in RECORDED_WITH}
+    if installed != RECORDED_WITH:
+        pytest.skip(f"digests recorded with {RECORDED_WITH}, installed {installed}")
+    for name, (lengths, digest) in BEFORE_GROUPS.items():
+        for group in ({}, {"samples_per_prompt": 1}):
+            written = store.write_table(run(policy_dir, **lengths, **group), "rollouts", tmp_path / name / str(len(group)))
+            assert hashlib.sha256(written.read_bytes()).hexdigest() == digest, (name, group)

@@ -32,6 +32,9 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{%
                  "{% if add_generation_prompt %}assistant:{% endif %}")
 
 
+GRPO_PPO = {"ppo": {}, "grpo": {"algorithm": "grpo", "vf_coef": 0.0}}  # a paper profile's ppo section, made value-free
+
+
 def sentence(draw: random.Random, n: int) -> str:
     return " ".join(draw.choice(FILLER + GOOD + BAD) for _ in range(n))
 
@@ -106,7 +109,8 @@ def test_sentiment_dense_shared_layers_token_prefixes_and_length_range(tmp_path)
         assert torch.equal(param, trained[name]) == (name in shared_parameter_names(base, 2)), name
 
 
-def test_self_critique_lora_policy_critiqued_by_its_own_base_through_the_hf_backend(tmp_path):
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
+def test_self_critique_lora_policy_critiqued_by_its_own_base_through_the_hf_backend(tmp_path, algorithm):
     draw = random.Random(1)
     rows = [{"prompt": {"text": sentence(draw, 6), "toxicity": 0.7 + 0.01 * (i % 20)},
              "continuation": {"text": sentence(draw, 8), "toxicity": 0.1}} for i in range(40)]
@@ -127,7 +131,8 @@ def test_self_critique_lora_policy_critiqued_by_its_own_base_through_the_hf_back
                           # a random tiny Llama never stops within 8 tokens, so every answer is truncated;
                           # this test checks the self-critique plumbing (the error gate has its own tests)
                           critic={"max_tokens": 8, "threshold": 1.0, "max_error_rate": 1.0},
-                          ppo={"learning_rate": 1e-3})
+                          ppo={"learning_rate": 1e-3, **GRPO_PPO[algorithm]},
+                          rollout={"samples_per_prompt": 2 if algorithm == "grpo" else 1})
     assert params["base"]["lora_r"] == 16 and params["critic"]["backend"] == "hf"
     assert params["critic"]["model_dir"] == "base" and params["ppo"]["mixed_precision"] == "bf16"
     project = run_project(tmp_path, params)
@@ -141,6 +146,12 @@ def test_self_critique_lora_policy_critiqued_by_its_own_base_through_the_hf_back
     steps = store.read_table(project / "data/ppo_steps/round=0001", "ppo_steps")
     assert len(steps) == 4  # 8 rollouts / (minibatch 4 x grad-accum 2) x 4 epochs
     assert (project / "metrics/eval.json").is_file()
+    if algorithm == "grpo":  # 4 prompts x 2 responses, no value head; the critic read every response
+        rollouts = store.read_table(project / "data/rollouts/round=0001", "rollouts")
+        assert [r["sample_index"] for r in rollouts] == [0, 1] * 4 and len({r["prompt_id"] for r in rollouts}) == 4
+        assert not (round1 / "value_head.safetensors").exists()
+        # (no grad_norm check: the lexicon scores these random responses alike, so tied groups can give 0)
+        assert all(s["value_loss"] == 0 and s["vf_clipfrac"] == 0 for s in steps)
 
 
 def test_summarization_rm_dense_sft_reward_model_normalised_and_score_scaling(tmp_path):

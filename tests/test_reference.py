@@ -123,6 +123,33 @@ def test_lora_round_trains_adapters_only_and_reference_is_the_base(tmp_path, bas
     assert is_adapter_folder(round2)
 
 
+def test_a_grpo_lora_round_trains_adapters_only_with_no_value_head(tmp_path, base3):
+    """LoRA under a value-free algorithm: adapters alone train (no value head built or saved), the reference is
+    the base (adapters off), and round 2 starts from the saved adapters."""
+    from test_value_free_resume import grouped
+
+    grpo = dataclasses.replace(PARAMS, algorithm="grpo", vf_coef=0.0)
+    previous = base3
+    for round_ in (1, 2):
+        policy, _ = load_policy(previous, value_head=False)
+        out = tmp_path / f"round{round_}"
+        rows = ppo_round(*grouped(round_tables(policy, round_)), policy_dir=str(previous), reference_dir=str(base3),
+                         out_dir=str(out), params=grpo, run_id="t", round_=round_, seed=3, base=LORA)
+        assert rows and all(r["value_loss"] == 0 and r["grad_norm"] > 0 for r in rows)
+        assert is_adapter_folder(out) and not (out / "model.safetensors").exists()
+        assert not (out / "value_head.safetensors").exists()
+        previous = out
+    policy, _ = load_policy(previous, value_head=False)
+    assert policy.v_head is None and has_adapters(policy.lm)
+    trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    reference = make_reference(policy, base3)
+    assert isinstance(reference, AdaptersDisabled)
+    rollouts, _, _ = round_tables(policy, 3)
+    assert torch.allclose(logprobs(reference, rollouts), logprobs(load_reference(base3), rollouts), atol=1e-6)
+    assert not torch.allclose(logprobs(policy, rollouts), logprobs(reference, rollouts), atol=1e-3)
+
+
 def test_lora_save_load_round_trip_is_exact(tmp_path, base3):
     round1 = run_round(tmp_path, base3, base3, "round1", base=LORA)
     policy, _ = load_policy(round1)

@@ -1,6 +1,6 @@
 """The sample-efficiency study (benchmarks/sample_efficiency.py) on a tiny smoke configuration of every task.
 
-One module-scoped run of the whole study per task (base pretraining, five arms x 2 seeds x 3
+One module-scoped run of the whole study per task (base pretraining, seven arms x 2 seeds x 3
 rounds, the replay ablation, plots and Markdown) feeds every test; each derived number is
 recomputed here with numpy from the raw per-round records, independently of
 benchmarks/sample_efficiency_lib. The worlds' own measures are checked by hand.
@@ -25,18 +25,21 @@ from benchmarks.sample_efficiency_lib.report import README_END, README_START, sp
 from benchmarks.sample_efficiency_lib.study import run_study  # noqa: E402
 from pipeline.core.errors import DataError  # noqa: E402
 
-ARMS = {"sparse", "sparse_scaled", "dense_all", "dense_selective", "dense_zero_mean"}
+PPO_ARMS = {"sparse", "sparse_scaled", "dense_all", "dense_selective", "dense_zero_mean"}
+GRPO_ARMS = {"grpo_sparse", "grpo_dense"}
+ARMS = PPO_ARMS | GRPO_ARMS
 
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    """(study loaded back from the written JSON, output paths, {task: config}) of one smoke study per task."""
+    """(study loaded back from the written JSON, output paths and the scratch folder, {task: config}) of one smoke
+    study per task."""
     torch.set_num_threads(1)
     tmp = tmp_path_factory.mktemp("study")
     configs = {task: preset("smoke", task) for task in TASKS}
     results = {task: run_study(config, scratch=tmp / "scratch", progress=False) for task, config in configs.items()}
     paths = write_outputs({"study": "sample_efficiency", "preset": "smoke", "tasks": results}, tmp / "results")
-    return json.loads(paths["json"].read_text()), paths, configs
+    return json.loads(paths["json"].read_text()), {**paths, "scratch": tmp / "scratch"}, configs
 
 
 def _seed_mean(runs, key):
@@ -81,10 +84,17 @@ def test_arm_rewards_are_what_each_arm_promises(study):
             assert all(r["critiqued"] == config.batch_size for r in run["rounds"])
             if task != "sentiment":  # penalty-only critics: a critiqued response never gains reward
                 assert all(r["total_reward"] <= r["env_reward"] + 1e-9 for r in run["rounds"])
-        for run in result["arms"]["sparse"]["runs"]:
-            assert all(r["critiqued"] == 0 for r in run["rounds"])
+        for arm in ("sparse", "grpo_sparse"):
+            for run in result["arms"][arm]["runs"]:
+                assert all(r["critiqued"] == 0 and r["total_reward"] == r["env_reward"] for r in run["rounds"])
+        for run in result["arms"]["grpo_dense"]["runs"]:
+            assert all(r["critiqued"] == config.batch_size for r in run["rounds"])
+        assert result["arms"]["grpo_dense"]["spec"] == {
+            "critic": True, "threshold": "all", "env_scale": 1.0, "zero_mean": False, "algorithm": "grpo",
+            "samples_per_prompt": 4, "dense_weight": 1.0}
         for i in range(len(config.seeds)):  # round 1 samples the base policy with the same seed in every arm
-            assert len({result["arms"][a]["runs"][i]["rounds"][0]["env_reward"] for a in ARMS}) == 1
+            for arms in (PPO_ARMS, GRPO_ARMS):  # of the same update (GRPO: batch / 4 prompts x 4)
+                assert len({result["arms"][a]["runs"][i]["rounds"][0]["env_reward"] for a in arms}) == 1
 
 
 @pytest.mark.slow  # the study fixture pretrains and trains every task's arms
@@ -145,6 +155,52 @@ def test_matched_kl_matches_an_independent_frontier(study):
                     assert gain == pytest.approx(float(np.mean(expected[arm][both] - expected[other][both])), abs=1e-12)
                 else:
                     assert gain is None
+        # GRPO with the critic against GRPO without it, at grpo_sparse's KL levels
+        grpo = result["headline"]["grpo_matched_kl"]
+        levels = _seed_mean(result["arms"]["grpo_sparse"]["runs"], "kl")
+        assert grpo["kl_levels"] == pytest.approx(levels.tolist()) and set(grpo["mean_gain_vs"]) == {"grpo_sparse"}
+        at = {}
+        for arm in GRPO_ARMS:
+            kl, reward = _seed_mean(result["arms"][arm]["runs"], "kl"), _seed_mean(result["arms"][arm]["runs"], "env_reward")
+            order = np.argsort(kl, kind="stable")
+            inside = (levels >= kl.min()) & (levels <= kl.max())
+            at[arm] = np.where(inside, np.interp(levels, kl[order], _isotonic_by_minmax(reward[order])), np.nan)
+        both = ~np.isnan(at["grpo_dense"]) & ~np.isnan(at["grpo_sparse"])
+        gain = grpo["mean_gain_vs"]["grpo_sparse"]["grpo_dense"]
+        expected_gain = float(np.mean(at["grpo_dense"][both] - at["grpo_sparse"][both])) if both.any() else None
+        assert gain == (None if expected_gain is None else pytest.approx(expected_gain, abs=1e-12)), task
+
+
+def _timeless(run: dict) -> dict:
+    return {"rounds": [{k: v for k, v in r.items() if k != "seconds"} for r in run["rounds"]], "eval": run["eval"]}
+
+
+@pytest.mark.slow  # the study fixture pretrains and trains every task's arms
+def test_added_arms_equal_the_full_studys_and_a_result_this_code_does_not_give_is_refused(study):
+    """--add-arms: the GRPO arms run alone and added to a result without them are the full study's GRPO runs;
+    a result whose sparse run or config this code does not reproduce is refused, naming the fix."""
+    import copy
+
+    from benchmarks.sample_efficiency_lib.study import add_arms
+
+    loaded, paths, configs = study
+    result = copy.deepcopy(loaded["tasks"]["toxicity"])
+    full = {arm: result["arms"].pop(arm) for arm in sorted(GRPO_ARMS)}
+    add_arms(result, configs["toxicity"], sorted(GRPO_ARMS), scratch=paths["scratch"], progress=False)
+    for arm, data in full.items():
+        assert result["arms"][arm]["spec"] == data["spec"]
+        assert [_timeless(run) for run in result["arms"][arm]["runs"]] == [_timeless(run) for run in data["runs"]]
+        assert result["added"][arm]["critic"].get("requests", 0) == \
+            loaded["tasks"]["toxicity"]["critic"]["by_arm"].get(arm, {}).get("requests", 0)
+    assert result["added"]["grpo_dense"]["critic"]["requests"] > 0 and not result["added"]["grpo_sparse"]["critic"]
+    changed = copy.deepcopy(loaded["tasks"]["toxicity"])
+    changed["arms"]["sparse"]["runs"][0]["rounds"][1]["env_reward"] += 0.01
+    with pytest.raises(DataError, match="re-running sparse seed 0 of toxicity gave other numbers"):
+        add_arms(changed, configs["toxicity"], ["grpo_sparse"], scratch=paths["scratch"], progress=False)
+    changed = copy.deepcopy(loaded["tasks"]["toxicity"])
+    changed["config"]["rounds"] += 1
+    with pytest.raises(DataError, match="made with another config"):
+        add_arms(changed, configs["toxicity"], ["grpo_sparse"], scratch=paths["scratch"], progress=False)
 
 
 def test_isotonic_frontier_by_hand():

@@ -22,7 +22,26 @@ def test_rounds_overrides_and_arm_settings():
     assert se.arm_settings("dense_selective", selective_threshold=0.25)["critic.threshold"] == 0.25
     assert se.arm_settings("dense_zero_mean", selective_threshold=0.0)["critic.zero_mean"] is True
     assert se.arm_settings("sparse_scaled", selective_threshold=0.0, k=2.5) == {
-        "critic.enabled": False, "critic.threshold": se.ALL_THRESHOLD, "critic.zero_mean": False, "score.scale": 2.5}
+        "critic.enabled": False, "critic.threshold": se.ALL_THRESHOLD, "critic.zero_mean": False, "score.scale": 2.5,
+        "ppo.algorithm": "ppo", "rollout.samples_per_prompt": 1}
+    assert se.arm_settings("grpo_dense", selective_threshold=0.0) == {
+        "critic.enabled": True, "critic.threshold": se.ALL_THRESHOLD, "critic.zero_mean": False, "score.scale": 1.0,
+        "ppo.algorithm": "grpo", "rollout.samples_per_prompt": 4, "ppo.dense_weight": 1.0, "ppo.vf_coef": 0.0,
+        "ppo.adap_kl_ctrl": False, "ppo.init_kl_coef": 0.04}
+
+
+def test_every_arm_sets_a_valid_project_from_the_ppo_demo_and_from_the_grpo_demo():
+    """Each arm's -S settings on params.yaml (PPO) and on configs/demo-grpo.yaml load as drlc check loads them:
+    the GRPO arms make a PPO project value-free, the PPO arms make a GRPO project PPO with groups of 1."""
+    from pipeline.core.config import load_params
+
+    for profile in ("params.yaml", "configs/demo-grpo.yaml"):
+        for arm in se.ARMS:
+            settings = se.arm_settings(arm, selective_threshold=0.0, k=2.0 if arm == "sparse_scaled" else None)
+            params = load_params(ROOT / profile, [f"{key}={json.dumps(value)}" for key, value in settings.items()])
+            assert params.ppo.algorithm == ("grpo" if arm.startswith("grpo") else "ppo"), (profile, arm)
+            assert params.rollout.samples_per_prompt == (4 if arm.startswith("grpo") else 1)
+            assert params.critic.enabled == (arm.startswith("dense") or arm == "grpo_dense")
 
 
 @pytest.mark.slow

@@ -1,8 +1,11 @@
 """DDP for the value-free algorithms: the ppo stage under a real 2-process `accelerate launch` (torchrun + gloo on
-CPU) makes the one-process update, with groups of 2 (tests/test_distributed.py's check, on grouped tables)."""
+CPU) makes the one-process update, with groups of 2 (tests/test_distributed.py's check, on grouped tables); FSDP2
+too. DeepSpeed ZeRO runs the same path (tests/test_deepspeed.py, with the optional extra); without deepspeed a
+ZeRO launch of a value-free round is refused before it trains, by accelerate's launcher or by drlc's stage."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -48,3 +51,22 @@ def test_fsdp2_makes_the_one_process_grpo_update(tmp_path, monkeypatch):
     params = dataclasses.replace(PARAMS, algorithm="grpo", loss_type="dapo", vf_coef=0.0)
     one, launch = test_distributed.assert_two_processes_match_one(tmp_path, params, config=fsdp2)
     assert "FSDP2 over" in launch.stderr and all(row["value_loss"] == 0 for row in one)
+
+
+@pytest.mark.slow  # two failed 2-process launches (about 15 s)
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is not None,
+                    reason="deepspeed is installed: value-free ZeRO launches run in tests/test_deepspeed.py")
+def test_a_zero_launch_of_a_grpo_round_without_deepspeed_is_refused_naming_it(tmp_path):
+    zero2 = Path(test_distributed.ROOT) / "configs" / "accelerate" / "zero2.yaml"
+    params, _ = write_grouped_round(tmp_path, **dataclasses.replace(PARAMS, algorithm="grpo", vf_coef=0.0).__dict__)
+    # accelerate's launcher reads distributed_type: DEEPSPEED and stops before any process starts
+    launched = test_distributed.launch_stage(tmp_path, params, "two", config=zero2)
+    assert launched.returncode != 0 and "DeepSpeed is not installed" in launched.stderr.splitlines()[-1]
+    # a launcher that sets accelerate's variable itself (here torchrun): each rank's stage refuses in one line, exit 2
+    launched = test_distributed.launch_stage(tmp_path, params, "two", torchrun_env={"ACCELERATE_USE_DEEPSPEED": "true"})
+    refusals = {line for line in launched.stderr.splitlines() if line.startswith("drlc: error:")}
+    assert launched.returncode != 0 and "exitcode  : 2" in launched.stderr, launched.stderr[-2000:]
+    assert refusals == {"drlc: error: The launch config asks for DeepSpeed (distributed_type: DEEPSPEED) but deepspeed "
+                        "is not installed: pip install -c constraints.txt -e '.[deepspeed]', or launch with "
+                        "configs/accelerate/fsdp2.yaml."}
+    assert not (tmp_path / "two").exists() and not (tmp_path / "two-steps").exists()

@@ -94,14 +94,16 @@ def isotonic_frontier(xs: list[float], ys: list[float]) -> tuple[list[float], li
     return [x for x, _ in points], fitted
 
 
-def matched_kl(by_arm: dict[str, list[dict]], reference_arm: str = "sparse") -> dict:
+def matched_kl(by_arm: dict[str, list[dict]], reference_arm: str = "sparse",
+               others: tuple[str, ...] = ("sparse", "sparse_scaled")) -> dict:
     """Each arm's reward-vs-KL frontier read at the KL levels the reference arm passes through.
 
     An arm's frontier is the isotonic fit of its seed-mean env reward on its seed-mean KL (one
     point per round); it is read by linear interpolation, never extrapolated (None outside the
     arm's KL range). Returns {"kl_levels": [...], "reward": {arm: [value or None]},
     "frontier": {arm: {"kl": [...], "reward": [...]}}, "mean_gain_vs": {other: {arm: value or None}}}
-    where mean_gain_vs[other][arm] is the mean of (arm - other) over the levels where both are defined.
+    where mean_gain_vs[other][arm] is the mean of (arm - other) over the levels where both are defined, for
+    each of `others` that ran.
     """
     levels = seed_mean_curve(by_arm[reference_arm], "kl")
     frontier = {arm: dict(zip(("kl", "reward"), isotonic_frontier(seed_mean_curve(runs, "kl"),
@@ -109,7 +111,7 @@ def matched_kl(by_arm: dict[str, list[dict]], reference_arm: str = "sparse") -> 
                 for arm, runs in by_arm.items()}
     reward = {arm: interpolate_at(f["kl"], f["reward"], levels) for arm, f in frontier.items()}
     gains: dict[str, dict] = {}
-    for other in ("sparse", "sparse_scaled"):
+    for other in others:
         if other not in reward:
             continue
         gains[other] = {}
@@ -120,7 +122,8 @@ def matched_kl(by_arm: dict[str, list[dict]], reference_arm: str = "sparse") -> 
 
 
 def headline(by_arm: dict[str, list[dict]], *, batch_size: int, final_window: int) -> dict:
-    """Steps/rollouts to the sparse target, matched-KL rewards and final eval metrics (mean ± std) per arm."""
+    """Steps/rollouts to the sparse target, matched-KL rewards and final eval metrics (mean ± std) per arm;
+    with both GRPO arms also grpo_dense against grpo_sparse at grpo_sparse's KL levels ("grpo_matched_kl")."""
     target = sparse_target(by_arm["sparse"], final_window)
     steps = {}
     for arm, runs in by_arm.items():
@@ -131,5 +134,9 @@ def headline(by_arm: dict[str, list[dict]], *, batch_size: int, final_window: in
     keys = [k for k, v in by_arm["sparse"][0]["rounds"][0].items() if k not in NOT_MEASURES and isinstance(v, (int, float))]
     last = {arm: {key: mean_std([mean([r[key] for r in run["rounds"][-final_window:]]) for run in runs]) for key in keys}
             for arm, runs in by_arm.items()}
-    return {"sparse_target": target, "steps_to_target": steps, "matched_kl": matched_kl(by_arm),
-            "final_eval": final, "final_rounds": last}
+    out = {"sparse_target": target, "steps_to_target": steps, "matched_kl": matched_kl(by_arm),
+           "final_eval": final, "final_rounds": last}
+    if {"grpo_sparse", "grpo_dense"} <= set(by_arm):  # GRPO with and without the critic, at grpo_sparse's KL levels
+        grpo = {arm: by_arm[arm] for arm in ("grpo_sparse", "grpo_dense")}
+        out["grpo_matched_kl"] = matched_kl(grpo, reference_arm="grpo_sparse", others=("grpo_sparse",))
+    return out

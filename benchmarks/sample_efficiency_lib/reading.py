@@ -8,9 +8,11 @@ from __future__ import annotations
 import math
 
 from benchmarks.sample_efficiency_lib.analysis import mean_std, seed_mean_curve
+from benchmarks.sample_efficiency_lib.arms import GRPO_ARMS, GROUP
 from benchmarks.sample_efficiency_lib.tasks import VIEWS
 
 DENSE_ARMS = ("dense_all", "dense_selective", "dense_zero_mean")
+ARM_ORDER = ("sparse", "sparse_scaled", *DENSE_ARMS, *GRPO_ARMS)  # the tables' row order
 
 
 def fmt(value, digits: int = 3) -> str:
@@ -69,7 +71,7 @@ def _versus_control(result: dict, noise: float) -> list[str]:
 def _eval_line(result: dict) -> str:
     key, title, digits = VIEWS[_task(result)].eval_columns[0]
     final = result["headline"]["final_eval"]
-    arms = [a for a in ("sparse", "sparse_scaled", *DENSE_ARMS) if a in final]
+    arms = [a for a in ARM_ORDER if a in final]
     lower_is_better = "toxicity" in key
     base = [e[key] for e in result.get("base", {}).get("eval", []) if key in e]
     line = (f"- Final {title} ({'lower' if lower_is_better else 'higher'} is better"
@@ -109,6 +111,39 @@ def _eval_agreement(result: dict, noise: float) -> list[str]:
     return out
 
 
+def _grpo(result: dict) -> list[str]:
+    """GRPO with the critic against GRPO without it (at grpo_sparse's KL levels), and GRPO against PPO."""
+    h = result["headline"]
+    if "grpo_matched_kl" not in h:
+        return []
+    noise = h["final_rounds"]["grpo_sparse"]["env_reward"]["std"]
+    gain = h["grpo_matched_kl"]["mean_gain_vs"]["grpo_sparse"]["grpo_dense"]
+    ppo_gains = h["matched_kl"]["mean_gain_vs"].get("sparse", {})
+    kl = {arm: h["final_rounds"][arm]["kl"] for arm in ("sparse", *GRPO_ARMS)}
+    prompts = result["config"]["batch_size"] // GROUP
+    if gain is None:
+        verdict = "no KL level shared, so no matched-KL comparison"
+    elif gain > noise:
+        verdict = "grpo_dense beats grpo_sparse at matched KL"
+    elif gain < -noise:
+        verdict = "**grpo_dense is worse than grpo_sparse at matched KL**"
+    else:
+        verdict = "**grpo_dense does not beat grpo_sparse at matched KL beyond seed noise**"
+    final = h["final_rounds"]["grpo_sparse"]["env_reward"]["mean"]
+    ceiling = (f"grpo_sparse already ends at {fmt(final)} of a reward bounded by 1, so little is left for the critic "
+               "to add, and a seed std that small makes any difference look large; " if final >= 0.95 else "")
+    return [f"- GRPO ({GROUP} responses to each of {prompts} prompts a round, no value head): {verdict} "
+            f"(grpo_dense − grpo_sparse {fmt(gain)} env reward at grpo_sparse's KL levels; seed std of grpo_sparse's "
+            f"final reward {fmt(noise)}).",
+            f"- GRPO against PPO at the sparse arm's KL levels: grpo_sparse {fmt(ppo_gains.get('grpo_sparse'))}, "
+            f"grpo_dense {fmt(ppo_gains.get('grpo_dense'))} env reward vs sparse; final KL " + ", ".join(
+                f"{arm} {fmt(kl[arm]['mean'], 2)} ± {fmt(kl[arm]['std'], 2)}" for arm in kl) + ".",
+            f"- What could limit a dense gain under GRPO here: {ceiling}the dense term has one untuned weight "
+            "(ppo.dense_weight 1: as large as the group advantage), and the GRPO arms control KL by a fixed β = 0.04 "
+            "loss term where the PPO arms use an adaptive penalty in the reward, so GRPO and PPO arms differ in KL "
+            "control as well as in the advantage (compare them at matched KL, not at the final round)."]
+
+
 def _mechanism(result: dict) -> list[str]:
     """How fast each arm removes what the critic's spans penalise: the all-rounds mean of that measure per arm."""
     key = VIEWS[_task(result)].critic_target
@@ -126,17 +161,17 @@ def _mechanism(result: dict) -> list[str]:
             + ", ".join(f"{arm} {fmt(s['mean'])} ± {fmt(s['std'])}" for arm, s in stats.items()) + f": {verdict}."]
 
 
-def _hacking(result: dict) -> str:
+def _hacking(result: dict, dense: str = "dense_all", control: str | None = None) -> str:
     rounds = result["headline"]["final_rounds"]
-    control = "sparse_scaled" if "sparse_scaled" in rounds else "sparse"
-    d, c = rounds["dense_all"], rounds[control]
+    control = control or ("sparse_scaled" if "sparse_scaled" in rounds else "sparse")
+    d, c = rounds[dense], rounds[control]
     parts = []
     for key in VIEWS[_task(result)].hacking:
         if key not in d:
             continue
         beyond = abs(d[key]["mean"] - c[key]["mean"]) > d[key]["std"] + c[key]["std"]
         parts.append(f"{key} {fmt(d[key]['mean'])} vs {fmt(c[key]['mean'])}" + (" (beyond seed spread)" if beyond else ""))
-    return (f"- Degradation check (last {result['config']['final_window']} rounds, dense_all vs {control}): "
+    return (f"- Degradation check (last {result['config']['final_window']} rounds, {dense} vs {control}): "
             + "; ".join(parts) + ".")
 
 
@@ -144,9 +179,9 @@ def honest_reading(result: dict) -> list[str]:
     """Sentences derived from one task's numbers: where dense wins, where it does not, and what could be why."""
     h = result["headline"]
     noise = h["final_rounds"]["sparse"]["env_reward"]["std"]  # seed-to-seed spread of sparse's final reward
-    out = [_learning(result, noise), *_versus_control(result, noise)]
+    out = [_learning(result, noise), *_versus_control(result, noise), *_grpo(result)]
     steps = h["steps_to_target"]
-    arms = [a for a in ("sparse", "sparse_scaled", *DENSE_ARMS) if a in steps]
+    arms = [a for a in ARM_ORDER if a in steps]
     out.append(f"- Rounds to the sparse target ({fmt(h['sparse_target'])}): "
                + ", ".join(f"{a} {steps[a]['rounds'] if steps[a]['rounds'] is not None else 'never'}" for a in arms)
                + f" (of {result['config']['rounds']}).")
@@ -157,6 +192,8 @@ def honest_reading(result: dict) -> list[str]:
                f"{fmt(k['dense_all_mean_total_reward'])}, sparse mean env reward {fmt(k['sparse_mean_env_reward'])}"
                f"{alt}); sparse_scaled reached a mean total reward of {fmt(k['sparse_scaled_mean_total_reward'])}.")
     out += [*_mechanism(result), _eval_line(result), *_eval_agreement(result, noise), _hacking(result)]
+    if "grpo_matched_kl" in h:
+        out.append(_hacking(result, "grpo_dense", "grpo_sparse"))
     out.append("- What in the world, the critic or the settings could limit or inflate a dense gain here: "
                + VIEWS[_task(result)].caveat + " Seeds are few (see the ± columns): differences smaller than the std "
                "are not evidence. The ablation is one seed of off-policy replay: read it for direction only.")

@@ -8,13 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks.sample_efficiency_lib.analysis import seed_mean_curve
-from benchmarks.sample_efficiency_lib.reading import fmt, honest_reading, pm
+from benchmarks.sample_efficiency_lib.reading import ARM_ORDER, fmt, honest_reading, pm
 from benchmarks.sample_efficiency_lib.tasks import VIEWS
 from pipeline.core.errors import DataError
 
 README_START = "<!-- sample-efficiency:start -->"
 README_END = "<!-- sample-efficiency:end -->"
-ARM_ORDER = ("sparse", "sparse_scaled", "dense_all", "dense_selective", "dense_zero_mean")
 TASK_ORDER = ("sentiment", "toxicity", "summarization")
 
 
@@ -167,8 +166,11 @@ def markdown(study: dict) -> str:
     walls = ", ".join(f"{t} {study['tasks'][t]['wall_seconds'] / 60:.1f} min" for t in tasks)
     total = sum(study["tasks"][t]["wall_seconds"] for t in tasks) / 60
     lines = [f"### Sample efficiency: dense critic rewards vs sparse PPO ({study['preset']} run)", "",
-             "Five arms per task (sparse; sparse × k, the scale-matched control; dense on every response; dense on "
-             "low-reward responses only; dense with zero-mean intrinsic rewards), the same rounds × batch rollouts "
+             "Five PPO arms per task (sparse; sparse × k, the scale-matched control; dense on every response; dense "
+             "on low-reward responses only; dense with zero-mean intrinsic rewards) and two GRPO arms (no value head; "
+             "4 responses to each of batch / 4 prompts a round, so the same rollouts, minibatches and optimizer steps "
+             "per round; a fixed β = 0.04 as a k3 loss term: grpo_sparse on the env reward alone, grpo_dense with "
+             "the critic's per-token term at ppo.dense_weight 1 on every response), the same rounds × batch rollouts "
              "per arm within a task, every arm from the same cached base model. Rounds to target = the first round "
              "whose rollouts' seed-mean env reward reaches sparse's final reward (rollouts = rounds × batch, the "
              "measuring batch included). Δreward @KL = mean over the sparse arm's per-round KL levels of the arm's "

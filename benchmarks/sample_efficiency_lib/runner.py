@@ -4,7 +4,9 @@ Every arm and seed starts from the same cached base model. For a given seed the 
 picked in each round and the sampler seed are the same in every arm, so round 1 (sampled from
 the base policy) holds identical rollouts in all arms: common random numbers across arms. The
 study draws its prompts from one stream per seed (not the rollout stage's per-round picker), then
-samples them with the rollout stage's own pipeline.steps.rollout.sample_rollouts.
+samples them with the rollout stage's own pipeline.steps.rollout.sample_rollouts. A GRPO arm draws
+batch_size / G prompts a round and samples G responses to each (the same batch_size rollouts as a PPO
+arm), so its rollouts share the seed and sampler streams with the other GRPO arm, not with the PPO arms.
 """
 from __future__ import annotations
 
@@ -37,14 +39,16 @@ class StudyContext:
         self.template, self.critic, self.cache = template, critic, cache
 
 
-def _rollouts(policy, tokenizer, ctx: StudyContext, *, picker: random.Random, seed: int, round_: int) -> list[dict]:
-    """The round's rollout rows (pipeline.steps.rollout.sample_rollouts) on prompts `picker` draws, with env_reward."""
+def _rollouts(policy, tokenizer, ctx: StudyContext, *, picker: random.Random, seed: int, round_: int,
+              group: int = 1) -> list[dict]:
+    """The round's config.batch_size rollout rows (pipeline.steps.rollout.sample_rollouts) with env_reward:
+    `group` responses to each of batch_size / group prompts `picker` draws."""
     prompts = ctx.world.train_prompts
     chosen = [{"prompt_id": f"train-{i:05d}", "text": prompts[i]}
-              for i in picker.sample(range(len(prompts)), ctx.config.batch_size)]  # same draw as sampling `prompts`
+              for i in picker.sample(range(len(prompts)), ctx.config.batch_size // group)]  # as sampling `prompts`
     rows, _ = sample_rollouts(policy, tokenizer, chosen, policy_name="study", run_id=f"sample-efficiency:{seed}",
                               round_=round_, seed=seed, max_new_tokens=ctx.config.max_new_tokens,
-                              generation_batch_size=ctx.config.batch_size, progress=False)
+                              generation_batch_size=ctx.config.batch_size, progress=False, samples_per_prompt=group)
     env = ctx.world.env_rewards([row["response"] for row in rows], [row["query"] for row in rows])
     return [row | {"env_reward": e} for row, e in zip(rows, env)]
 
@@ -83,27 +87,28 @@ def _round_record(round_: int, rows: list[dict], annotated: list[dict], arm: Arm
 
 
 def run_arm(arm: Arm, seed: int, ctx: StudyContext, *, keep_rollouts: bool = False) -> dict:
-    """Train one arm for config.rounds rounds from the base model; evaluate the final policy.
+    """Train one arm for config.rounds rounds from the base model (with a value head for PPO only); evaluate
+    the final policy.
 
     Returns {"arm", "seed", "rounds": [per-round record], "eval": metrics, "seconds",
     "rollouts": recorded rollout rows per round (only when keep_rollouts)}.
     """
-    started, cfg = time.perf_counter(), ctx.config
+    started, cfg, params = time.perf_counter(), ctx.config, arm.ppo_params(ctx.config.ppo)
     torch.manual_seed(seed)
-    policy, tokenizer = load_policy(ctx.base_dir, seed=seed)
+    policy, tokenizer = load_policy(ctx.base_dir, seed=seed, value_head=params.algorithm == "ppo")
     reference = frozen_copy(policy)
-    optimizer, kl_controller, moments = make_optimizer(policy, cfg.ppo.learning_rate), new_kl_controller(cfg.ppo), RunningMoments()
+    optimizer, kl_controller, moments = make_optimizer(policy, params.learning_rate), new_kl_controller(params), RunningMoments()
     rewards = cfg.rewards
     picker, records, recorded = random.Random(f"sample-efficiency:{seed}"), [], []
     ctx.critic.arm = arm.name
     for round_ in range(1, cfg.rounds + 1):
         round_started = time.perf_counter()
-        rows = _rollouts(policy, tokenizer, ctx, picker=picker, seed=seed, round_=round_)
+        rows = _rollouts(policy, tokenizer, ctx, picker=picker, seed=seed, round_=round_, group=arm.samples_per_prompt)
         annotated = annotate_arm(rows, arm, ctx, tokenizer, rewards=rewards)
         stats = train_round(policy=policy, ref_model=reference, optimizer=optimizer,
-                            batch=ppo_batch(rows, annotated, env_scale=arm.env_scale), params=cfg.ppo,
+                            batch=ppo_batch(rows, annotated, env_scale=arm.env_scale), params=params,
                             kl_controller=kl_controller, score_moments=moments, seed=round_seed(seed, round_, 4),
-                            progress=False)
+                            progress=False, group_size=arm.samples_per_prompt, max_completion_length=cfg.max_new_tokens)
         records.append(_round_record(round_, rows, annotated, arm, stats, ctx,
                                      time.perf_counter() - round_started))
         if keep_rollouts:
