@@ -9,6 +9,7 @@ of the post, statuses are right, and ``critic.extra_body`` reaches the server.
 Skipped, with the reason, when llama-cpp-python (the ``llamacpp`` extra, a ~15 CPU-minute
 build) or the GGUF wheel is absent.
 """
+import dataclasses
 import importlib.util
 import json
 
@@ -53,9 +54,10 @@ def write_posts(path):
 
 def llamacpp_critic(tmp_path, url, **changes):
     """The demo critic pointed at llama.cpp: one request at a time (it serialises), greedy, repeat_penalty 1."""
-    return toxicity_critic(tmp_path, endpoint=url, model="smollm2-135m-instruct", max_concurrency=1,
-                           timeout_s=120.0, max_retries=2, max_tokens=160, extra_body={"repeat_penalty": 1.0},
-                           **changes)
+    settings = {"endpoint": url, "model": "smollm2-135m-instruct", "max_concurrency": 1, "timeout_s": 120.0,
+                "max_retries": 2, "max_tokens": 160, "extra_body": {"repeat_penalty": 1.0},
+                "cache_dir": str(tmp_path / "cache")}
+    return dataclasses.replace(toxicity_critic(tmp_path), **(settings | changes))
 
 
 def audit(tmp_path, critic):
