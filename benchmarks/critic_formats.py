@@ -110,7 +110,7 @@ def run_setting(critic, *, limit: int, seed: int, load_s: float) -> dict | None:
         "char_f1_sd": statistics.pstdev(r["char_f1"] for r in rows if r["critic"] == "configured"),
         "span_precision": c["span_precision"],
         "span_recall": c["span_recall"], "requests_sent": answers, "wall_s": round(wall, 1),
-        "parts": len(parts),
+        "parts": len(parts), "load_s": round(sum(p["load_s"] for p in parts), 1),
         "seconds_per_answer": round(decoding_s / max(answers, 1), 2),
         "seconds_per_post": round(decoding_s / c["n_posts"], 2),
         "baselines": {name: {"char_f1": summary["critics"][name]["char_f1"]} for name in ("everything", "nothing")},
