@@ -2,9 +2,10 @@
 
 Each test keeps the profile's method settings (a GGUF base.model converted by the base stage,
 token prefixes, the base model as its own critic through the hf backend, LoRA for the
-self-critique run) and replaces only the 93 MB SmolLM2 file by a tiny Llama GGUF written with
-the gguf package (tests/tiny_gguf.py; crafted so its critic answers stop: a complete answer,
-not one cut at max_tokens) and the sizes (1 round x 8 rollouts, short answers).
+self-critique run, the profile's critic.answer_format) and replaces only the 93 MB SmolLM2 file by
+a tiny Llama GGUF written with the gguf package (tests/tiny_gguf.py; crafted so its free-text
+critic answers stop: a complete answer, not one cut at max_tokens; a copy answer is closed by the
+constraint) and the sizes (1 round x 8 rollouts, short answers).
 It then checks the run's own facts: the conversion, the critic's cache, a re-run that sends
 the critic nothing, and (self-critique) saved adapters whose disabled state is the base model.
 """
@@ -39,7 +40,9 @@ def smol_params(name: str, gguf_file: str) -> dict:
                         n_train_prompts=16, n_eval_prompts=2)
     raw["base"]["model"] = gguf_file
     raw["rollout"].update(batch_size=8, generation_batch_size=8, max_new_tokens=6)
-    raw["critic"].update(max_tokens=8, threshold=1.0)  # every response is critiqued (rewards are <= 1)
+    # every response is critiqued (rewards are <= 1); a copy answer needs room for '{"spans": []}' in the
+    # tiny vocabulary's short tokens (it starts closing its JSON 24 tokens before the limit)
+    raw["critic"].update(max_tokens=8 if raw["critic"]["answer_format"] == "text" else 40, threshold=1.0)
     # the tiny GGUF answers one word, which no parser reads as spans (parse_error): this test checks the
     # profile's plumbing, so it lifts the error gate (tests/test_reliability_health.py tests the gate)
     raw["critic"]["max_error_rate"] = 1.0
@@ -74,13 +77,28 @@ def check_conversion_and_critic_cache(project, n_rollouts: int = 8) -> None:
     assert first["cache_hits"] == 0
     rows = store.read_table(project / "data/annotations/round=0001", "annotations")
     assert all(r["cache_key"] and r["critic_model"] == "smollm2-135m-instruct" for r in rows)
-    assert [r["raw_text"] for r in rows] == [" good"] * n_rollouts  # the crafted answer, complete and cached
+    check_answers(project, rows)
 
     dvc(["repro", "-f", "-s", "critique@0001"], project)  # answers come from the cache: 0 requests
     again = json.loads((project / "metrics/critique/round=0001.json").read_text())
     assert again["critic_requests"] == 0 and again["cache_hits"] == n_rollouts
     rerun = store.read_table(project / "data/annotations/round=0001", "annotations")
     assert [r["raw_text"] for r in rerun] == [r["raw_text"] for r in rows]
+
+
+def check_answers(project, rows) -> None:
+    """Complete answers in the profile's critic.answer_format: text, the crafted word; copy, drlc's span JSON."""
+    answer_format = yaml.safe_load((project / "params.yaml").read_text())["critic"]["answer_format"]
+    if answer_format == "text":
+        assert [r["raw_text"] for r in rows] == [" good"] * len(rows)  # the crafted answer, complete and cached
+        return
+    assert answer_format == "copy"
+    responses = {r["rollout_id"]: r["response"] for r in store.read_table(project / "data/rollouts/round=0001",
+                                                                            "rollouts")}
+    for row in rows:  # constrained decoding: closed JSON whose every span is copied from the response
+        assert row["status"] in ("ok", "none"), row
+        spans = json.loads(row["raw_text"])["spans"]
+        assert all(span["text"] in responses[row["rollout_id"]] for span in spans), row
 
 
 def test_smol_sentiment_one_round_on_imdb_token_prefixes(tmp_path):
