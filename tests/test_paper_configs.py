@@ -43,8 +43,8 @@ def test_config_validates(path):
     assert params.evaluate.policy == f"round={params.round_keys()[-1]}"
 
 
-@pytest.mark.parametrize("path", PAPER, ids=lambda p: p.name)
-def test_paper_config_is_complete(path):
+@pytest.mark.parametrize("path", PAPER + PROFILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_config_is_complete(path):
     """Every section and every key is written out, as in params.yaml: nothing silently defaulted."""
     raw = read_yaml(path.read_text())
     assert list(raw) == [*SECTIONS, "rounds", "chunks", "distill", "switch"]
