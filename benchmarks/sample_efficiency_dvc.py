@@ -87,9 +87,16 @@ def hydra_value(value) -> str:
     return json.dumps(value)
 
 
+def set_prefix(value) -> str:
+    """'++' for a mapping with keys: DVC applies -S in Hydra's struct mode, where a plain override cannot add
+    a key (critic.extra_body={drlc_seed: 0} onto the profile's {} fails); '++' adds or overrides."""
+    return "++" if isinstance(value, dict) and value else ""
+
+
 def run_command(arm: str, seed: int, settings: dict, extra: list[str], *, runner: str) -> list[str]:
     """The `dvc exp run` command of one experiment (queued, or run now in a temp folder)."""
-    sets = [f"run.seed={seed}"] + [f"{key}={hydra_value(value)}" for key, value in settings.items()] + extra
+    sets = [f"run.seed={seed}"] + [f"{set_prefix(value)}{key}={hydra_value(value)}" for key, value in settings.items()]
+    sets += extra
     mode = ["--queue"] if runner == "queue" else ["--temp"]
     return [sys.executable, "-m", "dvc", "exp", "run", *mode, "-n", exp_name(arm, seed),
             *[part for s in sets for part in ("-S", s)]]

@@ -44,7 +44,8 @@ def test_each_critic_arm_sets_its_critic_and_the_controls_set_none():
     assert critics.study_arms(["tagger"], ["grpo"]) == ["sparse-grpo", "dense_tagger-grpo"]
 
 
-def test_every_arm_is_valid_on_the_study_profile_through_hydras_override_parser():
+def test_every_arm_is_valid_on_the_study_profile_through_hydras_override_parser(tmp_path):
+    from dvc.utils.hydra import apply_overrides
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
@@ -55,7 +56,10 @@ def test_every_arm_is_valid_on_the_study_profile_through_hydras_override_parser(
             overrides = [command[i + 1] for i, part in enumerate(command) if part == "-S"]
             parsed = {o.key_or_group: o.value() for o in map(parser.parse_override, overrides)}
             assert parsed == {"run.seed": seed, **settings}  # what DVC writes into params.yaml
-            params = load_params(PROFILE, overrides)  # every key exists and the whole profile validates
+            applied = tmp_path / f"{arm}-{seed}.yaml"  # as `dvc exp run -S` applies them (struct mode)
+            shutil.copy(PROFILE, applied)
+            apply_overrides(str(applied), overrides)
+            params = load_params(applied)  # every key exists and the whole profile validates
             assert params.critic.backend == settings.get("critic.backend", params.critic.backend)
             assert params.ppo.algorithm == settings["ppo.algorithm"]
 
@@ -68,7 +72,7 @@ def test_dry_run_plans_sparse_the_critics_then_sparse_scaled_matched_to_the_tagg
     names = [line.split(" -n ")[1].split()[0] for line in lines]
     assert names == ["sparse-s0", "sparse-s1", "dense_random-s0", "dense_random-s1", "dense_tagger-s0",
                      "dense_tagger-s1", "sparse_scaled-s0", "sparse_scaled-s1"]
-    assert "-S 'critic.extra_body={drlc_seed: 1}'" in lines[3]
+    assert "-S '++critic.extra_body={drlc_seed: 1}'" in lines[3]
     assert "-S 'score.scale=\"<k>\"'" in lines[-1]
 
 
