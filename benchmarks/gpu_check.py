@@ -286,14 +286,6 @@ def step_trl_timing(config: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------- 1 vs N processes
-def _stage_command(tmp: Path, params: Path, out: str) -> list[str]:
-    """stages/ppo.py on the round tests/test_distributed.write_round wrote into tmp."""
-    return ["stages/ppo.py", "--params", str(params), "--round", "0001", "--policy", str(tmp / "base"),
-            "--reference", str(tmp / "base"), "--rollouts", str(tmp / "rollouts"), "--scores", str(tmp / "scores"),
-            "--annotations", str(tmp / "annotations"), "--out", str(tmp / out),
-            "--steps", str(tmp / f"{out}-steps"), "--metrics", str(tmp / f"{out}.json")]
-
-
 def _run_stage(command: list[str], label: str) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT), TQDM_DISABLE="1")
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -342,7 +334,7 @@ def step_sharded(name: str, config: dict) -> dict:
     """One tiny PPO round with 1 process and with 2 under configs/accelerate/<SHARDED[name]>; compare."""
     import yaml
 
-    from tests.test_distributed import free_port, write_round
+    from tests.test_distributed import free_port, stage_command, write_round
     from tests.test_resume import PARAMS
 
     accelerate_file = ROOT / "configs" / "accelerate" / SHARDED[name]
@@ -358,10 +350,10 @@ def step_sharded(name: str, config: dict) -> dict:
     raw = yaml.safe_load(params.read_text())
     raw["run"]["device"] = config["device"]
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
-    _run_stage([sys.executable, *_stage_command(tmp, params, "one")], "1 process")
+    _run_stage([sys.executable, *stage_command(tmp, params, "one")], "1 process")
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_file),
               "--num_processes", "2", "--main_process_port", str(free_port())]
-    _run_stage(launch + _stage_command(tmp, params, "two"), f"2 processes ({SHARDED[name]})")
+    _run_stage(launch + stage_command(tmp, params, "two"), f"2 processes ({SHARDED[name]})")
     result = {"accelerate_file": str(accelerate_file.relative_to(ROOT)), **compare_runs(tmp)}
     if not result["equal"]:
         raise StepFailed(f"2 processes differ from 1 beyond tests/test_distributed.py's bounds: weights "

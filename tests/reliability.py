@@ -153,7 +153,8 @@ def ppo_cmd(project: Path, out: Path) -> list[str]:
             "--rollouts", str(project / "data/rollouts/round=0001"),
             "--scores", str(project / "data/scores/round=0001"),
             "--annotations", str(project / "data/annotations/round=0001"),
-            "--out", str(out / "model"), "--steps", str(out / "steps"), "--metrics", str(out / "ppo.json")]
+            "--out", str(out / "model"), "--steps", str(out / "steps"), "--kl-rewards", str(out / "kl_rewards"),
+            "--metrics", str(out / "ppo.json")]
 
 
 def start(cmd: list[str], cwd: Path) -> subprocess.Popen:

@@ -67,6 +67,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stage_command(tmp: Path, params: Path, out: str, policy: str = "base", round_: str = "0001") -> list[str]:
+    """stages/ppo.py on the round write_round wrote into tmp, from tmp/`policy`, writing tmp/`out`*."""
+    return ["stages/ppo.py", "--params", str(params), "--round", round_, "--policy", str(tmp / policy),
+            "--reference", str(tmp / "base"), "--rollouts", str(tmp / "rollouts"), "--scores", str(tmp / "scores"),
+            "--annotations", str(tmp / "annotations"), "--out", str(tmp / out), "--steps", str(tmp / f"{out}-steps"),
+            "--kl-rewards", str(tmp / f"{out}-kl-rewards"), "--metrics", str(tmp / f"{out}.json")]
+
+
 def launch_stage(tmp: Path, params: Path, out: str, processes: int = 2, config: Path | None = None,
                  policy: str = "base", round_: str = "0001", torchrun_env: dict | None = None
                  ) -> subprocess.CompletedProcess:
@@ -80,10 +88,7 @@ def launch_stage(tmp: Path, params: Path, out: str, processes: int = 2, config: 
     if torchrun_env is not None:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
                     "--master_port", str(free_port())]
-    stage = ["stages/ppo.py", "--params", str(params), "--round", round_, "--policy", str(tmp / policy),
-             "--reference", str(tmp / "base"), "--rollouts", str(tmp / "rollouts"), "--scores", str(tmp / "scores"),
-             "--annotations", str(tmp / "annotations"), "--out", str(tmp / out), "--steps", str(tmp / f"{out}-steps"),
-             "--metrics", str(tmp / f"{out}.json")]
+    stage = stage_command(tmp, params, out, policy=policy, round_=round_)
     env = dict(os.environ, PYTHONPATH=str(ROOT), TQDM_DISABLE="1", CUDA_VISIBLE_DEVICES="", **(torchrun_env or {}))
     return subprocess.run(launcher + stage, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 

@@ -104,7 +104,7 @@ def test_killed_dvc_repro_during_critique_resumes_with_dvc_repro(critique_setup,
         lock.unlink()
     assert_whole_or_absent(project / "data/annotations/round=0001")
     cached = cache_entries(project / "cache/critic-fresh")
-    before = server.stats()["requests"]
+    before = settled_requests(server)
     result = run_logged([sys.executable, "-m", "dvc", "repro"], project)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     resent = server.stats()["requests"] - before
@@ -113,6 +113,18 @@ def test_killed_dvc_repro_during_critique_resumes_with_dvc_repro(critique_setup,
         got = table_rows(project / f"data/{table}/round=0001", table)
         assert got == rows, table
     print(f"\ndvc repro killed after {point} completions: cached {cached}, re-sent {resent} of {critiqued}")
+
+
+def settled_requests(server, quiet_s: float = 1.0) -> int:
+    """The server's request count once it has stopped moving: a request the killed process wrote just before
+    SIGKILL can still sit in the socket buffer and be counted after the kill, and it must not count as re-sent."""
+    count = server.stats()["requests"]
+    while True:
+        time.sleep(quiet_s)
+        now = server.stats()["requests"]
+        if now == count:
+            return count
+        count = now
 
 
 @pytest.fixture(scope="module")
