@@ -70,9 +70,12 @@ def arm_settings(arm: str, *, selective_threshold: float, k: float | str | None 
     return settings
 
 
-def rounds_overrides(n_rounds: int | None) -> list[str]:
-    """-S values replacing the `rounds` section with n rounds (pipeline.commands.rounds.exp_run_overrides); None keeps it."""
-    return [] if n_rounds is None else exp_run_overrides(n_rounds)
+def rounds_overrides(n_rounds: int | None, per_stage: int = 1) -> list[str]:
+    """-S values replacing the `rounds` section with n rounds, K = per_stage a stage
+    (pipeline.commands.rounds.exp_run_overrides); None keeps params.yaml's."""
+    if n_rounds is None and per_stage != 1:
+        raise ConfigError(f"--per-stage {per_stage} needs --rounds N: the chunks are laid out for N rounds")
+    return [] if n_rounds is None else exp_run_overrides(n_rounds, per_stage)
 
 
 def exp_name(arm: str, seed: int) -> str:
@@ -329,6 +332,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.add_argument("--project", type=Path, default=Path.cwd(), help="drlc project (git + DVC repo)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=None, help="replace params.yaml's rounds with N rounds")
+    parser.add_argument("--per-stage", type=int, default=1,
+                        help="with --rounds: K rounds a stage (chunk stages: one model load per K rounds)")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     parser.add_argument("--critics", nargs="+", default=None, choices=list(critics.CRITICS),
                         help="the real-text study: sparse, sparse_scaled and a dense arm per critic (replaces --arms)")
@@ -352,7 +357,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     started, project = time.perf_counter(), args.project.resolve()
     params = yaml.safe_load((project / "params.yaml").read_text())
     threshold = float(params["critic"]["threshold"])
-    extra = rounds_overrides(args.rounds)
+    extra = rounds_overrides(args.rounds, args.per_stage)
     n_rounds = args.rounds or len(params["rounds"])
     first, reference, settings_of = study_design(args, threshold)
     main_seeds = args.main_seeds or args.seeds

@@ -138,7 +138,19 @@ def test_a_chunk_killed_before_its_end_reruns_alone_to_the_same_tables(runs):
     (project / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
     again = dvc(["repro", "--no-run-cache"], project).stdout
     assert "Running stage 'chunk@0005'" in again and "Running stage 'chunk@0001'" not in again, again
-    assert round_tables(project) == round_tables(runs[1])
+    got, expected = round_tables(project), round_tables(runs[1])
+    differ = [key for key in expected if got[key] != expected[key]]
+    assert not differ, (differ, first_difference(got[differ[0]], expected[differ[0]]))
+
+
+def first_difference(got: list[dict], expected: list[dict]) -> str:
+    """The first differing row and columns of two tables, for a failure message."""
+    if len(got) != len(expected):
+        return f"{len(got)} rows, expected {len(expected)}"
+    for i, (a, b) in enumerate(zip(got, expected)):
+        if a != b:
+            return f"row {i}: " + "; ".join(f"{k}: {a.get(k)!r} != {b.get(k)!r}" for k in b if a.get(k) != b[k])
+    return "equal"
 
 
 def test_a_grouped_grpo_chunk_equals_its_per_round_stages(grouped_runs):

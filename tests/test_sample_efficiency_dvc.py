@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import sample_efficiency_dvc as se  # noqa: E402
+from pipeline.core.errors import ConfigError  # noqa: E402
 
 
 def test_rounds_overrides_and_arm_settings():
@@ -19,6 +20,10 @@ def test_rounds_overrides_and_arm_settings():
     assert se.rounds_overrides(2) == ["~rounds", "+rounds={0001: {prev: base}, 0002: {prev: 'round=0001'}}",
                                       "~chunks", "+chunks={}", "run.rounds_per_stage=1",
                                       "evaluate.policy='round=0002'"]
+    assert se.rounds_overrides(8, 4)[2:5] == ["~chunks", "+chunks={0001: {prev: base, last: '0004'}, "
+                                              "0005: {prev: 'round=0004', last: '0008'}}", "run.rounds_per_stage=4"]
+    with pytest.raises(ConfigError, match="--per-stage 4 needs --rounds N"):
+        se.rounds_overrides(None, 4)
     assert se.arm_settings("dense_selective", selective_threshold=0.25)["critic.threshold"] == 0.25
     assert se.arm_settings("dense_zero_mean", selective_threshold=0.0)["critic.zero_mean"] is True
     assert se.arm_settings("sparse_scaled", selective_threshold=0.0, k=2.5) == {
