@@ -30,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import readme_block  # noqa: E402
 from pipeline.core.errors import DataError  # noqa: E402
 
 README_START = "<!-- demo-queries:begin -->"
@@ -203,12 +204,8 @@ def render(result: dict) -> str:
 
 
 def splice_readme(text: str, markdown: str) -> str:
-    """README text with the part between the markers replaced by markdown."""
-    if text.count(README_START) != 1 or text.count(README_END) != 1:
-        raise DataError(f"README must hold '{README_START}' and '{README_END}' exactly once each.")
-    head, rest = text.split(README_START, 1)
-    _, tail = rest.split(README_END, 1)
-    return f"{head}{README_START}\n{markdown}{README_END}{tail}"
+    """README text with the part between the demo-queries markers replaced by markdown."""
+    return readme_block.splice(text, markdown, README_START, README_END)
 
 
 def main(argv: list[str] | None = None) -> None:

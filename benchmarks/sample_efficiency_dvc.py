@@ -42,6 +42,7 @@ from benchmarks.sample_efficiency_lib.analysis import (  # noqa: E402
     sparse_target,
     steps_to_reach,
 )
+from benchmarks import readme_block  # noqa: E402
 from benchmarks.sample_efficiency_lib import critics, real_text  # noqa: E402
 from benchmarks.sample_efficiency_lib.arms import ALL, study_arms  # noqa: E402
 from pipeline.commands.rounds import exp_run_overrides  # noqa: E402
@@ -305,7 +306,7 @@ def real_text_report(project: Path, by_arm: dict, args, *, policy: str, final_wi
     samples = {arm: eval_sample_pairs(project, runs[0]["rev"], policy) for arm, runs in by_arm.items()}
     plot = real_text.plot_gain_vs_f1(rows, args.out.with_name(args.out.stem + "_gain_vs_f1.png"))
     return {"arms": rows, "critic_quality": {c: quality.get(c) for c in args.critics}, "samples": samples,
-            "plot": plot.name, "table": real_text.markdown(rows)}
+            "plot": plot.name, "batch_size": batch_size, "table": real_text.markdown(rows)}
 
 
 def study_design(args, threshold: float):
@@ -350,6 +351,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.add_argument("--critic-quality", type=Path, default=ROOT / "benchmarks" / "results" / "study_critics.json",
                         help="with --critics: each critic's char F1 (benchmarks/study_critics.py)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sample_efficiency_dvc.json")
+    parser.add_argument("--readme", type=Path, default=None,
+                        help="with --critics: also write the result into this README's real-text block")
     parser.add_argument("--dry-run", action="store_true", help="print the dvc commands only")
     parser.add_argument("--max-new", type=int, default=None,
                         help="run at most N new experiments, then stop (run the same command again to go on)")
@@ -408,6 +411,9 @@ def study(project, args, params, first, reference, settings_of, seeds_of, extra,
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
     args.out.with_suffix(".md").write_text(markdown(result))
+    if args.critics and args.readme:
+        args.readme.write_text(readme_block.splice(args.readme.read_text(), real_text.readme_section(result),
+                                                   real_text.README_START, real_text.README_END))
     print(markdown(result))
     return result
 

@@ -174,3 +174,24 @@ def markdown(rows: dict[str, dict], *, eval_set: str = "world") -> str:
         cells += [f"{cost['at_api_prices_usd']:.4f}", f"{cost['paid_usd']:.4f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+README_START = "<!-- real-text-study:start -->"
+README_END = "<!-- real-text-study:end -->"
+
+
+def readme_section(result: dict) -> str:
+    """README's real-text block, recomputed from a committed study JSON's raw runs (its `runs` and each
+    critic's char F1), so a hand edit of the JSON's report or of the README shows up as a mismatch."""
+    window = result["headline"]["final_window"]
+    rows = arm_rows(result["runs"], result["real_text"]["critic_quality"], final_window=window,
+                    batch_size=result["real_text"]["batch_size"])
+    seeds, scale = {arm: len(runs) for arm, runs in result["runs"].items()}, result["scale_factor"]
+    lines = [f"### On real text: {result['task']}, SmolLM2-135M with LoRA, {result['rounds']} rounds × "
+             f"{result['real_text']['batch_size']} rollouts", "",
+             f"Seeds per arm: {', '.join(f'{a} {n}' for a, n in seeds.items())}. Δ columns are the arm minus "
+             f"{CONTROL} (sparse, its reward scaled by k = {scale['k']:.3f} to match {scale['reference']}'s reward "
+             f"{scale['match']}), paired by seed, with 95 % t intervals; final = mean of the last {window} rounds. Eval: "
+             "held-out prompts, the final policy. Critic char F1: on the SemEval-2021 trial posts.", "",
+             markdown(rows).rstrip("\n")]
+    return "\n".join(lines) + "\n"

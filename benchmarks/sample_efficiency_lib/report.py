@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks import readme_block
 from benchmarks.sample_efficiency_lib.analysis import seed_mean_curve
 from benchmarks.sample_efficiency_lib.reading import ARM_ORDER, fmt, honest_reading, pm
 from benchmarks.sample_efficiency_lib.tasks import VIEWS
-from pipeline.core.errors import DataError
 
 README_START = "<!-- sample-efficiency:start -->"
 README_END = "<!-- sample-efficiency:end -->"
@@ -190,9 +190,5 @@ def splice_readme(readme: str | Path, section: str) -> None:
     Raises: DataError if the file lacks the start or end marker (or has them in the wrong order).
     """
     path = Path(readme)
-    text = path.read_text(encoding="utf-8")
-    start, end = text.find(README_START), text.find(README_END)
-    if start < 0 or end < start:
-        raise DataError(f"{path} has no '{README_START}' ... '{README_END}' block; add both markers where the "
-                        "results section should go")
-    path.write_text(text[:start + len(README_START)] + "\n" + section.rstrip("\n") + "\n" + text[end:], encoding="utf-8")
+    path.write_text(readme_block.splice(path.read_text(encoding="utf-8"), section, README_START, README_END),
+                    encoding="utf-8")
