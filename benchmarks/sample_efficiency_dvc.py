@@ -46,6 +46,7 @@ from benchmarks import readme_block  # noqa: E402
 from benchmarks.sample_efficiency_lib import critics, real_text  # noqa: E402
 from benchmarks.sample_efficiency_lib.arms import ALL, study_arms  # noqa: E402
 from pipeline.commands.rounds import exp_run_overrides  # noqa: E402
+from pipeline.core.config import load_params  # noqa: E402
 from pipeline.core.errors import ConfigError, DataError  # noqa: E402
 from pipeline.steps.score import population_std  # noqa: E402
 
@@ -361,7 +362,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     params = yaml.safe_load((project / "params.yaml").read_text())
     threshold = float(params["critic"]["threshold"])
     extra = rounds_overrides(args.rounds, args.per_stage)
-    n_rounds = args.rounds or len(params["rounds"])
+    n_rounds = args.rounds or len(load_params(project / "params.yaml").round_keys())  # per-round or chunked
     first, reference, settings_of = study_design(args, threshold)
     main_seeds = args.main_seeds or args.seeds
 
