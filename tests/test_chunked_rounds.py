@@ -122,8 +122,6 @@ def test_chunked_metrics_and_checkpoint_equal_the_per_round_ones(runs, per_stage
     assert trainer_state["round"] == N_ROUNDS
 
 
-@pytest.mark.xfail(strict=False, reason="flaky since session 9's merges: failed 2 of 3 runs on an Intel Xeon (rounds 6-8 "
-                   "of the re-run chunk differ from the per-round run), passed alone; cause not found yet")
 def test_a_chunk_killed_before_its_end_reruns_alone_to_the_same_tables(runs):
     """The state a chunk killed during its first run leaves: no outputs, no dvc.lock entry (DVC writes it
     when a stage ends) and no run-cache entry (--no-run-cache). Deleted outputs of a chunk that did

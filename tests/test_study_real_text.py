@@ -220,3 +220,15 @@ def test_real_text_arms_run_as_dvc_experiments_and_report(tmp_path, monkeypatch)
               for c in json.loads(shown) for e in c.get("experiments") or []}
     assert params["dense_lexicon-s0"]["critic"]["backend"] == "lexicon"
     assert params["sparse_scaled-s0"]["score"]["scale"] == pytest.approx(result["scale_factor"]["k"])
+
+
+def test_the_readme_leads_with_the_committed_real_text_result():
+    """README's real-text block is benchmarks/results/study_real_text.json rendered again from its raw runs:
+    a hand edit of the JSON's report, its runs, or the README fails here."""
+    committed = json.loads((ROOT / "benchmarks/results/study_real_text.json").read_text())
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split(real_text.README_START, 1)[1].split(real_text.README_END, 1)[0]
+    assert section.strip() == real_text.readme_section(committed).strip()
+    help_section = readme.split("## Does the critic help?", 1)[1]
+    assert help_section.index(real_text.README_START) < help_section.index("<!-- sample-efficiency:start -->")
+
