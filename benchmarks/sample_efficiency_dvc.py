@@ -49,6 +49,7 @@ from pipeline.commands.rounds import exp_run_overrides  # noqa: E402
 from pipeline.core.config import load_params  # noqa: E402
 from pipeline.core.errors import ConfigError, DataError  # noqa: E402
 from pipeline.steps.score import population_std  # noqa: E402
+from pipeline.core import store  # noqa: E402
 
 PHASE_1 = ("sparse", "dense_all", "dense_selective", "dense_zero_mean", "grpo_sparse", "grpo_dense")
 ARMS = PHASE_1 + ("sparse_scaled",)
@@ -159,18 +160,23 @@ def round_records(project: Path, exp: dict, *, with_spread: bool) -> list[dict]:
                   "critic_requests": c["critic_requests"], "cache_hits": c["cache_hits"],
                   "critic_cost_usd": c["critic_cost_usd"]}
         if with_spread:
-            record.update(response_spread(project, exp["rev"], c["round"], scale))
+            chunks = exp["params"].get("chunks") or {}
+            record.update(response_spread(project, exp["rev"], c["round"], scale, chunks))
         records.append(record)
     return records
 
 
-def response_spread(project: Path, rev: str, round_: int, scale: float) -> dict:
-    """Within-round population std of the (unscaled) env reward and of the total reward, from the tables."""
+def response_spread(project: Path, rev: str, round_: int, scale: float, chunks: dict) -> dict:
+    """Within-round population std of the (unscaled) env reward and of the total reward, from the tables.
+
+    chunks: the experiment's params `chunks` (where a chunked run keeps each round's partitions).
+    """
     import dvc.api
     import pyarrow.parquet as pq
 
     def table(name: str) -> dict:
-        with dvc.api.open(f"data/{name}/round={round_:04d}/part-0.parquet", repo=str(project), rev=rev, mode="rb") as f:
+        path = f"data/{store.planned_partition(name, round_, chunks)}/part-0.parquet"
+        with dvc.api.open(path, repo=str(project), rev=rev, mode="rb") as f:
             return {row["rollout_id"]: row for row in pq.read_table(io.BytesIO(f.read())).to_pylist()}
 
     scores, notes = table("scores"), table("annotations")

@@ -46,3 +46,11 @@ def test_lines_reject_embedded_newlines(tmp_path):
     assert store.read_lines(tmp_path / "x.txt") == ["a b", "c"]
     with pytest.raises(StoreError, match="newline"):
         store.write_lines(["a\nb"], tmp_path / "y.txt")
+
+
+def test_planned_partition_finds_the_chunk_that_ran_a_round():
+    chunks = {"0001": {"prev": "base", "last": "0004"}, "0005": {"prev": "round=0004", "last": "0008"}}
+    assert store.planned_partition("scores", 1, chunks) == "scores/chunk=0001/round=0001"
+    assert store.planned_partition("scores", 4, chunks) == "scores/chunk=0001/round=0004"
+    assert store.planned_partition("annotations", 5, chunks) == "annotations/chunk=0005/round=0005"
+    assert store.planned_partition("scores", 3, {}) == "scores/round=0003"

@@ -111,6 +111,13 @@ def chunk_dir(root: str | Path, table: str, chunk: str) -> Path:
     return Path(root) / table / f"chunk={chunk}"
 
 
+def planned_partition(table: str, round_: int, chunks: dict) -> str:
+    """round_'s partition folder of `table` relative to the data root, from the params' `chunks` mapping
+    ({first round key: {last: ...}}; empty for one stage per round): for readers of a revision, not a folder."""
+    chunk = next((key for key, item in chunks.items() if int(key) <= round_ <= int(item["last"])), None)
+    return f"{table}/round={round_:04d}" if chunk is None else f"{table}/chunk={chunk}/round={round_:04d}"
+
+
 def round_partition(root: str | Path, table: str, round_: int) -> Path:
     """The folder holding round_'s partition of `table` in either layout (the per-round one if neither exists)."""
     flat = partition_dir(root, table, round_)
