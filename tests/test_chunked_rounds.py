@@ -1,13 +1,13 @@
-"""Chunked rounds through the real DVC: the demo DAG with 8 rounds run as per-round stages (K = 1), as
-two chunk stages of 4 (K = 4) and as one chunk stage of 8 (K = 8) gives the same tables row by row,
+"""Chunked rounds through the real DVC: the demo DAG with 4 rounds run as per-round stages (K = 1), as
+two chunk stages of 2 (K = 2) and as one chunk stage of 4 (K = 4) gives the same tables row by row,
 the same metrics JSON and the same final checkpoint; a chunk killed before its end re-runs alone,
 to the same tables.
 
-Shrunk beyond tests/e2e.py's tiny_params so three 8-round runs fit (rollout.batch_size 16, base.steps
+Shrunk beyond tests/e2e.py's tiny_params so three 4-round runs fit (rollout.batch_size 16, base.steps
 200, 4 evaluation prompts): one process start per stage dominates, so K = 1 is the slow run.
 
 The same for groups: configs/demo-grpo.yaml (GRPO, 4 responses to each of 4 prompts a round, no value head)
-over 4 rounds as per-round stages and as one chunk of 4 gives the same tables, metrics and checkpoint.
+over 2 rounds as per-round stages and as one chunk of 2 gives the same tables, metrics and checkpoint.
 """
 import json
 import shutil
@@ -23,10 +23,10 @@ from safetensors.torch import load_file
 from pipeline.commands.rounds import chunk_chain
 from pipeline.core.store import VOLATILE_COLUMNS, round_partition
 
-pytestmark = pytest.mark.slow  # three 8-round `dvc repro` runs
+pytestmark = pytest.mark.slow  # three 4-round `dvc repro` runs
 
-N_ROUNDS = 8
-GROUPED_ROUNDS = 4  # the demo-grpo runs
+N_ROUNDS = 4  # 8 rounds took 2x the suite time and tested nothing two chunks of 2 do not
+GROUPED_ROUNDS = 2  # the demo-grpo runs: one chunk of both rounds
 ROUND_TABLES = ["rollouts", "scores", "annotations", "ppo_steps", "kl_rewards"]
 CHECKPOINT_FILES = ["model.safetensors", "value_head.safetensors"]
 
@@ -62,7 +62,7 @@ def finished_projects(tmp_path_factory, per_stages: tuple[int, ...], n_rounds: i
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[int, Path]:
-    return finished_projects(tmp_path_factory, (4, 8))
+    return finished_projects(tmp_path_factory, (2, 4))
 
 
 @pytest.fixture(scope="module")
@@ -89,15 +89,15 @@ def round_metrics(project: Path, per_stage: int, n_rounds: int = N_ROUNDS) -> di
 
 
 def test_chunks_write_their_rounds_in_chunk_folders(runs):
-    folders = sorted(p.name for p in (runs[4] / "data" / "rollouts").iterdir() if p.is_dir())
-    assert folders == ["chunk=0001", "chunk=0005"]
-    assert (runs[4] / "data" / "scores" / "chunk=0005" / "round=0007" / "part-0.parquet").is_file()
-    assert not list((runs[4] / "data" / "rollouts").glob("round=*"))
-    assert not (runs[4] / "models" / "round=0002").exists()  # one checkpoint per chunk
-    assert (runs[4] / "models" / "round=0004").is_dir() and (runs[8] / "models" / "round=0008").is_dir()
+    folders = sorted(p.name for p in (runs[2] / "data" / "rollouts").iterdir() if p.is_dir())
+    assert folders == ["chunk=0001", "chunk=0003"]
+    assert (runs[2] / "data" / "scores" / "chunk=0003" / "round=0004" / "part-0.parquet").is_file()
+    assert not list((runs[2] / "data" / "rollouts").glob("round=*"))
+    assert not (runs[2] / "models" / "round=0001").exists()  # one checkpoint per chunk
+    assert (runs[2] / "models" / "round=0002").is_dir() and (runs[4] / "models" / "round=0004").is_dir()
 
 
-@pytest.mark.parametrize("per_stage", [4, 8])
+@pytest.mark.parametrize("per_stage", [2, 4])
 def test_chunked_tables_equal_the_per_round_ones(runs, per_stage):
     expected, got = round_tables(runs[1]), round_tables(runs[per_stage])
     assert all(len(rows) > 0 for rows in expected.values())
@@ -105,7 +105,7 @@ def test_chunked_tables_equal_the_per_round_ones(runs, per_stage):
         assert got[key] == expected[key], key
 
 
-@pytest.mark.parametrize("per_stage", [4, 8])
+@pytest.mark.parametrize("per_stage", [2, 4])
 def test_chunked_metrics_and_checkpoint_equal_the_per_round_ones(runs, per_stage):
     assert round_metrics(runs[per_stage], per_stage) == round_metrics(runs[1], 1)
     for name in ("rounds.json", "eval.json"):
@@ -126,16 +126,16 @@ def test_a_chunk_killed_before_its_end_reruns_alone_to_the_same_tables(runs):
     """The state a chunk killed during its first run leaves: no outputs, no dvc.lock entry (DVC writes it
     when a stage ends) and no run-cache entry (--no-run-cache). Deleted outputs of a chunk that did
     finish come back from DVC's cache instead ("is cached - skipping run")."""
-    project = runs[4]
+    project = runs[2]
     for table in ROUND_TABLES:
-        shutil.rmtree(project / "data" / table / "chunk=0005")
-    shutil.rmtree(project / "metrics" / "ppo" / "chunk=0005")
+        shutil.rmtree(project / "data" / table / "chunk=0003")
+    shutil.rmtree(project / "metrics" / "ppo" / "chunk=0003")
     shutil.rmtree(project / "models" / f"round={N_ROUNDS:04d}")
     lock = yaml.safe_load((project / "dvc.lock").read_text())
-    del lock["stages"]["chunk@0005"]
+    del lock["stages"]["chunk@0003"]
     (project / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
     again = dvc(["repro", "--no-run-cache"], project).stdout
-    assert "Running stage 'chunk@0005'" in again and "Running stage 'chunk@0001'" not in again, again
+    assert "Running stage 'chunk@0003'" in again and "Running stage 'chunk@0001'" not in again, again
     got, expected = round_tables(project), round_tables(runs[1])
     differ = [key for key in expected if got[key] != expected[key]]
     assert not differ, (differ, first_difference(got[differ[0]], expected[differ[0]]))
@@ -151,9 +151,10 @@ def first_difference(got: list[dict], expected: list[dict]) -> str:
     return "equal"
 
 
+@pytest.mark.long  # the grouped twin of the chunk tests above
 def test_a_grouped_grpo_chunk_equals_its_per_round_stages(grouped_runs):
-    """demo-grpo (groups of 4, no value head): one chunk of 4 rounds writes the tables, metrics and checkpoint
-    of 4 per-round stage sets."""
+    """demo-grpo (groups of 4, no value head): one chunk of 2 rounds writes the tables, metrics and checkpoint
+    of 2 per-round stage sets."""
     per_round, chunked = grouped_runs[1], grouped_runs[GROUPED_ROUNDS]
     expected = round_tables(per_round, GROUPED_ROUNDS)
     for round_ in range(1, GROUPED_ROUNDS + 1):
