@@ -8,6 +8,21 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 from pipeline.core.cache import CriticCache
 
 
+def pytest_addoption(parser):
+    parser.addoption("--long", action="store_true",
+                     help="also run the tests marked `long` (README: the long tier, ~30 min more on 2 cores)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """`long` tests skip, each with the way to run it, unless --long: README's command and CI fit in 90 min."""
+    if config.getoption("--long"):
+        return
+    skip = pytest.mark.skip(reason="long tier: run with `python -m pytest -q --long` (README, Two commands)")
+    for item in items:
+        if "long" in item.keywords:
+            item.add_marker(skip)
+
+
 def train_bpe(texts: list[str], vocab_size: int = 300) -> PreTrainedTokenizerFast:
     """A GPT-2 style byte-level BPE (leading-space marker Ġ) trained on `texts` (no hub download)."""
     bpe = Tokenizer(models.BPE())

@@ -152,6 +152,7 @@ def test_dvc_facts_behind_the_retention_design(tmp_path):
     assert not (project / "side" / "round=0003.txt").exists()
 
 
+@pytest.mark.long  # the demo DAG on top of the scratch-DAG link tests
 def test_demo_pipeline_repro_and_exp_run_with_the_configured_link_type(tmp_path):
     project = make_project(tmp_path, tiny_params(n_rounds=2, world={"n_reviews": 2000}, base={"steps": 200}))
     dvc(["config", "cache.type", configured_cache_type()], project)

@@ -110,6 +110,7 @@ def test_batch_prepare_writes_one_line_per_uncached_request(finished_run, tmp_pa
     assert len(lines) == len(keys) > 0 and {line["custom_id"] for line in lines} == keys
 
 
+@pytest.mark.long  # a second full run as a DVC experiment
 def test_sparse_baseline_is_one_dvc_exp_run_and_report_compares_both(finished_run, tmp_path):
     sparse = tmp_path / "sparse"
     shutil.copytree(finished_run, sparse, symlinks=True)

@@ -44,6 +44,7 @@ def test_the_rounds_sample_groups_and_train_without_a_value_head(finished_run):
     assert set(json.loads((finished_run / "metrics" / "eval.json").read_text())) == {"base", "round=0002"}
 
 
+@pytest.mark.long  # test_e2e_demo's free forced re-run, for grpo
 def test_a_forced_rerun_replays_the_critic_for_free_and_reproduces_every_table(finished_run):
     before = table_contents(finished_run)
     dvc(["repro", "--force"], finished_run)

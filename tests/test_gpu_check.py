@@ -171,6 +171,7 @@ def test_cpu_mode_times_a_ppo_round_with_no_gpu_numbers(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # the GPU script's demo step, rehearsed on CPU
 def test_cpu_mode_runs_the_demo_and_a_two_process_round(tmp_path):
     code, report = run_check(tmp_path, "--device", "cpu", "--tiny", "--steps", "environment,demo,ddp",
                              "--demo-rounds", "1", "--budget-s", "1500", "--step-timeout-s", "900", timeout=1600)

@@ -24,7 +24,7 @@ from pipeline.core import store
 from pipeline.model.reference import shared_parameter_names
 from pipeline.rewards.reward_model import TrunkWithHead
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # each paper profile, shrunk, end to end
 GOOD = "great wonderful lovely superb fine charming".split()
 BAD = "awful boring terrible dull poor bad".split()
 FILLER = "the film was a quiet story and every scene of the cast felt".split()

@@ -26,6 +26,7 @@ def one_line_error(result, *needles):
     assert all(needle in lines[0] for needle in needles), lines[0]
 
 
+@pytest.mark.long  # a whole shrunken run, then its re-run
 def test_budget_stop_keeps_answers_and_rerun_sends_only_the_rest(tmp_path):
     run = shrunken_run()
     cache_dir = tmp_path / "cache"

@@ -50,6 +50,7 @@ def test_every_arm_sets_a_valid_project_from_the_ppo_demo_and_from_the_grpo_demo
 
 
 @pytest.mark.slow
+@pytest.mark.long  # the synthetic arms; test_study_real_text runs the same machinery
 def test_experiment_set_runs_and_collects_each_experiments_metrics(tmp_path, monkeypatch):
     project = make_project(tmp_path, tiny_params(n_rounds=2))
     run(["git", "add", "-A"], project)
