@@ -46,10 +46,10 @@ from benchmarks import readme_block  # noqa: E402
 from benchmarks.sample_efficiency_lib import critics, real_text  # noqa: E402
 from benchmarks.sample_efficiency_lib.arms import ALL, study_arms  # noqa: E402
 from pipeline.commands.rounds import exp_run_overrides  # noqa: E402
+from pipeline.core import store  # noqa: E402
 from pipeline.core.config import load_params  # noqa: E402
 from pipeline.core.errors import ConfigError, DataError  # noqa: E402
 from pipeline.steps.score import population_std  # noqa: E402
-from pipeline.core import store  # noqa: E402
 
 PHASE_1 = ("sparse", "dense_all", "dense_selective", "dense_zero_mean", "grpo_sparse", "grpo_dense")
 ARMS = PHASE_1 + ("sparse_scaled",)

@@ -19,7 +19,7 @@ from tiny_gguf import CHAT_TEMPLATE, TEXTS, train_bpe, write_tiny_gguf  # noqa: 
 from pipeline.core.config import BaseParams  # noqa: E402
 from pipeline.core.errors import ConfigError, CriticError  # noqa: E402
 from pipeline.critic.offline.hf_backend import HFBackend  # noqa: E402
-from pipeline.model.gguf import is_gguf_spec, resolve_gguf  # noqa: E402
+from pipeline.model.gguf import header_config, is_gguf_spec, resolve_gguf  # noqa: E402
 from pipeline.model.pretrain import load_pretrained_tokenizer  # noqa: E402
 from pipeline.steps.base import GGUF_SOURCE_FILE, build_base_model  # noqa: E402
 
@@ -102,6 +102,21 @@ def test_missing_random_and_truncated_files_fail_naming_key_file_and_fix(tiny, t
         truncated.write_bytes(data[:cut])
         with pytest.raises(ConfigError, match=r"'critic.model_dir' = .* is corrupt or truncated .*re-download"):
             resolve_gguf(str(truncated), key="critic.model_dir")
+
+
+def test_a_file_read_once_is_read_again_when_rewritten(tiny, tmp_path):
+    """The header is read once per file version: a good file cut in place later still fails, and a config
+    handed out is a copy."""
+    path, _ = tiny
+    copy = tmp_path / "rewritten.gguf"
+    copy.write_bytes(path.read_bytes())
+    assert resolve_gguf(str(copy), key="base.model") == copy
+    first = header_config(copy)
+    first.hidden_size += 1
+    assert header_config(copy).hidden_size == first.hidden_size - 1
+    copy.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 3])
+    with pytest.raises(ConfigError, match=r"is corrupt or truncated"):
+        resolve_gguf(str(copy), key="base.model")
 
 
 def test_a_missing_gguf_reader_names_the_install_command(tiny, monkeypatch):

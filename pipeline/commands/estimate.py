@@ -52,9 +52,7 @@ and evaluate stages (once per run) are not counted.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
-import functools
 import math
 import os
 from dataclasses import dataclass
@@ -65,7 +63,7 @@ import yaml
 from pipeline.core.config import Params, load_params
 from pipeline.core.errors import ConfigError, DrlcError
 from pipeline.model.folders import looks_like_path
-from pipeline.model.gguf import is_gguf_spec, resolve_gguf
+from pipeline.model.gguf import header_config, is_gguf_spec, resolve_gguf
 from pipeline.model.shapes import DTYPE_BYTES, known_config, lora_parameter_count, meta_model
 
 CHARS_PER_TOKEN = 4  # the usual rule of thumb for English BPE text
@@ -508,18 +506,7 @@ def _gguf_config(spec: str):
         path = resolve_gguf(spec, key="base.model")
     except ConfigError:
         return None
-    stat = path.stat()
-    config = copy.deepcopy(_gguf_header_config(str(path), stat.st_mtime_ns, stat.st_size))
-    return config, "causal", "float32", f"{path.name}'s GGUF header"
-
-
-@functools.lru_cache(maxsize=8)
-def _gguf_header_config(path: str, mtime_ns: int, size: int):
-    """AutoConfig of a GGUF file, read once per file version in a process: transformers' reader parses the
-    whole header, tokenizer vocabulary included (~35 s for SmolLM2-135M on this CPU)."""
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(Path(path).parent, gguf_file=Path(path).name)
+    return header_config(path), "causal", "float32", f"{path.name}'s GGUF header"
 
 
 def _built_config(params: Params):

