@@ -5,16 +5,18 @@
 DIR is a checkout whose params.yaml is the profile (e.g. `cp configs/smol-sentiment.yaml
 params.yaml`). `--repro` runs `dvc repro` there and writes LOG: every output line prefixed with
 the Unix time it was read, so each stage's wall time is the gap between its "Running stage" line
-and the next one. Without `--repro` an existing LOG (or none) is read. The report reads only the
+and the next one; `--target critique@0001` reproduces only up to that stage (one round's critic
+answers, e.g. once per `critic.answer_format`). Without `--repro` an existing LOG (or none) is read. The report reads only the
 run's own outputs (Parquet through DuckDB, metrics JSON):
 
 - ``stage_seconds``: wall seconds per stage, and their total (stages DVC skipped take none);
 - ``critic_rounds``: per round, the status shares of the critiqued answers, spans proposed and
   kept per answer, and the share of proposed spans that occur in the response (alignment's
   matching: ``pipeline.critic.align.find_occurrences``); for sentiment also the micro span
-  precision / recall (IoU >= 0.5, same label; ``pipeline.audit.span_metrics``) of the kept
-  spans against a silver standard, the VADER-lexicon spans of drlc's lexicon critic
-  (``pipeline.critic.offline.lexicon.sentiment_spans``, negations included);
+  precision / recall (IoU >= 0.5, same label; ``pipeline.audit.span_metrics``) and the mean
+  character F1 of the kept spans against a silver standard, the VADER-lexicon spans of drlc's
+  lexicon critic (``pipeline.critic.offline.lexicon.sentiment_spans``, negations included), with
+  the char F1 of marking nothing and of marking every character with both labels;
 - ``reward_curve``: metrics/rounds.json (the evaluate stage's per-round means);
 - ``evaluation``: metrics/eval.json, base against the final policy;
 - ``samples``: the first sample of the first N eval prompts, base and final side by side;
@@ -41,12 +43,12 @@ from pipeline.critic.offline.lexicon import sentiment_spans
 _RUNNING = re.compile(r"^(\d+) Running stage '([^']+)'")
 
 
-def repro(run: Path, log: Path) -> int:
-    """`dvc repro` in `run`, each output line written to `log` after the Unix time it was read."""
+def repro(run: Path, log: Path, targets: list[str] = ()) -> int:
+    """`dvc repro [TARGETS]` in `run`, each output line written to `log` after the Unix time it was read."""
     env = os.environ | {"PYTHONPATH": str(run)}
     with log.open("w") as out:
         out.write(f"{int(time.time())} START loadavg {os.getloadavg()}\n")
-        process = subprocess.Popen(["dvc", "repro"], cwd=run, env=env, stdout=subprocess.PIPE,
+        process = subprocess.Popen(["dvc", "repro", *targets], cwd=run, env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, bufsize=1)
         for line in process.stdout:
             out.write(f"{int(time.time())} {line}")
@@ -68,12 +70,25 @@ def stage_seconds(log: Path) -> dict:
     return {"stages": seconds, "total": sum(seconds.values())}
 
 
+def _silver(response: str) -> list[tuple[str, int, int]]:
+    """The VADER-lexicon spans of a response, where they occur: the silver standard."""
+    return [(label, start, end) for label, span in sentiment_spans(response)
+            for start, end in find_occurrences(response, span)]
+
+
 def _silver_scores(row: dict) -> object:
     """score_post of a critiqued answer's kept spans against the VADER-lexicon spans of its response."""
     predicted = [(s["label"], s["start"], s["end"]) for s in row["spans"] if s["start"] >= 0]
-    silver = [(label, start, end) for label, span in sentiment_spans(row["response"])
-              for start, end in find_occurrences(row["response"], span)]
-    return score_post(predicted, silver)
+    return score_post(predicted, _silver(row["response"]))
+
+
+def _silver_baselines(responses: list[str]) -> dict:
+    """Mean char F1 against the silver spans of marking nothing, and of marking everything with both labels."""
+    def mean_f1(predict) -> float:
+        return sum(score_post(predict(r), _silver(r)).char_f1 for r in responses) / len(responses)
+
+    return {"nothing": mean_f1(lambda r: []),
+            "everything": mean_f1(lambda r: [("positive", 0, len(r)), ("negative", 0, len(r))])}
 
 
 def critic_rounds(data: Path, task: str) -> list[dict]:
@@ -99,7 +114,9 @@ def critic_rounds(data: Path, task: str) -> list[dict]:
         if task == "sentiment":
             scores = [_silver_scores(r) for r in answers]
             entry["vader_silver"] = span_precision_recall(scores) | {
-                "kept_spans": sum(s.n_pred_spans for s in scores), "silver_spans": sum(s.n_gold_spans for s in scores)}
+                "kept_spans": sum(s.n_pred_spans for s in scores), "silver_spans": sum(s.n_gold_spans for s in scores),
+                "char_f1": sum(s.char_f1 for s in scores) / len(scores),
+                "baselines_char_f1": _silver_baselines([r["response"] for r in answers])}
         out.append(entry)
     return out
 
@@ -147,18 +164,24 @@ def yaml_params(run: Path) -> dict:
     return yaml.safe_load((run / "params.yaml").read_text())
 
 
+def _metrics(path: Path) -> object:
+    """A metrics file's JSON, or None when the run has not reached the stage that writes it (--target)."""
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def report(run: Path, log: Path | None, n_samples: int) -> dict:
     params = yaml_params(run)
     metrics = run / "metrics"
+    evaluated = (metrics / "eval.json").exists()
     return {
         "run_id": params["run"]["run_id"], "task": params["run"]["task"],
         "critic_enabled": params["critic"]["enabled"], "seed": params["run"]["seed"],
         "rollouts_per_round": params["rollout"]["batch_size"], "rounds": len(params["rounds"] or {}),
         "stage_seconds": stage_seconds(log) if log and log.exists() else None,
         "critic_rounds": critic_rounds(run / "data", params["run"]["task"]) if params["critic"]["enabled"] else [],
-        "reward_curve": json.loads((metrics / "rounds.json").read_text()),
-        "evaluation": json.loads((metrics / "eval.json").read_text()),
-        "samples": samples(run / "data", params["evaluate"]["policy"], n_samples),
+        "reward_curve": _metrics(metrics / "rounds.json"),
+        "evaluation": _metrics(metrics / "eval.json"),
+        "samples": samples(run / "data", params["evaluate"]["policy"], n_samples) if evaluated else None,
     }
 
 
@@ -167,6 +190,9 @@ def main() -> None:
     parser.add_argument("--run", required=True, type=Path, help="checkout with the profile as params.yaml")
     parser.add_argument("--log", type=Path, help="timestamped dvc repro log (written with --repro)")
     parser.add_argument("--repro", action="store_true", help="run dvc repro first, writing --log")
+    parser.add_argument("--target", action="append", default=[],
+                        help="with --repro: reproduce only up to this stage (repeatable), e.g. critique@0001 "
+                             "for one round's critic answers; the report then has no reward curve or evaluation")
     parser.add_argument("--samples", type=int, default=5)
     parser.add_argument("--compare", type=Path, help="a second run of the profile (e.g. critic.enabled=false): "
                         "paired eval differences final-vs-final and each final-vs-base")
@@ -175,11 +201,13 @@ def main() -> None:
     if args.repro:
         if args.log is None:
             parser.error("--repro needs --log")
-        code = repro(args.run.resolve(), args.log)
+        code = repro(args.run.resolve(), args.log, args.target)
         if code:
             sys.exit(f"dvc repro failed (exit {code}); see {args.log}")
     result = report(args.run, args.log, args.samples)
     if args.compare:
+        if result["evaluation"] is None:
+            parser.error("--compare needs an evaluated run (no metrics/eval.json: drop --target)")
         final = result["evaluate_policy"] = yaml_params(args.run)["evaluate"]["policy"]
         result["compare"] = {"run": str(args.compare), "differences": [
             paired_difference(args.run / "data", args.compare / "data", final, final),

@@ -55,6 +55,10 @@ def test_critic_rounds_by_hand(tmp_path):
     silver = entry["vader_silver"]  # VADER spans of a: "great" (positive), "awful" (negative); b: none
     assert silver["silver_spans"] == 2 and silver["kept_spans"] == 2
     assert silver["span_precision"] == 0.5 and silver["span_recall"] == 0.5
+    # char F1: a marks 13 characters (5 of them "great"), its silver 10 -> 2 * 5 / (13 + 10); b: neither marks any -> 1
+    assert silver["char_f1"] == pytest.approx((10 / 23 + 1) / 2)
+    # everything = both labels over all of a (2 x 44 characters, 10 silver) -> 20 / 98; b has no silver span -> 0
+    assert silver["baselines_char_f1"] == pytest.approx({"nothing": 0.5, "everything": 20 / 98 / 2})
     assert "vader_silver" not in critic_rounds(tmp_path, "toxicity")[0]
 
 
@@ -82,3 +86,20 @@ def test_stage_seconds_names_a_log_without_timestamps(tmp_path):
     log.write_text("Running stage 'rollout@0001':\n")
     with pytest.raises(SystemExit, match="plain.log has no timestamped lines"):
         stage_seconds(log)
+
+
+def test_a_run_reproduced_only_to_its_first_critique_reports_no_curve_or_evaluation(tmp_path):
+    from benchmarks.smol_run import report
+
+    response = "A great film."
+    write_table([_row("rollouts", rollout_id="a", response=response)], "rollouts",
+                partition_dir(tmp_path / "data", "rollouts", 1))
+    write_table([_row("annotations", rollout_id="a", critiqued=True, status="ok",
+                      items=[{"label": "positive", "text": "great"}], spans=[_span("positive", "great", response)])],
+                "annotations", partition_dir(tmp_path / "data", "annotations", 1))
+    (tmp_path / "params.yaml").write_text(
+        "run: {run_id: t, task: sentiment, seed: 0}\ncritic: {enabled: true}\nrollout: {batch_size: 1}\n"
+        "rounds: {'0001': {prev: base}}\nevaluate: {policy: round=0001}\n")
+    result = report(tmp_path, None, 5)
+    assert result["reward_curve"] is None and result["evaluation"] is None and result["samples"] is None
+    assert result["critic_rounds"][0]["vader_silver"]["span_precision"] == 1.0
