@@ -13,7 +13,8 @@ baselines are scored on the same posts.
 Run (one CPU-heavy job; about 3 s per answer on two shared cores):
 ``flock /tmp/drlc-heavy.lock python benchmarks/critic_formats.py --limit 40``; voting:
 ``--formats copy:3 --out benchmarks/results/critic_formats_k3.json`` (3 samples at temperature 0.7,
-a character kept when 2 of 3 answers mark it; seconds per answer count every sample).
+a character kept when 2 of 3 answers mark it; seconds per answer count every sample), and
+``--formats copy:5 --out benchmarks/results/critic_formats_k5.json`` (3 of 5).
 
 A long run in parts (the 340-post sample): ``--cache-dir DIR --max-requests 150`` keeps each
 setting's critic cache in DIR and stops after 150 new answers (the critic's own
