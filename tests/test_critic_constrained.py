@@ -16,7 +16,7 @@ import torch
 from conftest import save_tiny_gpt2, train_bpe
 
 from pipeline.core.errors import ConfigError, CriticError
-from pipeline.critic.grammar import check_gbnf, copy_grammar
+from pipeline.critic.grammar import check_gbnf, copy_grammar, span_bounds
 from pipeline.critic.offline.constrained import SpanAutomaton, TokenTrie, constraint_for
 from pipeline.critic.structured import request_body
 
@@ -48,32 +48,75 @@ def trie():
     return TokenTrie.of(tokenizer())
 
 
+@lru_cache(maxsize=None)
+def spelling_trie(source: str) -> TokenTrie:
+    """The test vocabulary plus one token per character of ``source``.
+
+    A word span cannot end inside a word, so it needs a token for each next character of the
+    word; the tiny BPE has none for some non-ASCII letters (SmolLM2's 49k vocabulary has them).
+    Where a real vocabulary lacks one, the hf backend ends the answer (a visible parse_error).
+    """
+    return TokenTrie(trie().pieces + sorted(set(source)))
+
+
 def random_walk(automaton, rng, max_tokens=400) -> str:
     """Text of a random token sequence the automaton allows, to the end (or max_tokens)."""
+    vocab = spelling_trie(automaton.source) if automaton.source is not None and automaton.words else trie()
     state, text = automaton.start, ""
     for _ in range(max_tokens):
         if automaton.is_done(state):
             return text
-        allowed = trie().allowed(automaton, state)
+        allowed = vocab.allowed(automaton, state)
         assert allowed, f"dead end after {text!r}"
-        piece = trie().pieces[rng.choice(allowed)]
+        piece = vocab.pieces[rng.choice(allowed)]
         for ch in piece:
             state = automaton.step(state, ch)
         text += piece
     raise AssertionError(f"no end after {max_tokens} tokens: {text[:200]!r}")
 
 
+def _at_word_edges(span: str, source: str) -> bool:
+    """Whether ``span`` occurs in ``source`` starting at a word's first character and ending after a word's last."""
+    word = r"[^\W]"  # a letter, digit or _ (str.isalnum or _, as span_bounds has it)
+    return re.search(rf"(?<!{word}){re.escape(span)}(?!{word})", source) is not None and \
+        re.fullmatch(rf"{word}.*{word}|{word}", span, re.DOTALL) is not None
+
+
+@pytest.mark.parametrize("words", [False, True], ids=["copy", "copy_words"])
 @pytest.mark.parametrize("source", SOURCES)
-def test_every_allowed_path_is_json_with_spans_copied_from_the_source(source):
+def test_every_allowed_path_is_json_with_spans_copied_from_the_source(source, words):
     rng = random.Random(0)
     for _ in range(40):
-        text = random_walk(SpanAutomaton(LABELS, 3, source), rng)
+        text = random_walk(SpanAutomaton(LABELS, 3, source, words=words), rng)
         spans = json.loads(text)["spans"]
         assert len(spans) <= 3
         for span in spans:
             assert span["label"] in LABELS and span["text"] and span["text"] in source, (text, source)
+            assert not words or _at_word_edges(span["text"], source), (span["text"], source)
     if not source:
-        assert random_walk(SpanAutomaton(LABELS, 3, source), rng) == '{"spans": []}'
+        assert random_walk(SpanAutomaton(LABELS, 3, source, words=words), rng) == '{"spans": []}'
+
+
+def test_word_spans_start_and_end_at_word_edges():
+    assert span_bounds("Hi, you!", words=True) == ([0, 4], {2, 7})
+    assert span_bounds("... !", words=True) == ([], set())
+    assert span_bounds("ab", words=False) == ([0, 1], {1, 2})
+    automaton = SpanAutomaton(LABELS, 1, "tall cat.", words=True)
+    state = automaton.start
+    for ch in '{"spans": [{"label": "toxic", "text": "':
+        state = automaton.step(state, ch)
+    assert automaton.step(state, "a") is None and automaton.step(state, " ") is None  # not a word start
+    t = automaton.step(state, "t")
+    assert automaton.step(t, '"') is None and automaton.step(t, '"', closing=True) is None  # "t": half a word
+    tall = state
+    for ch in "tall":
+        tall = automaton.step(tall, ch)
+    assert automaton.step(tall, '"')[0] == "lit"
+    cat = tall
+    for ch in " cat":
+        cat = automaton.step(cat, ch)
+    assert automaton.step(cat, ".") is None  # no word after the full stop: a span cannot end there
+    assert random_walk(SpanAutomaton(LABELS, 2, "... !", words=True), random.Random(0)) == '{"spans": []}'
 
 
 def test_the_automaton_refuses_text_not_in_the_source_and_a_cut_escape():
@@ -112,17 +155,24 @@ def _gbnf_regex(grammar: str) -> re.Pattern:
     return re.compile(expand("root"), re.DOTALL)
 
 
+@pytest.mark.parametrize("words", [False, True], ids=["copy", "copy_words"])
 @pytest.mark.parametrize("source", [s for s in SOURCES if len(s) < 40])
-def test_the_gbnf_grammar_accepts_what_the_automaton_accepts_and_no_more(source):
-    grammar = copy_grammar(source, LABELS, max_spans=2)
+def test_the_gbnf_grammar_accepts_what_the_automaton_accepts_and_no_more(source, words):
+    grammar = copy_grammar(source, LABELS, max_spans=2, words=words)
     check_gbnf(grammar)
     pattern = _gbnf_regex(grammar)
     rng = random.Random(1)
     for _ in range(30):
-        assert pattern.fullmatch(random_walk(SpanAutomaton(LABELS, 2, source), rng))
+        assert pattern.fullmatch(random_walk(SpanAutomaton(LABELS, 2, source, words=words), rng))
     assert not pattern.fullmatch('{"spans": [{"label": "toxic", "text": "zzz-not-there"}]}')
     assert not pattern.fullmatch('{"spans": [{"label": "other", "text": "a"}]}') or "a" not in source
     assert pattern.fullmatch('{"spans": []}')
+    # every span the grammar takes: all substrings of the source (one label, one span), at word edges or not
+    taken = {source[i:j] for i in range(len(source)) for j in range(i + 1, len(source) + 1)
+             if pattern.fullmatch('{"spans": [{"label": "toxic", "text": ' + json.dumps(source[i:j], ensure_ascii=False)
+                                  + '}]}')}
+    assert all(_at_word_edges(t, source) for t in taken) if words else taken == {
+        source[i:j] for i in range(len(source)) for j in range(i + 1, len(source) + 1)}
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -197,6 +247,22 @@ def test_hf_backend_copy_answers_are_json_with_substring_spans_alone_and_in_a_ba
         source = request["drlc_copy"]["source"]
         assert all(span["text"] in source and span["label"] in LABELS for span in spans)
         assert spans or not source or answer.text == '{"spans": []}'
+
+
+def test_hf_backend_copy_words_answers_are_whole_words_alone_and_in_a_batch(tmp_path_factory):
+    from test_critic_hf_backend import answer_concurrently
+
+    from pipeline.critic.offline.hf_backend import HFBackend
+
+    model_dir = _model_dir(tmp_path_factory.mktemp("constrained-words"))
+    sources = [s for s in SOURCES if s.isascii()]  # the tiny vocabulary spells every next character of these
+    requests = [_request(source, "copy_words", max_spans=3) for source in sources]
+    singles = [HFBackend(model_dir, max_batch_size=1)(request) for request in requests]
+    together = HFBackend(model_dir, max_batch_size=len(requests), batch_window_s=30.0)
+    assert answer_concurrently(together, requests) == singles
+    spans = [(span["text"], source) for source, answer in zip(sources, singles)
+             for span in json.loads(answer.text)["spans"]]
+    assert spans and all(_at_word_edges(text, source) for text, source in spans), spans
 
 
 def test_hf_backend_json_answers_close_before_the_token_limit(tmp_path_factory):

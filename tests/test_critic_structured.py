@@ -1,4 +1,4 @@
-"""critic.answer_format text/json/copy: requests, cache keys, reading, and the real loopback path per format."""
+"""critic.answer_format text/json/copy/copy_words: requests, cache keys, reading, and the real loopback path per format."""
 
 import json
 import threading
@@ -24,7 +24,7 @@ def annotate(client, cache, answer_format):
                           answer_format=answer_format)
 
 
-@pytest.mark.parametrize("answer_format", ["text", "json", "copy"])
+@pytest.mark.parametrize("answer_format", ["text", "json", "copy", "copy_words"])
 def test_each_format_runs_over_loopback_and_keeps_the_same_spans(cache, answer_format):
     """The lexicon backend honours each format; the kept spans are the same, the answers differ in form."""
     with serve_in_background(backend="lexicon") as (url, _):
@@ -53,11 +53,13 @@ def test_format_schema_grammar_and_extra_body_are_in_the_cache_key():
     json_body = request_body("json", LABELS, source="so good")
     copy_body = request_body("copy", LABELS, source="so good")
     other_copy = request_body("copy", LABELS, source="so bad")
+    words_body = request_body("copy_words", LABELS, source="so good")
     keys = {client.key_for(messages), client.key_for(messages, body=json_body),
             client.key_for(messages, body=copy_body), client.key_for(messages, body=other_copy),
+            client.key_for(messages, body=words_body),
             CriticClient(base_url="http://127.0.0.1:9/v1", extra_body={"repeat_penalty": 1.0},
                          **FAST).key_for(messages)}
-    assert len(keys) == 5
+    assert len(keys) == 6
     with pytest.raises(ConfigError, match=r"critic.extra_body sets \['temperature'\]"):
         CriticClient(base_url="http://127.0.0.1:9/v1", extra_body={"temperature": 1}, **FAST)
 
@@ -71,6 +73,9 @@ def test_json_body_is_openai_strict_schema_and_copy_body_has_no_response_format(
     copy = request_body("copy", LABELS, source="x")
     assert "response_format" not in copy and copy["grammar"].startswith("root ::= ")
     assert copy["drlc_copy"] == {"source": "x", "labels": list(LABELS), "max_spans": MAX_SPANS}
+    words = request_body("copy_words", LABELS, source="x, y")
+    assert words["drlc_copy"] == {"source": "x, y", "labels": list(LABELS), "max_spans": MAX_SPANS, "words": True}
+    assert "text ::= s0 | s3" in words["grammar"] and "s1 ::=" in words["grammar"]  # spans start at x or y only
     with pytest.raises(ConfigError, match="critic.answer_format 'yaml' is unknown"):
         request_body("yaml", LABELS, source="x")
 

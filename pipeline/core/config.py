@@ -210,8 +210,8 @@ class ScoreParams:
 # the local critic server's backends (pipeline/critic/offline/server.py); the one list, also `drlc critic serve`'s
 CRITIC_BACKENDS = ("lexicon", "echo", "hf", "tagger", "random_spans")
 # critic.answer_format: free text, a JSON schema, or JSON whose spans are copied from the response
-# (pipeline/critic/structured.py); the one list
-CRITIC_ANSWER_FORMATS = ("text", "json", "copy")
+# (character for character, or whole words; pipeline/critic/structured.py); the one list
+CRITIC_ANSWER_FORMATS = ("text", "json", "copy", "copy_words")
 
 
 @dataclass(frozen=True)

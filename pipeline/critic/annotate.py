@@ -304,7 +304,7 @@ def annotate_round(rows: list[dict], *, template, tokenizer, client: CriticClien
     :param fields: row -> placeholder values, as in :func:`round_requests`
     :param zero_mean: subtract each critiqued response's mean intrinsic reward (:func:`zero_mean_rewards`);
         skipped and failed rows stay all zero either way
-    :param answer_format: ``critic.answer_format`` (text, json, copy): how requests ask and answers are read
+    :param answer_format: ``critic.answer_format`` (text, json, copy, copy_words): how requests ask and answers are read
     :param samples: ``critic.samples``: answers per critiqued response (sample indices 0..k-1, each cached
         on its own, each sent with ``seed`` = its index); more than one are voted (:func:`_voted_row`)
     :param vote_min: ``critic.vote_min``: answers that must mark a character (None: a majority)

@@ -33,6 +33,7 @@ __all__ = [
     "check_gbnf",
     "copy_grammar",
     "json_units",
+    "span_bounds",
 ]
 
 OPEN, CLOSE, SEPARATOR = '{"spans": [', "]}", ", "
@@ -51,21 +52,42 @@ def json_units(text: str) -> list[str]:
     return [json.dumps(ch, ensure_ascii=False)[1:-1] for ch in text]
 
 
+def span_bounds(source: str, words: bool) -> tuple[list[int], set[int]]:
+    """Where a copied span may start and end in ``source`` (character offsets; ends are exclusive).
+
+    Character spans (``copy``) start at any character and end after any. Word spans
+    (``copy_words``) start at the first character of a word and end after the last character
+    of a word, a word being a run of letters, digits and ``_``; so a span is whole words and
+    whatever lies between them.
+
+    >>> span_bounds("Hi, you!", words=True)
+    ([0, 4], {2, 7})
+    """
+    if not words:
+        return list(range(len(source))), set(range(1, len(source) + 1))
+    word = [ch.isalnum() or ch == "_" for ch in source]
+    starts = [i for i, w in enumerate(word) if w and (i == 0 or not word[i - 1])]
+    ends = {i + 1 for i, w in enumerate(word) if w and (i + 1 == len(word) or not word[i + 1])}
+    return starts, ends
+
+
 def _literal(text: str) -> str:
     """``text`` as a GBNF string literal."""
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r") + '"'
 
 
-def copy_grammar(source: str, labels, *, max_spans: int) -> str:
+def copy_grammar(source: str, labels, *, max_spans: int, words: bool = False) -> str:
     """GBNF for a ``copy`` answer: at most ``max_spans`` spans, each labelled and a substring of ``source``.
 
+    :param words: spans start and end at word edges (``copy_words``, :func:`span_bounds`)
     :raises ConfigError: on no labels or ``max_spans < 1``
     """
     labels = [str(label) for label in labels]
     if not labels or max_spans < 1:
         raise ConfigError(f"a copy grammar needs labels and max_spans >= 1, got {labels!r} and {max_spans}")
     units = json_units(source)
-    if not units:  # nothing to copy from: only the empty answer
+    starts, ends = span_bounds(source, words)
+    if not starts:  # nothing to copy from: only the empty answer
         return f"root ::= {_literal(OPEN + CLOSE)}\n"
     rules = [f"root ::= {_literal(OPEN)} ( {_literal(CLOSE)} | item tail1? {_literal(CLOSE)} )"]
     rules.append(f"item ::= {_literal(ITEM_OPEN)} label {_literal(ITEM_MID)} text {_literal(ITEM_CLOSE)}")
@@ -75,9 +97,11 @@ def copy_grammar(source: str, labels, *, max_spans: int) -> str:
     if max_spans == 1:
         rules[0] = f"root ::= {_literal(OPEN)} ( {_literal(CLOSE)} | item {_literal(CLOSE)} )"
     rules.append("label ::= " + " | ".join(_literal(label) for label in labels))
-    rules.append("text ::= " + " | ".join(f"s{i}" for i in range(len(units))))
-    for i, unit in enumerate(units):
-        rules.append(f"s{i} ::= {_literal(unit)}" + (f" s{i + 1}?" if i + 1 < len(units) else ""))
+    rules.append("text ::= " + " | ".join(f"s{i}" for i in starts))
+    last = max(ends)
+    for i in range(starts[0], last):  # s_i: the span from character i on, to an end
+        more = "" if i + 1 == last else f" s{i + 1}" + ("?" if i + 1 in ends else "")
+        rules.append(f"s{i} ::= {_literal(units[i])}{more}")
     grammar = "\n".join(rules) + "\n"
     check_gbnf(grammar)
     return grammar

@@ -13,7 +13,10 @@ with ``label`` one of the template's labels and at most :data:`MAX_SPANS` spans:
   server decodes under that constraint (its ``drlc_copy`` body field, see
   :mod:`pipeline.critic.offline.constrained`), and llama.cpp-style servers get the same
   constraint as a GBNF ``grammar`` (:mod:`pipeline.critic.grammar`). No ``response_format``
-  is sent with ``copy``: llama.cpp's server answers the ``json_schema`` type with HTTP 500.
+  is sent with ``copy``: llama.cpp's server answers the ``json_schema`` type with HTTP 500;
+- ``copy_words`` is ``copy`` with spans that start and end at word edges
+  (:func:`pipeline.critic.grammar.span_bounds`), so a span cannot be a stray letter or half a
+  word.
 
 Either way the last user message gets one more paragraph asking for the structure in words
 (:func:`instruction`), so an endpoint that ignores the schema usually still complies. The
@@ -34,7 +37,7 @@ from pipeline.core.errors import ConfigError
 from pipeline.critic.items import Item, canonical
 from pipeline.critic.parse import ParsedAnswer, parse_answer
 
-__all__ = ["ANSWER_FORMATS", "MAX_SPANS", "SCHEMA_NAME", "check_format", "instruction", "read_structured",
+__all__ = ["ANSWER_FORMATS", "COPY_FORMATS", "MAX_SPANS", "SCHEMA_NAME", "check_format", "instruction", "read_structured",
            "request_body", "requested_span_limit", "shape_requests", "span_schema", "spans_json", "with_instruction"]
 
 MAX_SPANS = 8
@@ -65,10 +68,16 @@ def span_schema(labels, max_spans: int = MAX_SPANS) -> dict:
             "properties": {"spans": {"type": "array", "items": item, "maxItems": max_spans}}}
 
 
-def instruction(labels, *, copy: bool, max_spans: int = MAX_SPANS) -> str:
+COPY_FORMATS = ("copy", "copy_words")
+"""The formats whose span texts are constrained to substrings of the response."""
+
+
+def instruction(labels, *, answer_format: str, max_spans: int = MAX_SPANS) -> str:
     """The paragraph that asks for the JSON structure in words (drlc's own wording)."""
     shown = " or ".join(json.dumps(str(label)) for label in labels)
-    source = "a part of the text, copied character for character" if copy else "the span, copied from the text"
+    source = {"copy": "a part of the text, copied character for character",
+              "copy_words": "one or more whole words of the text, copied character for character",
+              }.get(answer_format, "the span, copied from the text")
     return (f"Answer format for this reply: instead of the lines described above, write one JSON object and "
             f'nothing else, of the form {{"spans": [{{"label": <label>, "text": <span>}}]}}, where <label> is '
             f"{shown} and <span> is {source}. List at most {max_spans} spans; when there is none, write "
@@ -99,8 +108,10 @@ def request_body(answer_format: str, labels, *, source: str, max_spans: int = MA
                                     "json_schema": {"name": SCHEMA_NAME, "strict": True, "schema": schema}}}
     from pipeline.critic.grammar import copy_grammar
 
-    return {"grammar": copy_grammar(source, labels, max_spans=max_spans),
-            "drlc_copy": {"source": source, "labels": [str(label) for label in labels], "max_spans": max_spans}}
+    words = answer_format == "copy_words"
+    copy = {"source": source, "labels": [str(label) for label in labels], "max_spans": max_spans}
+    return {"grammar": copy_grammar(source, labels, max_spans=max_spans, words=words),
+            "drlc_copy": copy | ({"words": True} if words else {})}  # copy's bodies (and cache keys) as before
 
 
 def shape_requests(requests: list[list[dict]], sources: list[str], *, labels,
@@ -114,7 +125,7 @@ def shape_requests(requests: list[list[dict]], sources: list[str], *, labels,
     check_format(answer_format)
     if answer_format == "text":
         return requests, [{} for _ in requests]
-    line = instruction(labels, copy=answer_format == "copy")
+    line = instruction(labels, answer_format=answer_format)
     return ([with_instruction(messages, line) for messages in requests],
             [request_body(answer_format, labels, source=source) for source in sources])
 

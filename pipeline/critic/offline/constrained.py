@@ -7,7 +7,8 @@ layout, ``{"spans": [{"label": "<label>", "text": "<span>"}, ...]}`` with at mos
 - with a ``source`` (``critic.answer_format: copy``): a non-empty substring of the source as
   JSON-escaped, cut at character boundaries, with a non-space character (the GBNF grammar's
   language less whitespace-only spans); its state is the set of positions in the escaped source
-  where the span written so far could end;
+  where the span written so far could end; with ``words`` (``copy_words``) the substring starts
+  and ends at word edges (:func:`pipeline.critic.grammar.span_bounds`; the grammar's language);
 - without one (``json``): any JSON string with a non-space character and no escapes or control
   characters (in closing mode, below, any string).
 
@@ -32,7 +33,7 @@ from __future__ import annotations
 import json
 
 from pipeline.core.errors import CriticError
-from pipeline.critic.grammar import CLOSE, ITEM_CLOSE, ITEM_MID, ITEM_OPEN, OPEN, SEPARATOR, json_units
+from pipeline.critic.grammar import CLOSE, ITEM_CLOSE, ITEM_MID, ITEM_OPEN, OPEN, SEPARATOR, json_units, span_bounds
 
 __all__ = ["CLOSING_TOKENS", "SpanAutomaton", "SpanConstraint", "TokenTrie", "constraint_for"]
 
@@ -48,17 +49,21 @@ class SpanAutomaton:
     :param source: the text spans are copied from, or None for free span texts
     """
 
-    def __init__(self, labels, max_spans: int, source: str | None = None) -> None:
+    def __init__(self, labels, max_spans: int, source: str | None = None, words: bool = False) -> None:
         if not labels or max_spans < 1:
             raise CriticError(f"a span constraint needs labels and max_spans >= 1, got {labels!r} and {max_spans}")
         self.labels, self.max_spans, self.source = tuple(str(x) for x in labels), max_spans, source
+        self.words = words
         if source is not None:
             units = json_units(source)
             self.escaped = "".join(units)
             offsets = [0]
             for unit in units:
                 offsets.append(offsets[-1] + len(unit))
-            self.starts = frozenset(offsets[:-1])
+            starts, ends = span_bounds(source, words)
+            self.starts = frozenset(offsets[i] for i in starts)
+            self.ends = frozenset(offsets[i] for i in ends)  # where a span may end, in the escaped source
+            self.last_end = max(self.ends, default=0)  # no span reaches past it
             self.positions: dict[str, set[int]] = {}
             for j, ch in enumerate(self.escaped):
                 self.positions.setdefault(ch, set()).add(j)
@@ -106,9 +111,10 @@ class SpanAutomaton:
             return None if closing or ch in '"\\' or ord(ch) < 0x20 else ("free", spans, typed + ch)
         if kind == "copy":
             _, ends, typed, spans = state
-            if ends <= self.boundaries and _has_text(typed) and (ch == '"' or closing):  # the span may end here
+            may_end = ends <= self.boundaries and bool(ends & self.ends) and _has_text(typed)
+            if may_end and (ch == '"' or closing):
                 return ("lit", ((ITEM_CLOSE, "after"),), 1, spans + 1) if ch == '"' else None
-            moved = frozenset(j + 1 for j in ends & self.positions.get(ch, set()))
+            moved = frozenset(j + 1 for j in ends & self.positions.get(ch, set()) if j < self.last_end)
             return ("copy", moved, typed + ch, spans) if moved else None
         return None  # "done": only the end of the sequence
 
@@ -229,7 +235,7 @@ def constraint_for(request: dict) -> SpanAutomaton | None:
         if not (isinstance(copy, dict) and isinstance(copy.get("source"), str) and copy.get("labels")
                 and isinstance(copy.get("max_spans"), int)):
             raise CriticError("drlc_copy must be {source: str, labels: [str], max_spans: int}")
-        return SpanAutomaton(copy["labels"], copy["max_spans"], copy["source"])
+        return SpanAutomaton(copy["labels"], copy["max_spans"], copy["source"], words=bool(copy.get("words")))
     if request.get("grammar") is not None:
         raise CriticError("drlc's hf backend does not read GBNF grammars; send drlc_copy (critic.answer_format: copy)")
     response_format = request.get("response_format")
