@@ -38,12 +38,17 @@ PROFILE = REPO / "configs" / "study-detox.yaml"
 
 
 def smollm2_quality(path: Path) -> dict:
-    """SmolLM2's char F1 per answer format from benchmarks/critic_formats.py's result (not re-run here)."""
+    """SmolLM2's char F1 per answer format from benchmarks/critic_formats.py's result (not re-run here).
+
+    Only the rows of the critic the study runs: drlc's hf backend, one answer per post (the file
+    also holds llama.cpp and voting rows).
+    """
     result = json.loads(path.read_text())
     return {f"smol_{r['answer_format']}": {"char_f1": r["char_f1"], "n_posts": r["n_posts"],
                                            "source": f"{path.name} (answer_format {r['answer_format']}, "
                                                      f"{r['n_posts']} trial posts, seed {result['settings']['seed']})"}
-            for r in result["results"] if r["answer_format"] in ("text", "copy")}
+            for r in result["results"] if r["answer_format"] in ("text", "copy", "copy_words")
+            and r.get("endpoint", "hf") == "hf" and r["samples"] == 1}
 
 
 def main() -> None:
