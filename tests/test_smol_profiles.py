@@ -87,18 +87,21 @@ def check_conversion_and_critic_cache(project, n_rollouts: int = 8) -> None:
 
 
 def check_answers(project, rows) -> None:
-    """Complete answers in the profile's critic.answer_format: text, the crafted word; copy, drlc's span JSON."""
+    """Complete answers in the profile's critic.answer_format: text, the crafted word; copy(_words), drlc's span JSON."""
     answer_format = yaml.safe_load((project / "params.yaml").read_text())["critic"]["answer_format"]
     if answer_format == "text":
         assert [r["raw_text"] for r in rows] == [" good"] * len(rows)  # the crafted answer, complete and cached
         return
-    assert answer_format == "copy"
+    assert answer_format in ("copy", "copy_words")
     responses = {r["rollout_id"]: r["response"] for r in store.read_table(project / "data/rollouts/round=0001",
                                                                             "rollouts")}
     for row in rows:  # constrained decoding: closed JSON whose every span is copied from the response
         assert row["status"] in ("ok", "none"), row
         spans = json.loads(row["raw_text"])["spans"]
         assert all(span["text"] in responses[row["rollout_id"]] for span in spans), row
+        if answer_format == "copy_words":  # whole words: a span's first and last characters are word characters
+            assert all((s["text"][0].isalnum() or s["text"][0] == "_") and (s["text"][-1].isalnum() or
+                       s["text"][-1] == "_") for s in spans), row
 
 
 def test_smol_sentiment_one_round_on_imdb_token_prefixes(tmp_path):
