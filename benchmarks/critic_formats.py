@@ -1,4 +1,4 @@
-"""critic.answer_format text vs json vs copy for SmolLM2-135M (hf backend) on the same seeded SemEval trial posts.
+"""critic.answer_format text, json, copy and copy_words for SmolLM2-135M (hf backend) on seeded SemEval trial posts.
 
 Each setting runs ``audit_critic`` (the code behind `drlc critic eval`) with the smol
 self-critique profile's critic (configs/smol-selfcritique.yaml: prompts/toxicity.md, greedy,
