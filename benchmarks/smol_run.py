@@ -6,8 +6,8 @@ DIR is a checkout whose params.yaml is the profile (e.g. `cp configs/smol-sentim
 params.yaml`). `--repro` runs `dvc repro` there and writes LOG: every output line prefixed with
 the Unix time it was read, so each stage's wall time is the gap between its "Running stage" line
 and the next one; `--target critique@0001` reproduces only up to that stage (one round's critic
-answers, e.g. once per `critic.answer_format`). Without `--repro` an existing LOG (or none) is read. The report reads only the
-run's own outputs (Parquet through DuckDB, metrics JSON):
+answers, e.g. once per `critic.answer_format`). Without `--repro` an existing LOG (or none) is
+read. The report reads only the run's own outputs (Parquet through DuckDB, metrics JSON):
 
 - ``stage_seconds``: wall seconds per stage, and their total (stages DVC skipped take none);
 - ``critic_rounds``: per round, the status shares of the critiqued answers, spans proposed and

@@ -195,12 +195,16 @@ def test_llama_cpp_parses_the_copy_grammar():
     from llama_cpp import LlamaGrammar
 
     for source in SOURCES:
-        LlamaGrammar.from_string(copy_grammar(source, LABELS, max_spans=3), verbose=False)
+        for words in (False, True):
+            LlamaGrammar.from_string(copy_grammar(source, LABELS, max_spans=3, words=words), verbose=False)
 
 
 def test_constraint_for_reads_the_bodies_the_client_sends():
     copy = constraint_for(request_body("copy", LABELS, source="abc"))
-    assert copy.source == "abc" and copy.labels == LABELS
+    assert copy.source == "abc" and copy.labels == LABELS and not copy.words
+    assert constraint_for(request_body("copy_words", LABELS, source="abc")).words
+    with pytest.raises(CriticError, match="words: bool"):  # a client of drlc's server that sends "yes"
+        constraint_for({"drlc_copy": {"source": "abc", "labels": ["toxic"], "max_spans": 2, "words": "yes"}})
     free = constraint_for(request_body("json", LABELS, source="abc"))
     assert free.source is None and free.max_spans == 8
     assert constraint_for({"messages": []}) is None

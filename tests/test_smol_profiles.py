@@ -87,7 +87,7 @@ def check_conversion_and_critic_cache(project, n_rollouts: int = 8) -> None:
 
 
 def check_answers(project, rows) -> None:
-    """Complete answers in the profile's critic.answer_format: text, the crafted word; copy(_words), drlc's span JSON."""
+    """Complete answers in the profile's critic.answer_format: text, the crafted word; copy(_words), span JSON."""
     answer_format = yaml.safe_load((project / "params.yaml").read_text())["critic"]["answer_format"]
     if answer_format == "text":
         assert [r["raw_text"] for r in rows] == [" good"] * len(rows)  # the crafted answer, complete and cached

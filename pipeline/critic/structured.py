@@ -37,7 +37,7 @@ from pipeline.core.errors import ConfigError
 from pipeline.critic.items import Item, canonical
 from pipeline.critic.parse import ParsedAnswer, parse_answer
 
-__all__ = ["ANSWER_FORMATS", "COPY_FORMATS", "MAX_SPANS", "SCHEMA_NAME", "check_format", "instruction", "read_structured",
+__all__ = ["ANSWER_FORMATS", "MAX_SPANS", "SCHEMA_NAME", "check_format", "instruction", "read_structured",
            "request_body", "requested_span_limit", "shape_requests", "span_schema", "spans_json", "with_instruction"]
 
 MAX_SPANS = 8
@@ -66,10 +66,6 @@ def span_schema(labels, max_spans: int = MAX_SPANS) -> dict:
             "properties": {"label": {"type": "string", "enum": labels}, "text": {"type": "string"}}}
     return {"type": "object", "additionalProperties": False, "required": ["spans"],
             "properties": {"spans": {"type": "array", "items": item, "maxItems": max_spans}}}
-
-
-COPY_FORMATS = ("copy", "copy_words")
-"""The formats whose span texts are constrained to substrings of the response."""
 
 
 def instruction(labels, *, answer_format: str, max_spans: int = MAX_SPANS) -> str:

@@ -233,9 +233,9 @@ def constraint_for(request: dict) -> SpanAutomaton | None:
     copy = request.get("drlc_copy")
     if copy is not None:
         if not (isinstance(copy, dict) and isinstance(copy.get("source"), str) and copy.get("labels")
-                and isinstance(copy.get("max_spans"), int)):
-            raise CriticError("drlc_copy must be {source: str, labels: [str], max_spans: int}")
-        return SpanAutomaton(copy["labels"], copy["max_spans"], copy["source"], words=bool(copy.get("words")))
+                and isinstance(copy.get("max_spans"), int) and isinstance(copy.get("words", False), bool)):
+            raise CriticError("drlc_copy must be {source: str, labels: [str], max_spans: int, words: bool (optional)}")
+        return SpanAutomaton(copy["labels"], copy["max_spans"], copy["source"], words=copy.get("words", False))
     if request.get("grammar") is not None:
         raise CriticError("drlc's hf backend does not read GBNF grammars; send drlc_copy (critic.answer_format: copy)")
     response_format = request.get("response_format")
