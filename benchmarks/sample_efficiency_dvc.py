@@ -117,12 +117,18 @@ def sh(cmd: list[str], cwd: Path, *, check: bool = True) -> subprocess.Completed
 
 def existing_experiments(project: Path) -> dict[str, dict]:
     """{experiment name: {"rev", "params", "metrics"}} of the experiments on top of HEAD (dvc exp show --json)."""
-    shown = json.loads(sh([sys.executable, "-m", "dvc", "exp", "show", "--json"], project).stdout or "[]")
+    return finished_experiments(json.loads(sh([sys.executable, "-m", "dvc", "exp", "show", "--json"],
+                                               project).stdout or "[]"))
+
+
+def finished_experiments(shown: list[dict]) -> dict[str, dict]:
+    """The finished experiments of `dvc exp show --json`'s output: those with a commit. A running one, or one
+    killed mid-run, shows with its data rev "workspace" and no commit; it is not done and is run again."""
     found = {}
     for commit in shown:
         for exp in commit.get("experiments") or []:
             data = (exp.get("revs") or [{}])[0].get("data") or {}
-            if exp.get("name") and data.get("rev"):
+            if exp.get("name") and len(data.get("rev") or "") == 40 and data["rev"] != "workspace":
                 found[exp["name"]] = {"rev": data["rev"], "params": data["params"]["params.yaml"]["data"],
                                       "metrics": {path: m.get("data", {}) for path, m in (data.get("metrics") or {}).items()}}
     return found
@@ -323,7 +329,7 @@ def study_design(args, threshold: float):
     else the synthetic study's --arms (arms.py).
     """
     if args.critics:
-        arms = critics.study_arms(args.critics, args.algorithms)
+        arms = critics.study_arms(args.critics, args.algorithms, args.value_free_critics)
         scaled = "sparse_scaled" in arms
         reference = args.scale_reference or critics.SCALE_REFERENCE
         first = ["sparse"] + [a for a in arms if a not in ("sparse", "sparse_scaled")]  # sparse: the target
@@ -347,6 +353,9 @@ def main(argv: list[str] | None = None) -> dict | None:
                         help="the real-text study: sparse, sparse_scaled and a dense arm per critic (replaces --arms)")
     parser.add_argument("--algorithms", nargs="+", default=["ppo"], choices=list(critics.ALGORITHMS),
                         help="with --critics: run the arms under each algorithm (value-free ones: no sparse_scaled)")
+    parser.add_argument("--value-free-critics", nargs="+", default=None, choices=list(critics.CRITICS),
+                        help="with --critics: the critics with a dense arm under the value-free --algorithms "
+                             "(default: all of --critics)")
     parser.add_argument("--scale-reference", default=None,
                         help="the dense arm sparse_scaled's k is matched to (default dense_all; with --critics "
                              f"{critics.SCALE_REFERENCE})")
@@ -371,9 +380,13 @@ def main(argv: list[str] | None = None) -> dict | None:
     n_rounds = args.rounds or len(load_params(project / "params.yaml").round_keys())  # per-round or chunked
     first, reference, settings_of = study_design(args, threshold)
     main_seeds = args.main_seeds or args.seeds
+    main_arms = {"sparse", "sparse_scaled", reference}
+    if args.critics:  # the best critic keeps its seeds under a value-free algorithm, which has no k to match
+        main_arms.add(args.scale_reference or critics.SCALE_REFERENCE)
 
-    def seeds_of(arm: str) -> list[int]:
-        return main_seeds if arm in ("sparse", "sparse_scaled", reference) else args.seeds
+    def seeds_of(arm: str) -> list[int]:  # a real-text arm under any algorithm counts as its reward arm
+        reward_arm = critics.split_name(arm)[0] if args.critics else arm
+        return main_seeds if reward_arm in main_arms else args.seeds
 
     try:
         return study(project, args, params, first, reference, settings_of, seeds_of, extra, n_rounds, started)

@@ -42,6 +42,12 @@ def test_each_critic_arm_sets_its_critic_and_the_controls_set_none():
     assert critics.study_arms(["tagger", "random"], ["ppo"]) == ["sparse", "dense_tagger", "dense_random",
                                                                   "sparse_scaled"]
     assert critics.study_arms(["tagger"], ["grpo"]) == ["sparse-grpo", "dense_tagger-grpo"]
+    assert critics.study_arms(["tagger", "lexicon"], ["ppo", "grpo"], ["tagger"]) == [
+        "sparse", "dense_tagger", "dense_lexicon", "sparse-grpo", "dense_tagger-grpo", "sparse_scaled"]
+    with pytest.raises(ConfigError, match="unknown critics"):
+        critics.study_arms(["tagger"], ["grpo"], ["gpt"])
+    assert [critics.control(a) for a in ("sparse", "dense_random", "sparse-grpo", "dense_tagger-rloo")] == [
+        "sparse_scaled", "sparse_scaled", "sparse-grpo", "sparse-rloo"]
 
 
 def test_every_arm_is_valid_on_the_study_profile_through_hydras_override_parser(tmp_path):
@@ -131,7 +137,42 @@ def test_arm_rows_by_hand():
     assert cost["at_api_prices_usd"] == pytest.approx(8000 * 0.5e-6 + 800 * 1.5e-6) and cost["paid_usd"] == 0.0
     assert cost["requests"] == 32
     table = real_text.markdown(rows)
-    assert "| dense_tagger | 0.655 | 0,1 | 48 | +0.040 |" in table
+    assert "| dense_tagger | 0.655 | 0,1 | 48 | sparse_scaled | +0.040 |" in table
+
+
+def test_value_free_arms_are_measured_against_their_own_sparse_arm():
+    kls = [0.0, 1.0, 2.0]
+    by_arm = {
+        "sparse": [_run(s, [0.5, 0.6, 0.7], kls, tox=0.6) for s in (0, 1)],
+        "sparse_scaled": [_run(s, [0.5, 0.5, 0.5], kls, tox=0.6) for s in (0, 1)],
+        # GRPO's sparse arm: final 0.64; its KL levels 0, 0.5, 1
+        "sparse-grpo": [_run(s, [0.50, 0.60, 0.64 + 0.02 * s], [0.0, 0.5, 1.0], tox=0.60) for s in (0, 1)],
+        # reward 0.03 above sparse-grpo at the same KL in every round, and 0.05 less toxic
+        "dense_tagger-grpo": [_run(s, [0.53, 0.63, 0.67 + 0.02 * s], [0.0, 0.5, 1.0], tox=0.55) for s in (0, 1)],
+    }
+    rows = real_text.arm_rows(by_arm, {"tagger": {"char_f1": 0.6}}, final_window=1, batch_size=16)
+    grpo = rows["dense_tagger-grpo"]
+    assert grpo["control"] == "sparse-grpo" and grpo["algorithm"] == "grpo" and rows["sparse"]["control"] == \
+        "sparse_scaled"
+    assert grpo["final_env_reward_vs_control"]["mean"] == pytest.approx(0.03)  # not vs sparse_scaled's 0.5
+    assert grpo["final_env_reward_vs_control"]["high"] == pytest.approx(0.03)  # the same gain at both seeds
+    assert grpo["gain_at_matched_kl"] == pytest.approx(0.03) and grpo["gain_at_matched_kl_vs_sparse"] == \
+        pytest.approx(0.03)
+    assert grpo["eval_vs_control"]["world/expected_max_toxicity"]["mean"] == pytest.approx(-0.05)
+    # GRPO's target is sparse-grpo's final (seed mean 0.65), first reached by dense_tagger-grpo at round 3
+    assert grpo["rollouts_to_sparse_final"] == 3 * 16 and rows["dense_tagger-grpo"]["char_f1"] == 0.6
+    assert "| dense_tagger-grpo | 0.600 | 0,1 | 48 | sparse-grpo | +0.030 |" in real_text.markdown(rows)
+
+
+def test_dry_run_gives_the_best_critic_its_main_seeds_under_every_algorithm(tmp_path, capsys):
+    shutil.copy(PROFILE, tmp_path / "params.yaml")
+    se.main(["--project", str(tmp_path), "--critics", "tagger", "lexicon", "--algorithms", "ppo", "grpo",
+             "--value-free-critics", "tagger", "--seeds", "0", "--main-seeds", "0", "1", "--dry-run"])
+    names = [line.split(" -n ")[1].split()[0] for line in capsys.readouterr().out.splitlines()
+             if line.startswith("$ dvc exp run -") and " -n " in line]
+    assert names == ["sparse-s0", "sparse-s1", "dense_tagger-s0", "dense_tagger-s1", "dense_lexicon-s0",
+                     "sparse-grpo-s0", "sparse-grpo-s1", "dense_tagger-grpo-s0", "dense_tagger-grpo-s1",
+                     "sparse_scaled-s0", "sparse_scaled-s1"]
 
 
 def test_gain_vs_f1_plot_is_written(tmp_path):
@@ -154,6 +195,20 @@ def test_study_critics_reads_smollm2_quality_from_the_committed_formats_result()
     assert quality["smol_text"]["n_posts"] == hf["text"]["n_posts"]
     llamacpp = [r["char_f1"] for r in rows if r.get("endpoint") == "llamacpp" and r["answer_format"] == "copy"]
     assert llamacpp and quality["smol_copy"]["char_f1"] not in llamacpp  # the study's critic is drlc's hf one
+
+
+def test_an_experiment_killed_mid_run_is_not_counted_as_done():
+    # the shape `dvc exp show --json` (DVC 3) gave in the study clone after a `dvc exp run --temp` was killed:
+    # the killed one keeps a run-folder rev and data rev "workspace"; a finished one has its commit in both
+    done, killed = "45bf3ed6062167b2dc6c47844341dd5556a7c9fd", "5ece2e1a7f94d24dd6c791be43bd6a0c66dd2732"
+    data = {"params": {"params.yaml": {"data": {"run": {"seed": 0}}}}, "metrics": {"metrics/eval.json": {"data": {}}}}
+    shown = [{"rev": "workspace", "experiments": None},
+             {"rev": "c220875", "experiments": [
+                 {"name": "sparse-grpo-s0", "revs": [{"rev": killed, "data": {**data, "rev": "workspace"}}]},
+                 {"name": "sparse-s0", "revs": [{"rev": done, "data": {**data, "rev": done}}]}]}]
+    found = se.finished_experiments(shown)
+    assert list(found) == ["sparse-s0"] and found["sparse-s0"]["rev"] == done
+    assert found["sparse-s0"]["params"] == {"run": {"seed": 0}}
 
 
 def test_experiment_copies_see_the_projects_shared_data(tmp_path):

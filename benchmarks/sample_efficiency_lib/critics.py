@@ -86,18 +86,29 @@ def split_name(arm: str) -> tuple[str, str]:
     return reward_arm, algorithm
 
 
-def study_arms(critics: list[str], algorithms: list[str]) -> list[str]:
+def study_arms(critics: list[str], algorithms: list[str], value_free_critics: list[str] | None = None) -> list[str]:
     """The arms of a real-text run, in run order: per algorithm sparse, the dense arm of each critic,
     then (PPO only) sparse_scaled, whose k needs sparse and the scale reference first.
 
+    value_free_critics: the critics with a dense arm under the value-free algorithms (default: ``critics``),
+    so a study can run every critic under PPO and only the best one and its random control under GRPO.
     :raises ConfigError: an unknown critic or algorithm
     """
-    unknown = [c for c in critics if c not in CRITICS] + [a for a in algorithms if a not in ALGORITHMS]
+    value_free = critics if value_free_critics is None else value_free_critics
+    unknown = [c for c in (*critics, *value_free) if c not in CRITICS] + [a for a in algorithms if a not in ALGORITHMS]
     if unknown:
         raise ConfigError(f"unknown critics/algorithms {unknown}; critics: {list(CRITICS)}, algorithms: "
                           f"{list(ALGORITHMS)}")
-    arms = [arm_name(r, a) for a in algorithms for r in ("sparse", *(f"dense_{c}" for c in critics))]
+    arms = [arm_name(r, a) for a in algorithms
+            for r in ("sparse", *(f"dense_{c}" for c in (critics if a == "ppo" else value_free)))]
     return arms + (["sparse_scaled"] if "ppo" in algorithms else [])
+
+
+def control(arm: str) -> str:
+    """The arm a study arm's gain is measured against: sparse_scaled under PPO, the plain sparse arm of the
+    same algorithm under a value-free one (its group normalisation cancels any scale, :func:`settings`)."""
+    algorithm = split_name(arm)[1]
+    return "sparse_scaled" if algorithm == "ppo" else arm_name("sparse", algorithm)
 
 
 def settings(arm: str, *, seed: int, k: float | str | None = None) -> dict:

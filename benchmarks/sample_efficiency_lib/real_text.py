@@ -5,8 +5,11 @@ seed with ``rounds`` [env_reward, kl, critic tokens ...], ``eval`` {"<set>/<metr
 final policy and ``samples``) and each critic's char F1 on the SemEval trial posts. Every number is
 a plain function of those lists, so the tests recompute them by hand.
 
-- **Matched KL:** :func:`analysis.matched_kl` (each arm's isotonic reward-vs-KL frontier read at the
-  sparse arm's KL levels), its mean gain over ``sparse_scaled``.
+- **Control:** each arm is measured against :func:`critics.control`: ``sparse_scaled`` under PPO, the
+  plain sparse arm of the same algorithm under a value-free one (``sparse-grpo``), whose group
+  normalisation cancels any scale. Rollouts-to-target use the same algorithm's sparse arm.
+- **Matched KL:** :func:`analysis.matched_kl` (each arm's isotonic reward-vs-KL frontier read at the KL
+  levels of its algorithm's sparse arm), its mean gain over the control.
 - **Paired intervals:** arm minus control per seed (the same seed = the same prompts and the same
   base sampling in round 1), mean ± t(0.975, n-1) · sd / sqrt(n); undefined (None) for one seed.
 - **Critic cost:** the tokens the critic read and wrote, priced at an API's per-1M-token prices (what
@@ -18,9 +21,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from benchmarks.sample_efficiency_lib import critics
 from benchmarks.sample_efficiency_lib.analysis import matched_kl, mean, seed_mean_curve, sparse_target, steps_to_reach
 
-CONTROL = "sparse_scaled"
 EVAL_METRICS = ("expected_max_toxicity", "toxicity_probability", "perplexity", "dist_1", "dist_2", "dist_3",
                 "env_reward_mean")
 API_PRICE = ("gpt-3.5-turbo", 0.5, 1.5)  # the paper's critic; USD per 1M prompt and per 1M completion tokens
@@ -85,44 +88,56 @@ def api_cost(runs: list[dict], price: tuple[str, float, float] = API_PRICE) -> d
             "requests": sum(r["critic_requests"] for r in rounds), "cache_hits": sum(r["cache_hits"] for r in rounds)}
 
 
+def by_algorithm(by_arm: dict[str, list[dict]]) -> dict[str, dict[str, list[dict]]]:
+    """{algorithm: {arm: runs}}: the arms each algorithm's controls are compared with."""
+    out: dict[str, dict[str, list[dict]]] = {}
+    for arm, runs in by_arm.items():
+        out.setdefault(critics.split_name(arm)[1], {})[arm] = runs
+    return out
+
+
 def arm_rows(by_arm: dict[str, list[dict]], quality: dict[str, dict], *, final_window: int,
              batch_size: int) -> dict[str, dict]:
-    """Per arm: critic char F1, rollouts to sparse's final reward, matched-KL gain and paired intervals vs the control.
+    """Per arm: critic char F1, rollouts to its algorithm's sparse final reward, matched-KL gain and paired
+    intervals vs its control (:func:`critics.control`).
 
     :param quality: {critic name: {"char_f1", ...}} for the dense arms' critics (``dense_<critic>[-algo]``)
     :param batch_size: rollouts per round (rollout.batch_size)
     """
-    target = sparse_target(by_arm["sparse"], final_window)
-    gains = matched_kl(by_arm)["mean_gain_vs"] if CONTROL in by_arm else {}
-    control = by_arm.get(CONTROL, [])
-
     def final(arm_runs):
         return by_seed(arm_runs, lambda r: final_reward(r, final_window))
 
     rows = {}
-    for arm, runs in by_arm.items():
-        critic = arm.split("-")[0].removeprefix("dense_") if arm.startswith("dense_") else None
-        reached = steps_to_reach(seed_mean_curve(runs, "env_reward"), target)
-        row = {"critic": critic, "char_f1": (quality.get(critic) or {}).get("char_f1") if critic else None,
-               "seeds": sorted(run["seed"] for run in runs),
-               "rollouts_to_sparse_final": None if reached is None else reached * batch_size,
-               "gain_at_matched_kl": gains.get(CONTROL, {}).get(arm),
-               "gain_at_matched_kl_vs_sparse": gains.get("sparse", {}).get(arm),
-               "final_env_reward_vs_control": paired_interval(final(runs), final(control)),
-               "eval_vs_control": {}, "critic_cost": api_cost(runs)}
-        for key in sorted({k for run in runs for k in run["eval"]}):
-            if key.split("/")[-1] in EVAL_METRICS:
-                row["eval_vs_control"][key] = paired_interval(by_seed(runs, lambda r: r["eval"].get(key)),
-                                                              by_seed(control, lambda r: r["eval"].get(key)))
-        rows[arm] = row
+    for algorithm, arms in by_algorithm(by_arm).items():
+        sparse = critics.arm_name("sparse", algorithm)
+        target = sparse_target(arms[sparse], final_window)
+        gains = matched_kl(arms, reference_arm=sparse, others=(sparse, critics.control(sparse)))["mean_gain_vs"]
+        for arm, runs in arms.items():
+            control = critics.control(arm)
+            critic = arm.split("-")[0].removeprefix("dense_") if arm.startswith("dense_") else None
+            reached = steps_to_reach(seed_mean_curve(runs, "env_reward"), target)
+            row = {"critic": critic, "char_f1": (quality.get(critic) or {}).get("char_f1") if critic else None,
+                   "algorithm": algorithm, "control": control, "seeds": sorted(run["seed"] for run in runs),
+                   "rollouts_to_sparse_final": None if reached is None else reached * batch_size,
+                   "gain_at_matched_kl": gains.get(control, {}).get(arm),
+                   "gain_at_matched_kl_vs_sparse": gains.get(sparse, {}).get(arm),
+                   "final_env_reward_vs_control": paired_interval(final(runs), final(by_arm.get(control, []))),
+                   "eval_vs_control": {}, "critic_cost": api_cost(runs)}
+            for key in sorted({k for run in runs for k in run["eval"]}):
+                if key.split("/")[-1] in EVAL_METRICS:
+                    row["eval_vs_control"][key] = paired_interval(
+                        by_seed(runs, lambda r: r["eval"].get(key)),
+                        by_seed(by_arm.get(control, []), lambda r: r["eval"].get(key)))
+            rows[arm] = row
     return rows
 
 
 def plot_gain_vs_f1(rows: dict[str, dict], path: Path) -> Path:
-    """The headline picture: each dense arm's reward gain over the scale-matched control against its critic's char F1.
+    """The headline picture: each dense arm's reward gain over its control against its critic's char F1.
 
     y = the paired final-reward gain with its 95 % interval (bars, where there are 2+ seeds); a hollow
-    marker at the matched-KL gain.
+    marker at the matched-KL gain. Circles: PPO (vs sparse_scaled); squares: a value-free algorithm
+    (vs its sparse arm).
     """
     import matplotlib
 
@@ -135,13 +150,14 @@ def plot_gain_vs_f1(rows: dict[str, dict], path: Path) -> Path:
             continue
         gain = row["final_env_reward_vs_control"]
         err = None if gain["low"] is None else [[gain["mean"] - gain["low"]], [gain["high"] - gain["mean"]]]
-        ax.errorbar([row["char_f1"]], [gain["mean"]], yerr=err, fmt="o", capsize=4, label=arm)
+        marker = "o" if row["algorithm"] == "ppo" else "s"
+        ax.errorbar([row["char_f1"]], [gain["mean"]], yerr=err, fmt=marker, capsize=4, label=arm)
         if row["gain_at_matched_kl"] is not None:
             ax.scatter([row["char_f1"]], [row["gain_at_matched_kl"]], facecolors="none", edgecolors="k", s=50)
     ax.axhline(0.0, color="grey", lw=1, ls=":")
     ax.set_xlabel("critic char F1 on the SemEval-2021 trial posts")
-    ax.set_ylabel(f"final env reward minus {CONTROL} (paired 95 % CI)")
-    ax.set_title("RL gain over the scale-matched control vs critic quality (hollow: at matched KL)", fontsize=9)
+    ax.set_ylabel("final env reward minus the control (paired 95 % CI)")
+    ax.set_title("RL gain over the control vs critic quality (hollow: at matched KL)", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -158,16 +174,17 @@ def _ci(interval: dict, digits: int = 3) -> str:
 
 
 def markdown(rows: dict[str, dict], *, eval_set: str = "world") -> str:
-    """The study table: one row per arm, intervals paired over seeds against sparse_scaled."""
+    """The study table: one row per arm, intervals paired over seeds against the arm's control."""
     metrics = ("expected_max_toxicity", "toxicity_probability", "perplexity", "dist_2")
-    lines = ["| arm | critic char F1 | seeds | rollouts to sparse's final | Δ reward @KL vs sparse_scaled | "
+    lines = ["| arm | critic char F1 | seeds | rollouts to its sparse's final | control | Δ reward @KL | "
              "Δ final reward [95 % CI] | " + " | ".join(f"Δ {m}" for m in metrics)
              + " | critic $ at API prices | paid |",
-             "|---" * (8 + len(metrics)) + "|"]
+             "|---" * (9 + len(metrics)) + "|"]
     for arm, row in rows.items():
         f1 = "-" if row["char_f1"] is None else f"{row['char_f1']:.3f}"
         gain = "-" if row["gain_at_matched_kl"] is None else f"{row['gain_at_matched_kl']:+.3f}"
-        cells = [arm, f1, ",".join(map(str, row["seeds"])), str(row["rollouts_to_sparse_final"] or "-"), gain,
+        cells = [arm, f1, ",".join(map(str, row["seeds"])), str(row["rollouts_to_sparse_final"] or "-"),
+                 row["control"], gain,
                  _ci(row["final_env_reward_vs_control"])]
         cells += [_ci(row["eval_vs_control"].get(f"{eval_set}/{m}", {"mean": None})) for m in metrics]
         cost = row["critic_cost"]
@@ -189,9 +206,11 @@ def readme_section(result: dict) -> str:
     seeds, scale = {arm: len(runs) for arm, runs in result["runs"].items()}, result["scale_factor"]
     lines = [f"### On real text: {result['task']}, SmolLM2-135M with LoRA, {result['rounds']} rounds × "
              f"{result['real_text']['batch_size']} rollouts", "",
-             f"Seeds per arm: {', '.join(f'{a} {n}' for a, n in seeds.items())}. Δ columns are the arm minus "
-             f"{CONTROL} (sparse, its reward scaled by k = {scale['k']:.3f} to match {scale['reference']}'s reward "
-             f"{scale['match']}), paired by seed, with 95 % t intervals; final = mean of the last {window} rounds. Eval: "
-             "held-out prompts, the final policy. Critic char F1: on the SemEval-2021 trial posts.", "",
+             f"Seeds per arm: {', '.join(f'{a} {n}' for a, n in seeds.items())}. Δ columns are the arm minus its "
+             f"control, paired by seed, with 95 % t intervals: under PPO sparse_scaled (sparse, its reward scaled by "
+             f"k = {scale['k']:.3f} to match {scale['reference']}'s reward {scale['match']}); under a value-free "
+             "algorithm (`-grpo`) its own sparse arm, since the group normalisation cancels any scale. Final = mean "
+             f"of the last {window} rounds. Eval: held-out prompts, the final policy. Critic char F1: on the "
+             "SemEval-2021 trial posts.", "",
              markdown(rows).rstrip("\n")]
     return "\n".join(lines) + "\n"
