@@ -318,8 +318,10 @@ def real_text_report(project: Path, by_arm: dict, args, *, policy: str, final_wi
     rows = real_text.arm_rows(by_arm, quality, final_window=final_window, batch_size=batch_size)
     samples = {arm: eval_sample_pairs(project, runs[0]["rev"], policy) for arm, runs in by_arm.items()}
     plot = real_text.plot_gain_vs_f1(rows, args.out.with_name(args.out.stem + "_gain_vs_f1.png"))
+    curves = real_text.plot_learning_curves(by_arm, target=sparse_target(by_arm["sparse"], final_window),
+                                            batch_size=batch_size, path=args.out.with_name(args.out.stem + "_curves.png"))
     return {"arms": rows, "critic_quality": {c: quality.get(c) for c in args.critics}, "samples": samples,
-            "plot": plot.name, "batch_size": batch_size, "table": real_text.markdown(rows)}
+            "plot": plot.name, "curves": curves.name, "batch_size": batch_size, "table": real_text.markdown(rows)}
 
 
 def study_design(args, threshold: float):

@@ -183,6 +183,8 @@ def test_gain_vs_f1_plot_is_written(tmp_path):
                               batch_size=16)
     path = real_text.plot_gain_vs_f1(rows, tmp_path / "gain.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+    curves = real_text.plot_learning_curves(by_arm, target=0.6, batch_size=16, path=tmp_path / "curves.png")
+    assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and curves.stat().st_size > 5000
 
 
 def test_study_critics_reads_smollm2_quality_from_the_committed_formats_result():

@@ -165,6 +165,32 @@ def plot_gain_vs_f1(rows: dict[str, dict], path: Path) -> Path:
     return path
 
 
+def plot_learning_curves(by_arm: dict[str, list[dict]], *, target: float, batch_size: int, path: Path) -> Path:
+    """Each arm's seed-mean env reward and KL against rollouts, and its reward-vs-KL frontier (read at matched KL)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from benchmarks.sample_efficiency_lib.report import curves_panel, frontier_panel
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    for ax, key in zip(axes, ("env_reward", "kl")):
+        curves_panel(ax, by_arm, key, lambda record: record["round"] * batch_size)
+        ax.set_xlabel("rollouts")
+        ax.set_ylabel(key)
+    axes[0].axhline(target, color="grey", ls=":", lw=1, label="sparse's final")
+    frontier_panel(axes[2], by_arm, matched_kl(by_arm)["frontier"])
+    axes[2].set_ylabel("env_reward")
+    axes[2].set_title("isotonic frontier (points: seed means per round)", fontsize=9)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Real-text study: mean over seeds per arm", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
 def _ci(interval: dict, digits: int = 3) -> str:
     if interval["mean"] is None:
         return "-"

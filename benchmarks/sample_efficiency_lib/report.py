@@ -26,6 +26,22 @@ def task_of(result: dict) -> str:
     return result.get("task", "sentiment")
 
 
+def curves_panel(ax, runs: dict[str, list[dict]], key: str, x) -> None:
+    """One line per arm: its seed-mean round record `key` against x(round record of its first seed)."""
+    for arm, arm_runs in runs.items():
+        ax.plot([x(record) for record in arm_runs[0]["rounds"]], seed_mean_curve(arm_runs, key), marker=".",
+                label=arm)
+
+
+def frontier_panel(ax, runs: dict[str, list[dict]], frontier: dict[str, dict]) -> None:
+    """Each arm's isotonic reward-vs-KL frontier (analysis.matched_kl's "frontier"), over its seed-mean points."""
+    for arm, arm_runs in runs.items():
+        line, = ax.plot(frontier[arm]["kl"], frontier[arm]["reward"], lw=2, label=arm)
+        ax.scatter(seed_mean_curve(arm_runs, "kl"), seed_mean_curve(arm_runs, "env_reward"), s=10, alpha=0.5,
+                   color=line.get_color())
+    ax.set_xlabel("KL to reference (nats/response)")
+
+
 def write_plots(result: dict, out_dir: Path, stem: str) -> dict:
     """One task's learning curves (its view's four panels vs rollouts) and its reward-vs-KL frontier."""
     import matplotlib
@@ -38,9 +54,7 @@ def write_plots(result: dict, out_dir: Path, stem: str) -> dict:
     panels = view.panels
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     for ax, (key, label) in zip(axes.flat, panels):
-        for arm, arm_runs in runs.items():
-            x = [r["rollouts"] for r in arm_runs[0]["rounds"]]
-            ax.plot(x, seed_mean_curve(arm_runs, key), marker=".", label=arm)
+        curves_panel(ax, runs, key, lambda record: record["rollouts"])
         if key == "env_reward":
             ax.axhline(result["headline"]["sparse_target"], color="grey", ls=":", lw=1, label="sparse target")
         ax.set_xlabel("rollouts")
@@ -52,12 +66,7 @@ def write_plots(result: dict, out_dir: Path, stem: str) -> dict:
     fig.savefig(curves, dpi=90)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for arm, arm_runs in runs.items():
-        frontier = result["headline"]["matched_kl"]["frontier"][arm]
-        line, = ax.plot(frontier["kl"], frontier["reward"], lw=2, label=arm)
-        ax.scatter(seed_mean_curve(arm_runs, "kl"), seed_mean_curve(arm_runs, "env_reward"), s=10, alpha=0.5,
-                   color=line.get_color())
-    ax.set_xlabel("KL to reference (nats/response)")
+    frontier_panel(ax, runs, result["headline"]["matched_kl"]["frontier"])
     ax.set_ylabel(view.reward_label)
     ax.set_title(f"{task_of(result)}: reward vs KL, isotonic frontier (points: seed means per round)", fontsize=9)
     ax.legend(fontsize=8)
