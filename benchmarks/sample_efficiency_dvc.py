@@ -362,7 +362,8 @@ def main(argv: list[str] | None = None) -> dict | None:
                         help="the dense arm sparse_scaled's k is matched to (default dense_all; with --critics "
                              f"{critics.SCALE_REFERENCE})")
     parser.add_argument("--main-seeds", type=int, nargs="+", default=None,
-                        help="seeds of sparse, sparse_scaled and the scale reference (default: --seeds)")
+                        help="seeds of sparse, sparse_scaled and the scale reference; with --critics also of "
+                             "dense_random, under every algorithm (default: --seeds)")
     parser.add_argument("--runner", choices=("queue", "temp"), default="queue")
     parser.add_argument("--scale-match", choices=("mean", "std"), default="std")
     parser.add_argument("--final-window", type=int, default=3)
@@ -383,8 +384,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     first, reference, settings_of = study_design(args, threshold)
     main_seeds = args.main_seeds or args.seeds
     main_arms = {"sparse", "sparse_scaled", reference}
-    if args.critics:  # the best critic keeps its seeds under a value-free algorithm, which has no k to match
-        main_arms.add(args.scale_reference or critics.SCALE_REFERENCE)
+    if args.critics:  # the best critic and its random control keep their seeds under every algorithm
+        main_arms |= {args.scale_reference or critics.SCALE_REFERENCE, critics.RANDOM_CONTROL}
 
     def seeds_of(arm: str) -> list[int]:  # a real-text arm under any algorithm counts as its reward arm
         reward_arm = critics.split_name(arm)[0] if args.critics else arm

@@ -164,15 +164,15 @@ def test_value_free_arms_are_measured_against_their_own_sparse_arm():
     assert "| dense_tagger-grpo | 0.600 | 0,1 | 48 | sparse-grpo | +0.030 |" in real_text.markdown(rows)
 
 
-def test_dry_run_gives_the_best_critic_its_main_seeds_under_every_algorithm(tmp_path, capsys):
+def test_dry_run_gives_the_best_critic_and_the_random_control_main_seeds_under_every_algorithm(tmp_path, capsys):
     shutil.copy(PROFILE, tmp_path / "params.yaml")
-    se.main(["--project", str(tmp_path), "--critics", "tagger", "lexicon", "--algorithms", "ppo", "grpo",
-             "--value-free-critics", "tagger", "--seeds", "0", "--main-seeds", "0", "1", "--dry-run"])
+    se.main(["--project", str(tmp_path), "--critics", "tagger", "lexicon", "random", "--algorithms", "ppo", "grpo",
+             "--value-free-critics", "random", "--seeds", "0", "--main-seeds", "0", "1", "--dry-run"])
     names = [line.split(" -n ")[1].split()[0] for line in capsys.readouterr().out.splitlines()
              if line.startswith("$ dvc exp run -") and " -n " in line]
     assert names == ["sparse-s0", "sparse-s1", "dense_tagger-s0", "dense_tagger-s1", "dense_lexicon-s0",
-                     "sparse-grpo-s0", "sparse-grpo-s1", "dense_tagger-grpo-s0", "dense_tagger-grpo-s1",
-                     "sparse_scaled-s0", "sparse_scaled-s1"]
+                     "dense_random-s0", "dense_random-s1", "sparse-grpo-s0", "sparse-grpo-s1",
+                     "dense_random-grpo-s0", "dense_random-grpo-s1", "sparse_scaled-s0", "sparse_scaled-s1"]
 
 
 def test_gain_vs_f1_plot_is_written(tmp_path):

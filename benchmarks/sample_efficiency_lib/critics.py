@@ -62,6 +62,7 @@ ALGORITHMS = {  # the keys each algorithm needs; same rollout.batch_size (rollou
     "reinforce_pp": {"ppo.algorithm": "reinforce_pp", "rollout.samples_per_prompt": 1, "ppo.vf_coef": 0.0},
 }
 SCALE_REFERENCE = "dense_tagger"  # sparse_scaled's k matches this arm's reward spread
+RANDOM_CONTROL = "dense_random"  # "any dense signal": with --main-seeds it gets the best critic's seeds
 
 
 def reward_arms() -> tuple[str, ...]:
