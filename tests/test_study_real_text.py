@@ -162,6 +162,32 @@ def test_value_free_arms_are_measured_against_their_own_sparse_arm():
     # GRPO's target is sparse-grpo's final (seed mean 0.65), first reached by dense_tagger-grpo at round 3
     assert grpo["rollouts_to_sparse_final"] == 3 * 16 and rows["dense_tagger-grpo"]["char_f1"] == 0.6
     assert "| dense_tagger-grpo | 0.600 | 0,1 | 48 | sparse-grpo | +0.030 |" in real_text.markdown(rows)
+    assert "vs_random" not in grpo  # no dense_random-grpo arm to compare with
+
+
+def test_each_critic_is_compared_with_the_random_control_of_its_own_algorithm():
+    kls = [0.0, 1.0]
+    by_arm = {
+        "sparse": [_run(s, [0.5, 0.6], kls, tox=0.6) for s in (0, 1)],
+        "dense_random": [_run(s, [0.5, 0.61 + 0.01 * s], kls, tox=0.50) for s in (0, 1)],
+        "dense_tagger": [_run(s, [0.5, 0.64 + 0.03 * s], kls, tox=0.45 + 0.02 * s) for s in (0, 1)],
+        "sparse-grpo": [_run(s, [0.5, 0.7], kls, tox=0.6) for s in (0, 1)],
+        "dense_random-grpo": [_run(s, [0.5, 0.69], kls, tox=0.40) for s in (0, 1)],
+        "dense_tagger-grpo": [_run(s, [0.5, 0.68], kls, tox=0.41) for s in (0, 1)],
+    }
+    rows = real_text.arm_rows(by_arm, {}, final_window=1, batch_size=16)
+    tagger, grpo = rows["dense_tagger"]["vs_random"], rows["dense_tagger-grpo"]["vs_random"]
+    assert tagger["arm"] == "dense_random" and grpo["arm"] == "dense_random-grpo"
+    # seed diffs 0.03 and 0.05: mean 0.04, sd 0.01 sqrt 2, half width t(1) x 0.01
+    assert tagger["final_env_reward"]["mean"] == pytest.approx(0.04)
+    assert tagger["final_env_reward"]["high"] - 0.04 == pytest.approx(12.7062 * 0.01, rel=1e-3)
+    assert tagger["eval"]["world/expected_max_toxicity"]["mean"] == pytest.approx(-0.04)
+    assert grpo["final_env_reward"]["mean"] == pytest.approx(-0.01)
+    assert grpo["eval"]["world/expected_max_toxicity"]["mean"] == pytest.approx(0.01)
+    assert "vs_random" not in rows["dense_random"] and "vs_random" not in rows["sparse"]
+    table = real_text.random_markdown(rows)
+    assert "| dense_tagger-grpo | dense_random-grpo | 0,1 | -0.010 [-0.010, -0.010] | +0.010 [+0.010, +0.010] |" in table
+    assert real_text.random_markdown({"sparse": rows["sparse"]}) == ""
 
 
 def test_dry_run_gives_the_best_critic_and_the_random_control_main_seeds_under_every_algorithm(tmp_path, capsys):

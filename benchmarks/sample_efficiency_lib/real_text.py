@@ -96,10 +96,18 @@ def by_algorithm(by_arm: dict[str, list[dict]]) -> dict[str, dict[str, list[dict
     return out
 
 
+def eval_intervals(runs: list[dict], other: list[dict]) -> dict[str, dict]:
+    """Per held-out eval metric ("<set>/<metric>" of EVAL_METRICS): runs minus other, paired by seed."""
+    keys = sorted({k for run in runs for k in run["eval"] if k.split("/")[-1] in EVAL_METRICS})
+    return {key: paired_interval(by_seed(runs, lambda r: r["eval"].get(key)),
+                                 by_seed(other, lambda r: r["eval"].get(key))) for key in keys}
+
+
 def arm_rows(by_arm: dict[str, list[dict]], quality: dict[str, dict], *, final_window: int,
              batch_size: int) -> dict[str, dict]:
     """Per arm: critic char F1, rollouts to its algorithm's sparse final reward, matched-KL gain and paired
-    intervals vs its control (:func:`critics.control`).
+    intervals vs its control (:func:`critics.control`); for a real critic's dense arm also ``vs_random``, the
+    paired intervals against the same algorithm's random-span arm (the right tokens, or any dense signal?).
 
     :param quality: {critic name: {"char_f1", ...}} for the dense arms' critics (``dense_<critic>[-algo]``)
     :param batch_size: rollouts per round (rollout.batch_size)
@@ -122,12 +130,11 @@ def arm_rows(by_arm: dict[str, list[dict]], quality: dict[str, dict], *, final_w
                    "gain_at_matched_kl": gains.get(control, {}).get(arm),
                    "gain_at_matched_kl_vs_sparse": gains.get(sparse, {}).get(arm),
                    "final_env_reward_vs_control": paired_interval(final(runs), final(by_arm.get(control, []))),
-                   "eval_vs_control": {}, "critic_cost": api_cost(runs)}
-            for key in sorted({k for run in runs for k in run["eval"]}):
-                if key.split("/")[-1] in EVAL_METRICS:
-                    row["eval_vs_control"][key] = paired_interval(
-                        by_seed(runs, lambda r: r["eval"].get(key)),
-                        by_seed(by_arm.get(control, []), lambda r: r["eval"].get(key)))
+                   "eval_vs_control": eval_intervals(runs, by_arm.get(control, [])), "critic_cost": api_cost(runs)}
+            random = critics.arm_name(critics.RANDOM_CONTROL, algorithm)
+            if critic not in (None, "random") and random in by_arm:  # the right tokens, or any dense signal?
+                row["vs_random"] = {"arm": random, "eval": eval_intervals(runs, by_arm[random]),
+                                    "final_env_reward": paired_interval(final(runs), final(by_arm[random]))}
             rows[arm] = row
     return rows
 
@@ -219,6 +226,18 @@ def markdown(rows: dict[str, dict], *, eval_set: str = "world") -> str:
     return "\n".join(lines) + "\n"
 
 
+def random_markdown(rows: dict[str, dict], *, eval_set: str = "world") -> str:
+    """Each dense arm against its algorithm's random-span arm ("" when no arm has one)."""
+    lines = [f"| {arm} | {row['vs_random']['arm']} | {','.join(map(str, row['seeds']))} | "
+             f"{_ci(row['vs_random']['final_env_reward'])} | "
+             f"{_ci(row['vs_random']['eval'].get(f'{eval_set}/expected_max_toxicity', {'mean': None}))} |"
+             for arm, row in rows.items() if "vs_random" in row]
+    if not lines:
+        return ""
+    return "\n".join(["| arm | minus | seeds | Δ final reward [95 % CI] | Δ expected_max_toxicity |",
+                       "|---|---|---|---|---|", *lines]) + "\n"
+
+
 README_START = "<!-- real-text-study:start -->"
 README_END = "<!-- real-text-study:end -->"
 
@@ -239,4 +258,9 @@ def readme_section(result: dict) -> str:
              f"of the last {window} rounds. Eval: held-out prompts, the final policy. Critic char F1: on the "
              "SemEval-2021 trial posts.", "",
              markdown(rows).rstrip("\n")]
+    versus = random_markdown(rows)
+    if versus:
+        lines += ["", "The right tokens, or any dense signal? Each critic's dense arm minus the random-span control "
+                  "of the same algorithm (the tagger's span count and lengths at random places), paired by seed:", "",
+                  versus.rstrip("\n")]
     return "\n".join(lines) + "\n"
