@@ -128,7 +128,7 @@ def finished_experiments(shown: list[dict]) -> dict[str, dict]:
     for commit in shown:
         for exp in commit.get("experiments") or []:
             data = (exp.get("revs") or [{}])[0].get("data") or {}
-            if exp.get("name") and len(data.get("rev") or "") == 40 and data["rev"] != "workspace":
+            if exp.get("name") and len(data.get("rev") or "") == 40:  # a commit sha, not "workspace"
                 found[exp["name"]] = {"rev": data["rev"], "params": data["params"]["params.yaml"]["data"],
                                       "metrics": {path: m.get("data", {}) for path, m in (data.get("metrics") or {}).items()}}
     return found

@@ -15,7 +15,7 @@ from benchmarks import sample_efficiency_dvc as se  # noqa: E402
 from benchmarks.sample_efficiency_lib import critics, real_text  # noqa: E402
 from benchmarks.sample_efficiency_lib.arms import ALL  # noqa: E402
 from pipeline.core.config import load_params  # noqa: E402
-from pipeline.core.errors import ConfigError  # noqa: E402
+from pipeline.core.errors import ConfigError, DataError  # noqa: E402
 
 PROFILE = ROOT / "configs" / "study-detox.yaml"
 EVERY_ARM = critics.study_arms(list(critics.CRITICS), list(critics.ALGORITHMS))
@@ -163,6 +163,9 @@ def test_value_free_arms_are_measured_against_their_own_sparse_arm():
     assert grpo["rollouts_to_sparse_final"] == 3 * 16 and rows["dense_tagger-grpo"]["char_f1"] == 0.6
     assert "| dense_tagger-grpo | 0.600 | 0,1 | 48 | sparse-grpo | +0.030 |" in real_text.markdown(rows)
     assert "vs_random" not in grpo  # no dense_random-grpo arm to compare with
+    with pytest.raises(DataError, match="measured against sparse-grpo, which is not among the runs"):
+        real_text.arm_rows({arm: by_arm[arm] for arm in ("sparse", "dense_tagger-grpo")}, {}, final_window=1,
+                           batch_size=16)
 
 
 def test_each_critic_is_compared_with_the_random_control_of_its_own_algorithm():

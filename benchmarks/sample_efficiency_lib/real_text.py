@@ -23,6 +23,7 @@ from pathlib import Path
 
 from benchmarks.sample_efficiency_lib import critics
 from benchmarks.sample_efficiency_lib.analysis import matched_kl, mean, seed_mean_curve, sparse_target, steps_to_reach
+from pipeline.core.errors import DataError
 
 EVAL_METRICS = ("expected_max_toxicity", "toxicity_probability", "perplexity", "dist_1", "dist_2", "dist_3",
                 "env_reward_mean")
@@ -118,6 +119,9 @@ def arm_rows(by_arm: dict[str, list[dict]], quality: dict[str, dict], *, final_w
     rows = {}
     for algorithm, arms in by_algorithm(by_arm).items():
         sparse = critics.arm_name("sparse", algorithm)
+        if sparse not in arms:
+            raise DataError(f"the {algorithm} arms {list(arms)} are measured against {sparse}, which is not among "
+                            f"the runs: run it (sample_efficiency_dvc.py --critics ... --algorithms {algorithm})")
         target = sparse_target(arms[sparse], final_window)
         gains = matched_kl(arms, reference_arm=sparse, others=(sparse, critics.control(sparse)))["mean_gain_vs"]
         for arm, runs in arms.items():
