@@ -1,9 +1,12 @@
 """The PPO math: pure functions over tensors, named after legacy TRL (0.11.4) symbols.
 
 Shapes: B = responses in the batch, T = response positions (padded), V = vocabulary.
-Mask convention for this whole module: `mask` is a float (B, T) tensor, 1 = response token,
-0 = padding. Every reduction is over the mask only, so a padded position never changes a
-result, and right padding, left padding or extra padding give the same numbers.
+Mask convention for this whole module: `mask` is a (B, T) tensor of 0s and 1s, 1 = response token,
+0 = padding, of any dtype (float, bf16, integer or bool give the same numbers). Every reduction is
+over the mask only, so a padded position never changes a result, and right padding, left padding or
+extra padding give the same numbers. A mask holding any other value (0.5, 2, NaN) raises ValueError
+in every function here that takes one (check_mask): masked_mean divides by Σ mask, so a weighted mask
+would silently give a wrongly normalised weighted mean.
 
 No model, optimizer or config object is imported here; the trainer wires these together.
 """
@@ -14,13 +17,32 @@ import torch
 WHITEN_EPS = 1e-8  # TRL's masked_whiten epsilon
 
 
+def check_mask(mask: torch.Tensor) -> None:
+    """Raise ValueError naming the offending values unless `mask` holds only 0 and 1 (any dtype).
+
+    One pass over (B, T) and one host sync; a bool mask is 0/1 by construction and is not scanned.
+    """
+    if mask.dtype == torch.bool:
+        return
+    not_binary = (mask != 0) & (mask != 1)  # (B, T); NaN counts as not binary
+    if not_binary.any():
+        bad = mask[not_binary].float().unique()  # sorted, NaN last
+        shown = ", ".join(str(v) for v in bad[:5].tolist()) + (", ..." if bad.numel() > 5 else "")
+        raise ValueError(
+            f"A PPO mask must hold only 0 (padding) and 1 (response token), got {int(not_binary.sum())} "
+            f"position(s) holding {shown}: build the mask as a bool or 0/1 tensor (a weighted mask would make "
+            f"masked_mean a weighted mean divided by the sum of the weights)."
+        )
+
+
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:
     """Mean of `values` over the positions where `mask` is 1.
 
     mean = Σ (values · mask) / Σ mask, over all positions or along `axis`.
     Masked positions are replaced by 0 before the sum, so even a NaN there is ignored.
-    Returns a scalar tensor (or one value per remaining axis).
+    Returns a scalar tensor (or one value per remaining axis). Raises ValueError for a mask that is not 0/1.
     """
+    check_mask(mask)
     kept = torch.where(mask.bool(), values, torch.zeros_like(values))  # (B, T)
     if axis is None:
         return kept.sum() / mask.sum()
@@ -106,14 +128,21 @@ def total_rewards(
     rewards_t = kl_rewards_t + intrinsic_rewards_t, plus env_rewards[b] at the last response token.
     env_rewards: (B,) after scale_scores; kl, intrinsic_rewards, mask: (B, T). Everything outside the mask is 0.
     Returns (rewards (B, T), kl_rewards (B, T)).
+    Raises ValueError for a mask that is not 0/1, or one with a row of no response tokens (its env reward
+    would have nowhere to go).
     """
+    check_mask(mask)
+    empty = (mask.sum(dim=1) == 0).nonzero().flatten().tolist()  # rows with no response token
+    if empty:
+        raise ValueError(f"total_rewards: mask row(s) {empty} have no response token, so their env reward has no "
+                         f"last token to go on: every response needs at least one unmasked position.")
     kl_rewards = -kl_coef * kl * mask  # (B, T)
     rewards = kl_rewards + intrinsic_rewards * mask  # (B, T)
-    positions = torch.arange(1, mask.shape[1] + 1, device=mask.device, dtype=mask.dtype)  # (T,)
-    last = (mask * positions).argmax(dim=1)  # (B,) index of the last response token
-    has_tokens = mask.sum(dim=1) > 0  # (B,)
+    # integer positions 1..T: in the mask's own dtype, bf16 rounds them above 256 and argmax could pick a neighbour
+    positions = torch.arange(1, mask.shape[1] + 1, device=mask.device)  # (T,) long
+    last = (mask.long() * positions).argmax(dim=1)  # (B,) index of the last response token
     env_at_end = torch.zeros_like(rewards)  # (B, T)
-    env_at_end[torch.arange(rewards.shape[0]), last] = torch.where(has_tokens, env_rewards, 0.0).to(rewards.dtype)
+    env_at_end[torch.arange(rewards.shape[0]), last] = env_rewards.to(rewards.dtype)
     return rewards + env_at_end, kl_rewards
 
 
@@ -126,6 +155,7 @@ def token_kl_rewards(algorithm: str, *, kl: torch.Tensor, old_logprobs: torch.Te
     grpo: None, its KL is a k3 loss term, not part of any reward.
     kl, old_logprobs, mask, ref_logprobs: (B, T). Returns B lists of each response's mask.sum() values.
     """
+    check_mask(mask)
     if algorithm == "grpo":
         return [None] * mask.shape[0]
     per_token = kl if algorithm != "rloo" else old_logprobs - ref_logprobs  # (B, T)
