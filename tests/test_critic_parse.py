@@ -147,3 +147,49 @@ def test_other_chat_layouts(labels, text, spans):
 def test_prose_with_quotes_is_not_read_as_items():
     parsed = parse_answer('The positive span is "great" and the negative span is "awful".', labels=SENTIMENT)
     assert parsed.status == "parse_error"
+
+
+@pytest.mark.parametrize("labels, text, spans", [
+    (("toxic",), "Toxic spans:\n- **Span 1:** shut up you idiot\n- **Span 2:** stupid",
+     [(T, "shut up you idiot"), (T, "stupid")]),
+    (SENTIMENT, 'Negative:\n* **Span 1**: quite boring\n1. **Span 2:** "dull" (flat)', [(N, "quite boring"), (N, "dull")]),
+    (("toxic",), "- **Span 1:** f**k off", [(T, "f**k off")]),  # ** inside a word stays text
+    # a label named in the inner marker wins over the header's, bold or not
+    (SENTIMENT, "Positive:\n- **Negative span 1:** dull\n- Negative span 2: slow\n- Span 3: fine",
+     [(N, "dull"), (N, "slow"), (P, "fine")]),
+])
+def test_bold_span_marker_after_a_bullet_is_not_part_of_the_span(labels, text, spans):
+    parsed = parse_answer(text, labels=labels, leading_label=labels[0] if len(labels) == 1 else None)
+    assert (parsed.status, list(parsed.spans)) == ("ok", spans)
+
+
+@pytest.mark.parametrize("text", [
+    "none identified - the sentence is polite.",
+    "None identified: the sentence is polite.",
+    "None identified. The sentence is polite.",
+    "None identified (the sentence is polite).",
+    "**None identified** — the sentence is polite.",
+    "No toxic spans found - it is a polite request.",
+    "Toxic spans: None identified - the sentence is polite.",
+    "Toxic spans:\nNone identified. The sentence is polite and kind.",
+    "Toxic spans:\n- None: the sentence is polite.",
+])
+def test_none_followed_by_its_reason_is_status_none(text):
+    parsed = parse_answer(text, labels=("toxic",), leading_label=T)
+    assert (parsed.status, parsed.items, parsed.error) == ("none", (), "")
+
+
+def test_none_with_a_reason_under_one_label_keeps_the_others_spans():
+    parsed = parse_answer('Positive: None identified - nothing upbeat.\nNegative: "dull"', labels=SENTIMENT)
+    assert (parsed.status, list(parsed.spans)) == ("ok", [(N, "dull")])
+
+
+@pytest.mark.parametrize("text, span", [
+    ("Toxic spans:\n- None of your business, idiot", "None of your business, idiot"),
+    ("Toxic spans: None of you deserve to live", "None of you deserve to live"),
+    ("[Span 1]: None of you - get lost", "None of you - get lost"),
+    ('"None. Get out."', "None. Get out."),
+])
+def test_a_span_that_starts_with_none_is_still_a_span(text, span):
+    parsed = parse_answer(text, labels=("toxic",), leading_label=T)
+    assert (parsed.status, [item.text for item in parsed.items]) == ("ok", [span])

@@ -17,7 +17,8 @@ each one of:
   phrase without a label (``Problematic Spans Identified in the Summary:``) is a neutral
   header: it ends the previous block and keeps the current label.
 - an **item**: a line opened by a marker (``[Span 1]:``, ``Span 1:``, ``Toxic Span 1:``,
-  ``1.``, ``1)``, ``-``, ``*``, ``•``) or by a quote, or a plain line right under a header
+  ``1.``, ``1)``, ``-``, ``*``, ``•``; a bullet may be followed by a bold span marker,
+  ``- **Span 1:** text``, whose label, if it names one, wins) or by a quote, or a plain line right under a header
   whose colon ended the line. A quoted item holds one or more spans in any quote style
   (``"…"``, ``'…'``, ``“…”``, ``‘…’``, ``«…»``, backticks) separated by ``;``, ``,``, ``/``
   or "and"; anything after them is an explanation. An unquoted item is the text after the
@@ -30,7 +31,9 @@ each one of:
   An item whose quote is left open, or an indented line under an unquoted item, continues
   onto the next line.
 - a **none**: ``None identified``, ``none``, ``N/A``, ``(none)``, ``No toxic spans found``
-  ... as a whole item or header text. A span that merely starts with "None" is a span.
+  ... as a whole item or header text, or followed by its reason after ``:``, ``.``, `` - ``, `` — ``,
+  ``;`` or `` (`` (``None identified - the sentence is polite.``). A span that merely starts with
+  "None" (``None of your business``) is a span: the words before the first such break must say none.
 - a **table row** ``| span | label |``: the cell that names a label labels the other one.
 - anything else is prose and is skipped (a preamble, a note, a closing remark).
 
@@ -75,6 +78,22 @@ _MARKER = re.compile(
     re.IGNORECASE,
 )
 _HEADER_WORDS = 9
+# where a "none" ends and its reason begins: "None identified - the sentence is polite."
+_REASON_BREAK = re.compile(r"[.!;:](?=\s|$)|\s[-–—]+\s|\s\(")
+
+
+def _says_none(text: str) -> bool:
+    """``is_none(text)``, or a none followed by its reason (``None identified: the sentence is polite.``).
+
+    Only the words before the first break are tested, so ``None of your business - idiot`` stays a span.
+    """
+    if is_none(text):
+        return True
+    bare = strip_markup(text)
+    if bare[:1] in QUOTES:  # a quoted span is a span, even '"None. Get out."'
+        return False
+    cut = _REASON_BREAK.search(bare)
+    return bool(cut) and bool(re.search(r"[^\W\d_]", bare[:cut.start()])) and is_none(bare[:cut.start()])
 
 
 @dataclass(frozen=True)
@@ -227,14 +246,17 @@ class _Reader:
         body = line.lstrip("#").strip()
         marker = _MARKER.match(body)
         if marker and self._item_marker(marker):
-            rest = body[marker.end():]
-            inner = _MARKER.match(rest)
-            while inner and inner.group("s"):  # "1. Span 1: ..." has two markers
-                rest, inner = rest[inner.end():], _MARKER.match(rest[inner.end():])
+            rest, label = body[marker.end():], self._marker_label(marker, self.label)
+            while True:  # "1. Span 1: ..." and "- **Span 1:** ..." have two markers; the inner one's label wins
+                unbolded = BOLD.sub("", rest).strip() if rest.startswith("**") else rest
+                inner = _MARKER.match(unbolded)
+                if not (inner and inner.group("s")):
+                    break
+                rest, label = unbolded[inner.end():], self._marker_label(inner, label)
             if not self._header(rest, heading=False):
-                self._start_item(rest, label=self._marker_label(marker))
+                self._start_item(rest, label=label)
             return
-        if is_none(body):
+        if _says_none(body):
             self.said_none = True
             self.block_items += 1  # the block's answer: a later plain line is not its item
         elif self._header(body, heading=heading):
@@ -261,10 +283,10 @@ class _Reader:
         bracket = marker.group("b")
         return bracket is None or bool(re.match(r"^(?:[\w-]+\s+){0,3}(?:span|item|phrase)?\s*#?\s*\d+$", bracket, re.I))
 
-    def _marker_label(self, marker: re.Match) -> str:
+    def _marker_label(self, marker: re.Match, default: str) -> str:
         named = marker.group("s") or marker.group("b") or ""
         found = re.search(label_regex(self.labels), named, re.IGNORECASE)
-        return canonical(found.group(), self.labels) if found else self.label
+        return canonical(found.group(), self.labels) if found else default
 
     def _header(self, body: str, *, heading: bool) -> bool:
         """Read ``body`` as a header naming a label (and the items after its colon); return whether it is one."""
@@ -283,7 +305,7 @@ class _Reader:
             return False
         self.label = canonical(found.group(), self.labels)
         self.plain_ok, self.block_items = not rest, 0
-        if rest and is_none(rest):
+        if rest and _says_none(rest):
             self.said_none = True
         elif rest:
             self._start_item(rest, label=self.label, split=True)
@@ -291,7 +313,7 @@ class _Reader:
 
     def _start_item(self, text: str, *, label: str, split: bool = False) -> None:
         text = BOLD.sub("", text).strip()
-        if is_none(text):
+        if _says_none(text):
             self.said_none = True
             return
         self.block_items += 1
@@ -311,7 +333,7 @@ class _Reader:
             self.open = (label, f"{text} {line}", split)
             return True
         indented = raw[:1].isspace() and line and not _MARKER.match(line) and line[:1] not in QUOTES
-        if indented and text[:1] not in QUOTES and not is_none(line):
+        if indented and text[:1] not in QUOTES and not _says_none(line):
             self.open = (label, f"{text} {line}", split)
             return True
         return False
