@@ -1,8 +1,17 @@
 """The summarization environment reward: ROUGE-1 F1 x 100 of each summary against its reference.
 
 This is where the summarization task's environment reward is computed, and where ROUGE is
-implemented (no rouge_score or hub download). Tokenization follows rouge_score's default:
-lower-case, every run of characters other than a-z and 0-9 is a separator, no stemming.
+implemented: 40 lines of our own, kept on purpose instead of Google's rouge_score package, which
+pulls in nltk (and absl-py, joblib) for a stemmer drlc does not use, and instead of Hugging Face's
+`evaluate.load("rouge")`, which fetches the metric's script from the Hub at run time (a machine that
+has never been online cannot load it) and then calls rouge_score anyway. Tokenization follows
+rouge_score's default: lower-case, every run of characters other than a-z and 0-9 is a separator,
+no stemming (use_stemmer=False). tests/test_rouge_parity.py checks ROUGE-1, ROUGE-2 and ROUGE-L F1
+against rouge_score 0.1.2 (use_stemmer=False) on the 1,945 TL;DR summary/reference pairs of
+shared/data plus 100 whole posts: equal to the last bit (largest difference 0.0). With stemming
+rouge_score gives other numbers: ROUGE-1 differs on 740 of the 1,945 pairs, by up to 0.13 and by
++1.5 points (x 100) on average. rouge_score's "rougeLsum" (LCS over newline-split sentences) is not
+implemented.
 
 - ROUGE-N: n-gram overlap with clipped counts; P = overlap / candidate n-grams, R = overlap /
   reference n-grams, F = 2PR / (P + R) (0 when either is 0).
