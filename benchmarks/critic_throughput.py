@@ -23,20 +23,18 @@ import json
 import os
 import platform
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import openai
+
+from pipeline.core.cache import CriticCache
+from pipeline.critic.client import CriticClient
+from pipeline.critic.offline.server import serve_in_background
+from pipeline.critic.templates import load_template
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-import openai  # noqa: E402
-
-from pipeline.core.cache import CriticCache  # noqa: E402
-from pipeline.critic.client import CriticClient  # noqa: E402
-from pipeline.critic.offline.server import serve_in_background  # noqa: E402
-from pipeline.critic.templates import load_template  # noqa: E402
 
 N_REQUESTS = 256
 LATENCY_S = 0.2

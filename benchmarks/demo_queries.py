@@ -1,18 +1,18 @@
-"""The README's "Query the run" outputs, made by running its queries on a finished demo run.
+"""docs/results.md's "Query the run" outputs, made by running its queries on a finished demo run.
 
 The SQL lives here, once: `run_queries` runs every query of `QUERIES` against a project's
 tables (`pipeline.core.store.connect` over `<project>/data`) and records queries, column names and
 rows with the run's provenance (git commit, sha256 of its dvc.lock, torch thread count,
 machine). `render` turns that JSON, and only that JSON, into the Markdown that sits in
-README.md between `README_START` and `README_END`; tests/test_readme_queries.py regenerates
+docs/results.md between `BLOCK_START` and `BLOCK_END`; tests/test_readme_queries.py regenerates
 it from the committed JSON and compares, so the SQL shown is the SQL run and the numbers shown
 are the numbers recorded; tests/test_e2e_demo_queries.py (slow) runs a fresh default demo and
 compares its rows with the committed JSON, so a code change that moves a number fails there.
 
 Usage:
     git clone . /tmp/demo_run && (cd /tmp/demo_run && dvc repro)     # a fresh demo run
-    python benchmarks/demo_queries.py --project /tmp/demo_run --readme README.md
-Writes benchmarks/results/demo_queries.json (or --out); --readme also splices the section.
+    python benchmarks/demo_queries.py --project /tmp/demo_run --doc docs/results.md
+Writes benchmarks/results/demo_queries.json (or --out); --doc also splices the section into that page.
 """
 from __future__ import annotations
 
@@ -22,25 +22,23 @@ import json
 import os
 import platform
 import subprocess
-import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.core.errors import DataError
+from pipeline.studies import generated_blocks
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from benchmarks import readme_block  # noqa: E402
-from pipeline.core.errors import DataError  # noqa: E402
-
-README_START = "<!-- demo-queries:begin -->"
-README_END = "<!-- demo-queries:end -->"
+BLOCK_START = "<!-- demo-queries:begin -->"  # the block of docs/results.md this script owns
+BLOCK_END = "<!-- demo-queries:end -->"
 RESULT = ROOT / "benchmarks" / "results" / "demo_queries.json"
 
 
 @dataclass(frozen=True)
 class Query:
-    """One README query: the sentence above it, its SQL, and an optional note below its table."""
+    """One query of docs/results.md: the sentence above it, its SQL, and an optional note below its table."""
 
     key: str
     intro: str
@@ -182,7 +180,7 @@ def _prose(text: str) -> list[str]:
 
 
 def render(result: dict) -> str:
-    """The README section (without its markers) from a demo_queries.json result."""
+    """The docs/results.md section (without its markers) from a demo_queries.json result."""
     p = result["provenance"]
     machine = p["machine"]
     lines = _prose(
@@ -203,23 +201,23 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
-def splice_readme(text: str, markdown: str) -> str:
-    """README text with the part between the demo-queries markers replaced by markdown."""
-    return readme_block.splice(text, markdown, README_START, README_END)
+def splice_block(text: str, markdown: str) -> str:
+    """A page's text (docs/results.md) with the part between the demo-queries markers replaced by markdown."""
+    return generated_blocks.splice(text, markdown, BLOCK_START, BLOCK_END)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--project", type=Path, default=ROOT, help="a finished demo run (default: the repo root)")
     parser.add_argument("--out", type=Path, default=RESULT)
-    parser.add_argument("--readme", type=Path, help="also splice the rendered section into this README")
+    parser.add_argument("--doc", type=Path, help="also splice the rendered section into this page (docs/results.md)")
     args = parser.parse_args(argv)
     result = run_queries(args.project.resolve())
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
-    if args.readme:
-        args.readme.write_text(splice_readme(args.readme.read_text(), render(result)))
-        print(f"spliced {args.readme}")
+    if args.doc:
+        args.doc.write_text(splice_block(args.doc.read_text(), render(result)))
+        print(f"spliced {args.doc}")
 
 
 if __name__ == "__main__":

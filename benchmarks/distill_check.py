@@ -12,9 +12,10 @@ gold: mean character F1 (agreement F1), span precision and recall at IoU >= 0.5.
 same responses: the everything / nothing baselines and a word list learnt from rounds 1..R's answers
 (pipeline/audit/span_baselines.py).
 
-Run: ``flock /tmp/drlc-heavy.lock python benchmarks/distill_check.py`` (the demo as configured: about
-2 minutes of `dvc repro` on two shared cores; ``--tiny`` shrinks it as the tests do; with ``--keep DIR``
-a finished project there is reused and repro_s is DVC's check only). Writes benchmarks/results/distill_check.json.
+Run: ``flock /tmp/drlc-heavy.lock python -m benchmarks.distill_check`` from the checkout root (a module, as
+it builds the project with tests/e2e.py; the demo as configured: about 2 minutes of `dvc repro` on two
+shared cores; ``--tiny`` shrinks it as the tests do; with ``--keep DIR`` a finished project there is
+reused and repro_s is DVC's check only). Writes benchmarks/results/distill_check.json.
 """
 from __future__ import annotations
 
@@ -29,19 +30,18 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from pipeline.audit.distill import distill, examples_from_folders
+from pipeline.audit.labelled import LabelledPost
+from pipeline.audit.span_baselines import everything, learn_wordlist, nothing, wordlist_spans
+from pipeline.audit.span_metrics import score_post, span_precision_recall
+from pipeline.commands.rounds import set_rounds
+from pipeline.core import store
+from pipeline.core.config import load_params
+from pipeline.critic.offline.tagger import SpanTagger
+from pipeline.steps.critique import critique
+from tests.e2e import dvc, make_project, tiny_params
 
-from pipeline.audit.distill import distill, examples_from_folders  # noqa: E402
-from pipeline.audit.labelled import LabelledPost  # noqa: E402
-from pipeline.audit.span_baselines import everything, learn_wordlist, nothing, wordlist_spans  # noqa: E402
-from pipeline.audit.span_metrics import score_post, span_precision_recall  # noqa: E402
-from pipeline.commands.rounds import set_rounds  # noqa: E402
-from pipeline.core import store  # noqa: E402
-from pipeline.core.config import load_params  # noqa: E402
-from pipeline.critic.offline.tagger import SpanTagger  # noqa: E402
-from pipeline.steps.critique import critique  # noqa: E402
-from tests.e2e import dvc, make_project, tiny_params  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def spans_of(row: dict) -> tuple:
@@ -133,7 +133,7 @@ def main() -> None:
         metrics = {k: json.loads(p.read_text()) for k, p in
                    ((p.stem, p) for p in sorted((project / "metrics" / "critique").glob("chunk=*/round=*.json")))}
     result = {
-        "command": " ".join(["python", "benchmarks/distill_check.py", *sys.argv[1:]]),
+        "command": " ".join(["python", "-m", "benchmarks.distill_check", *sys.argv[1:]]),
         "machine": f"{platform.processor() or platform.machine()}, shared 2-core CPU",
         "profile": "tests/e2e.tiny_params (shrunken demo)" if args.tiny else "params.yaml (the demo)",
         "rounds": args.rounds, "switch_after": key, "repro_s": round(repro_s, 1),

@@ -16,13 +16,11 @@ import argparse
 import dataclasses
 import json
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def build_demo_model(out_dir: Path, params) -> None:

@@ -368,8 +368,11 @@ STEP_FUNCTIONS = {"install": step_install, "environment": step_environment, "dem
 
 
 def step_main(name: str, config: dict) -> None:
-    """Run one step in this process; print its outcome as the last stdout line."""
-    sys.path.insert(0, str(ROOT))
+    """Run one step in this process; print its outcome as the last stdout line.
+
+    The process is run_step's child, whose PYTHONPATH is the checkout: the steps import pipeline (before
+    or after the install step) and the sibling benchmarks ppo_update and gpu_memory as `benchmarks.*`.
+    """
     outcome = {"status": "ok"}
     try:
         outcome["result"] = STEP_FUNCTIONS[name](config)
@@ -478,12 +481,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.step:
         step_main(args.step, json.loads(args.config))
         return 0
-    if args.memory_table:
-        sys.path.insert(0, str(ROOT))
-        from benchmarks.gpu_memory import paper_memory_table
-
-        print(json.dumps(paper_memory_table(), indent=2))
-        return 0
+    if args.memory_table:  # printed by gpu_memory.py, which imports pipeline (this file, only the standard library)
+        return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_memory.py")], cwd=ROOT).returncode
     unknown = sorted(set(args.steps.split(",")) - set(STEPS))
     if unknown:
         parser.error(f"unknown steps {unknown}: choose from {','.join(STEPS)}")

@@ -8,6 +8,7 @@ their configs: nothing is downloaded or allocated.
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 from pipeline.model.shapes import DTYPE_BYTES, known_config, lora_parameter_count, meta_model
@@ -92,3 +93,7 @@ def paper_memory_table() -> dict:
     from pipeline.core.config import load_params
 
     return {path.name: params_memory_estimate(load_params(path)) for path in sorted((ROOT / "configs" / "paper").glob("*.yaml"))}
+
+
+if __name__ == "__main__":  # the table of docs/scale-out.md (python benchmarks/gpu_check.py --memory-table runs this)
+    print(json.dumps(paper_memory_table(), indent=2))

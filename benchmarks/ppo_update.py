@@ -78,12 +78,12 @@ def _synchronize(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _drlc_worker(shape: str, precision: str, device, root: Path = ROOT):
-    """root: the drlc tree whose pipeline is timed (another checkout for --baseline-tree)."""
+def _drlc_worker(shape: str, precision: str, device):
+    """The pipeline timed is the one first on the worker's path: PYTHONPATH, set by `Worker` to this tree or
+    to the --baseline-tree."""
     import torch
     from transformers import GPT2LMHeadModel
 
-    sys.path.insert(0, str(root))
     from pipeline.core.config import PPOParams
     from pipeline.model.logprobs import response_logprobs
     from pipeline.model.policy import PolicyWithValueHead, _fresh_value_head, frozen_copy
@@ -200,8 +200,7 @@ def _trl_worker(shape: str, precision: str, device):
     return run
 
 
-def worker_main(kind: str, shape: str, precision: str, threads: int, device: str = "cpu",
-                root: Path = ROOT) -> None:
+def worker_main(kind: str, shape: str, precision: str, threads: int, device: str = "cpu") -> None:
     """Serve `run` / `stats` commands on stdin, one JSON line per answer on stdout.
 
     On a CUDA device each `run` answer carries `peak_gpu_mb`, the peak allocated memory of that
@@ -212,7 +211,7 @@ def worker_main(kind: str, shape: str, precision: str, threads: int, device: str
     torch.set_num_threads(threads)
     device = torch.device(device)
     if kind == "drlc":
-        run = _drlc_worker(shape, precision, device, root)
+        run = _drlc_worker(shape, precision, device)
     else:
         run = {"floor": _floor_worker, "trl": _trl_worker}[kind](shape, precision, device)
     print(json.dumps({"ready": True}), flush=True)
@@ -240,9 +239,10 @@ class Worker:
                  root: Path | None = None):
         self.name = f"{kind}-{precision}" if root is None else f"{kind}-baseline-{precision}"
         cmd = [python, str(Path(__file__).resolve()), "--worker", kind, "--shape", shape,
-               "--precision", precision, "--threads", str(threads), "--device", device,
-               "--root", str(root or ROOT)]
-        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error",
+               "--precision", precision, "--threads", str(threads), "--device", device]
+        # the drlc tree whose pipeline the worker imports: first on its path, ahead of the installed one
+        tree = os.pathsep.join(filter(None, [str(root or ROOT), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": tree, "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error",
                "PYTHONWARNINGS": "ignore"}
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                                      cwd=str(ROOT))
@@ -372,7 +372,6 @@ def main() -> None:
                         help="another drlc checkout (e.g. `git worktree add /tmp/base HEAD~1`): its train_round is "
                              "timed in the same interleaved repeats as drlc_baseline_<precision>")
     parser.add_argument("--worker", choices=("drlc", "floor", "trl"))
-    parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     parser.add_argument("--shape", choices=tuple(SHAPES))
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N (the workers' device)")
@@ -381,7 +380,7 @@ def main() -> None:
                              "many CPU-minutes per update there)")
     args = parser.parse_args()
     if args.worker:
-        worker_main(args.worker, args.shape, args.precision, args.threads, args.device, args.root)
+        worker_main(args.worker, args.shape, args.precision, args.threads, args.device)
         return
     args.precisions = (args.precisions or default_precisions(args.device)).split(",")
     if not set(args.precisions) <= {"fp32", "bf16"}:

@@ -9,7 +9,8 @@ aside, and its metrics/eval.json), and one with new critic reward values and lea
 training only (evaluate=False) and once with the evaluation of the final policy. The critic
 requests each replay sent come from its replay.json.
 
-Usage:  python benchmarks/replay_speed.py [--profile demo|tiny] [--keep DIR] [--out FILE]
+Usage:  python -m benchmarks.replay_speed [--profile demo|tiny] [--keep DIR] [--out FILE]
+        (from the checkout root: a module, as it builds the project with tests/e2e.py)
 Writes benchmarks/results/replay_speed.json (sorted keys) unless --out. The machine is shared: timings are
 single runs, not medians.
 """
@@ -24,10 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from tests.e2e import dvc, make_project, run, tiny_params
 
-from tests.e2e import dvc, make_project, run, tiny_params  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 CHANGED = ["critic.rewards.positive=1.0", "critic.rewards.negative=-1.0", "ppo.learning_rate=0.0004"]
 

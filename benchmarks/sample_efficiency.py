@@ -4,7 +4,7 @@ Per task (sentiment, toxicity, summarization: the demo worlds), seven arms (PPO:
 matched to dense_all's total reward; dense on every response; dense on low-reward responses only;
 dense with zero-mean intrinsic rewards; GRPO with groups of 4: sparse, and dense on every response),
 three seeds each, the same rounds x batch rollouts per arm, all run in-process from one cached base model per world, with an environment reward that is
-not a re-reading of the critic and the lexicon critic (benchmarks/sample_efficiency_lib/tasks.py
+not a re-reading of the critic and the lexicon critic (pipeline/studies/tasks.py
 says what each world can and cannot show). Then a zero-cost ablation replays the recorded
 dense_all rollouts under other critic settings.
 
@@ -15,7 +15,7 @@ Usage:
   python benchmarks/sample_efficiency.py --report-only      # rebuild PNGs + Markdown from the JSON
   python benchmarks/sample_efficiency.py --quick --task sentiment --add-arms grpo_sparse grpo_dense
                                                             # run only these arms, added to the JSON's task
-  python benchmarks/sample_efficiency.py --quick --readme README.md   # also splice the section into README
+  python benchmarks/sample_efficiency.py --quick --doc docs/results.md   # also splice the section there
 
 Writes benchmarks/results/sample_efficiency[_quick].json ({"tasks": {task: result}}),
 <stem>_<task>_curves.png and _frontier.png per task, and benchmarks/results/sample_efficiency.md.
@@ -27,18 +27,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from benchmarks.sample_efficiency_lib.arms import study_arms  # noqa: E402
-from benchmarks.sample_efficiency_lib.config import TASKS, preset  # noqa: E402
-from benchmarks.sample_efficiency_lib.report import markdown, splice_readme, write_plots  # noqa: E402
+from pipeline.studies.arms import study_arms  # noqa: E402 (after OMP_NUM_THREADS, read when torch loads)
+from pipeline.studies.config import TASKS, preset  # noqa: E402
+from pipeline.studies.report import markdown, splice_doc, write_plots  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "benchmarks" / "results"
 ARM_NAMES = tuple(study_arms(0.5))
@@ -70,7 +69,7 @@ def write_outputs(study: dict, out_dir: Path) -> dict:
     """Write each task's PNGs, the JSON (with the image names) and the Markdown made from that JSON; return paths.
 
     `study` is {"preset", "tasks": {task: result}} (a single task's result is accepted and wrapped).
-    The Markdown of the quick and full presets is sample_efficiency.md (the README section);
+    The Markdown of the quick and full presets is sample_efficiency.md (the docs/results.md section);
     the smoke preset writes sample_efficiency_smoke.md so a test run never replaces it.
     """
     if "tasks" not in study:
@@ -90,7 +89,7 @@ def write_outputs(study: dict, out_dir: Path) -> dict:
 
 def recompute_headlines(study: dict) -> dict:
     """Derived numbers are a pure function of the raw runs: recompute them with the current analysis code."""
-    from benchmarks.sample_efficiency_lib.analysis import headline
+    from pipeline.studies.analysis import headline
 
     for result in study["tasks"].values():
         result["headline"] = headline({arm: data["runs"] for arm, data in result["arms"].items()},
@@ -109,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(RESULTS), help="results folder")
     parser.add_argument("--report-only", action="store_true",
                         help="recompute the derived numbers from the JSON's raw runs and rebuild PNGs and Markdown")
-    parser.add_argument("--readme", help="splice the Markdown section into this README (between the markers)")
+    parser.add_argument("--doc", help="splice the Markdown section into this page, docs/results.md (between the markers)")
     parser.add_argument("--add-arms", nargs="+", choices=ARM_NAMES, metavar="ARM",
                         help="run only these arms and add them to the task's finished result in the JSON, after "
                              "re-running sparse's first seed to check that result is what this code gives")
@@ -120,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         study = recompute_headlines(study)
     elif args.add_arms:
-        from benchmarks.sample_efficiency_lib.study import add_arms
+        from pipeline.studies.study import add_arms
 
         for task in TASKS if args.task == "all" else (args.task,):
             if task not in study["tasks"]:
@@ -128,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             add_arms(study["tasks"][task], preset(name, task), args.add_arms, scratch=args.scratch)
             write_outputs(recompute_headlines(study), out_dir)
     else:
-        from benchmarks.sample_efficiency_lib.study import run_study
+        from pipeline.studies.study import run_study
 
         Path(args.scratch).mkdir(parents=True, exist_ok=True)
         for task in TASKS if args.task == "all" else (args.task,):
@@ -139,9 +138,9 @@ def main(argv: list[str] | None = None) -> int:
             write_outputs(study, out_dir)  # after every task, so a later failure keeps the finished ones
     paths = write_outputs(study, out_dir)
     print(f"wrote {paths['json']} and {paths['markdown']}")
-    if args.readme:
-        splice_readme(args.readme, paths["markdown"].read_text())
-        print(f"spliced the results section into {args.readme}")
+    if args.doc:
+        splice_doc(args.doc, paths["markdown"].read_text())
+        print(f"spliced the results section into {args.doc}")
     return 0
 
 

@@ -9,7 +9,7 @@ with a commit):
 Phase 1 queues sparse, dense_all, dense_selective, dense_zero_mean, grpo_sparse and grpo_dense for every seed with
 ``dvc exp run --queue -n <arm>-s<seed> -S ...`` and runs them (``dvc exp run --run-all -j 1``,
 or one ``dvc exp run --temp`` each with ``--runner temp``). Phase 2 computes sparse_scaled's
-scale k from the finished dense_all and sparse experiments (benchmarks/sample_efficiency_lib's
+scale k from the finished dense_all and sparse experiments (pipeline/studies/analysis.py's
 ``scale_factor``) and runs it with ``score.scale=k``. Results are read without touching the
 workspace: params and metrics with ``dvc exp show --json``, metrics/rounds.json (a DVC plot, so
 not in exp show) with ``git show <exp rev>:metrics/rounds.json``, per-response tables (only for
@@ -31,10 +31,13 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.sample_efficiency_lib.analysis import (  # noqa: E402
+from pipeline.commands.rounds import exp_run_overrides
+from pipeline.core import store
+from pipeline.core.config import load_params
+from pipeline.core.errors import ConfigError, DataError
+from pipeline.steps.score import population_std
+from pipeline.studies import critics, generated_blocks, real_text
+from pipeline.studies.analysis import (
     mean,
     mean_std,
     scale_factor,
@@ -42,14 +45,9 @@ from benchmarks.sample_efficiency_lib.analysis import (  # noqa: E402
     sparse_target,
     steps_to_reach,
 )
-from benchmarks import readme_block  # noqa: E402
-from benchmarks.sample_efficiency_lib import critics, real_text  # noqa: E402
-from benchmarks.sample_efficiency_lib.arms import ALL, study_arms  # noqa: E402
-from pipeline.commands.rounds import exp_run_overrides  # noqa: E402
-from pipeline.core import store  # noqa: E402
-from pipeline.core.config import load_params  # noqa: E402
-from pipeline.core.errors import ConfigError, DataError  # noqa: E402
-from pipeline.steps.score import population_std  # noqa: E402
+from pipeline.studies.arms import ALL, study_arms
+
+ROOT = Path(__file__).resolve().parents[1]
 
 PHASE_1 = ("sparse", "dense_all", "dense_selective", "dense_zero_mean", "grpo_sparse", "grpo_dense")
 ARMS = PHASE_1 + ("sparse_scaled",)
@@ -327,7 +325,7 @@ def real_text_report(project: Path, by_arm: dict, args, *, policy: str, final_wi
 def study_design(args, threshold: float):
     """(phase-1 arms, the arm sparse_scaled's k is matched to or None, settings_of(arm, seed, k)).
 
-    With --critics: the real-text arms (sample_efficiency_lib/critics.py) for each --algorithms;
+    With --critics: the real-text arms (pipeline/studies/critics.py) for each --algorithms;
     else the synthetic study's --arms (arms.py).
     """
     if args.critics:
@@ -370,8 +368,9 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.add_argument("--critic-quality", type=Path, default=ROOT / "benchmarks" / "results" / "study_critics.json",
                         help="with --critics: each critic's char F1 (benchmarks/study_critics.py)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sample_efficiency_dvc.json")
-    parser.add_argument("--readme", type=Path, default=None,
-                        help="with --critics: also write the result into this README's real-text block")
+    parser.add_argument("--doc", type=Path, default=None,
+                        help="with --critics: also write the result into this page's real-text block "
+                             "(docs/results.md)")
     parser.add_argument("--dry-run", action="store_true", help="print the dvc commands only")
     parser.add_argument("--max-new", type=int, default=None,
                         help="run at most N new experiments, then stop (run the same command again to go on)")
@@ -434,9 +433,9 @@ def study(project, args, params, first, reference, settings_of, seeds_of, extra,
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
     args.out.with_suffix(".md").write_text(markdown(result))
-    if args.critics and args.readme:
-        args.readme.write_text(readme_block.splice(args.readme.read_text(), real_text.readme_section(result),
-                                                   real_text.README_START, real_text.README_END))
+    if args.critics and args.doc:
+        generated_blocks.splice_file(args.doc, real_text.results_block(result), real_text.BLOCK_START,
+                                     real_text.BLOCK_END)
     print(markdown(result))
     return result
 

@@ -28,19 +28,17 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
+import torch
+import transformers
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from pipeline.model.policy import PolicyWithValueHead
+from pipeline.model.sampling import sample_responses
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
-
-from pipeline.model.policy import PolicyWithValueHead  # noqa: E402
-from pipeline.model.sampling import sample_responses  # noqa: E402
 
 PAD_ID = 0
 # name -> GPT-2 shape; "demo" is params.yaml's base model, "gpt2_small" GPT-2 small's shape.

@@ -19,18 +19,16 @@ import argparse
 import dataclasses
 import json
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from pipeline.audit.critic_eval import audit_critic
+from pipeline.audit.distill import distill, examples_from_file
+from pipeline.core.config import load_params
+from pipeline.critic.offline.tagger import model_hash
 
-from pipeline.audit.critic_eval import audit_critic  # noqa: E402
-from pipeline.audit.distill import distill, examples_from_file  # noqa: E402
-from pipeline.core.config import load_params  # noqa: E402
-from pipeline.critic.offline.tagger import model_hash  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 DATA = REPO.parent / "shared" / "data" / "toxicity" / "semeval2021_toxic_spans"
 KEPT = ("char_f1", "span_precision", "span_recall", "span_f1", "status_share", "requests_sent", "cache_hits")

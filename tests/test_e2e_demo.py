@@ -85,7 +85,9 @@ def test_second_repro_does_nothing_and_forced_rerun_is_free_and_identical(finish
 
 
 def readme_queries() -> list[str]:
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    """Every ```sql block of README.md and docs/results.md (the demo queries' generated block)."""
+    root = Path(__file__).resolve().parents[1]
+    text = "\n".join((root / page).read_text() for page in ("README.md", "docs/results.md"))
     return re.findall(r"```sql\n(.*?)```", text, flags=re.S)
 
 

@@ -1,10 +1,10 @@
-"""README's demo numbers stay true: run the default demo (params.yaml unchanged) with the real DVC, run
-README's queries on it with benchmarks/demo_queries.py, and compare every row with the committed
-benchmarks/results/demo_queries.json (which README renders, tests/test_readme_queries.py).
+"""The demo numbers of docs/results.md stay true: run the default demo (params.yaml unchanged) with the real
+DVC, run its queries on it with benchmarks/demo_queries.py, and compare every row with the committed
+benchmarks/results/demo_queries.json (which docs/results.md renders, tests/test_readme_queries.py).
 
 The rows depend on torch's thread count and the CPU's kernels (summation order), so the comparison
 runs where both equal the committed run's and skips, saying so, elsewhere. On a mismatch the fresh result is
-left in the test's temp folder with the command that re-renders README from it.
+left in the test's temp folder with the command that re-renders docs/results.md from it.
 """
 import json
 import subprocess
@@ -15,10 +15,9 @@ import pytest
 import yaml
 from e2e import dvc, make_project
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.demo_queries import RESULT, provenance, run_queries
 
-from benchmarks.demo_queries import RESULT, provenance, run_queries  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.slow  # the full demo: 4 rounds of 128 rollouts, a few minutes on 2 cores
 
@@ -44,7 +43,7 @@ def test_a_fresh_demo_run_gives_the_committed_demo_queries(tmp_path):
     dvc(["repro"], project)
     fresh = run_queries(project)
     (tmp_path / "demo_queries.json").write_text(json.dumps(fresh, indent=1) + "\n")
-    fix = (f"a code change moved README's demo numbers: python benchmarks/demo_queries.py --project {project} "
-           f"--readme README.md (fresh rows in {tmp_path / 'demo_queries.json'})")
+    fix = (f"a code change moved the demo numbers of docs/results.md: python benchmarks/demo_queries.py "
+           f"--project {project} --doc docs/results.md (fresh rows in {tmp_path / 'demo_queries.json'})")
     for new, old in zip(fresh["queries"], committed["queries"], strict=True):
         assert (new["key"], new["columns"], new["rows"]) == (old["key"], old["columns"], old["rows"]), fix

@@ -5,19 +5,15 @@ re-run replays the critic from its cache (0 requests) and reproduces every table
 `drlc catalog` and README's queries (benchmarks/demo_queries.py) read the run as they read a PPO run.
 """
 import json
-import sys
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 from e2e import dvc, make_project, tiny_params
 from test_e2e_demo import table_contents
 
+from benchmarks.demo_queries import QUERIES, run_queries
 from pipeline.commands.cli import main
 from pipeline.core.store import connect
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.demo_queries import QUERIES, run_queries  # noqa: E402
 
 pytestmark = pytest.mark.slow  # runs `dvc repro`
 

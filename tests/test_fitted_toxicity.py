@@ -106,9 +106,6 @@ def test_the_selfcritique_profile_scores_with_the_fitted_scorer():
 
 
 def test_benchmark_roc_auc_by_hand():
-    import sys
-
-    sys.path.insert(0, str(ROOT))
     from benchmarks.toxicity_scorers import roc_auc
 
     # positives 0.9, 0.4; negatives 0.4, 0.1: pairs (0.9>0.4) 1, (0.9>0.1) 1, (0.4=0.4) 0.5, (0.4>0.1) 1

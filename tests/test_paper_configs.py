@@ -147,8 +147,7 @@ def test_accelerate_configs_load_with_accelerate():
 
 
 PROBE = """
-import sys, torch
-sys.path.insert(0, {root!r})
+import torch
 from pipeline.parallel.distributed import DataParallel
 dp = DataParallel.from_environment()
 total = dp.all_reduce_sum(torch.tensor([float(dp.rank + 1)]))
@@ -162,7 +161,7 @@ with open(f"{out}/rank{{dp.rank}}.txt", "w") as f:  # one file per rank: a share
 def test_multi_gpu_config_launches_two_processes_on_cpu(tmp_path):
     """The config file gives drlc's DataParallel two ranks (gloo on CPU) whose all-reduce sums 1 + 2."""
     script = tmp_path / "probe.py"
-    script.write_text(PROBE.format(root=str(ROOT), out=str(tmp_path)))
+    script.write_text(PROBE.format(out=str(tmp_path)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     launcher = Path(sys.executable).with_name("accelerate")
     with socket.socket() as probe:  # a free port: the default 29500 may be held by another launch

@@ -1,30 +1,29 @@
-"""README's "Query the run" section is benchmarks/results/demo_queries.json rendered, and its SQL is the SQL run.
+"""docs/results.md's "Query the run" section is benchmarks/results/demo_queries.json rendered, and its SQL is
+the SQL run.
 
-Fast: no model, no DVC. A hand edit of the README section, of the JSON, or of a query in
+Fast: no model, no DVC. A hand edit of that section, of the JSON, or of a query in
 benchmarks/demo_queries.py without re-running it fails here.
 """
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks.demo_queries import BLOCK_END, BLOCK_START, QUERIES, RESULT, render, run_queries, splice_block
+from pipeline.core import store
+from pipeline.core.errors import DataError
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.demo_queries import QUERIES, README_END, README_START, RESULT, render, run_queries, splice_readme  # noqa: E402
-from pipeline.core import store  # noqa: E402
-from pipeline.core.errors import DataError  # noqa: E402
 
 
-def test_readme_section_is_the_committed_json_rendered():
+def test_results_section_is_the_committed_json_rendered():
     result = json.loads(RESULT.read_text())
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split(README_START, 1)[1].split(README_END, 1)[0]
-    assert section == "\n" + render(result), "README's demo-queries section differs from the JSON: " \
-        "re-run `python benchmarks/demo_queries.py --project <fresh demo run> --readme README.md`"
+    page = (ROOT / "docs" / "results.md").read_text()
+    section = page.split(BLOCK_START, 1)[1].split(BLOCK_END, 1)[0]
+    assert section == "\n" + render(result), "docs/results.md's demo-queries section differs from the JSON: " \
+        "re-run `python benchmarks/demo_queries.py --project <fresh demo run> --doc docs/results.md`"
 
 
 def test_committed_json_ran_the_scripts_queries():
@@ -69,6 +68,6 @@ def test_missing_tables_and_markers_are_named(tmp_path):
     with pytest.raises(DataError, match="dvc repro"):
         run_queries(tmp_path)
     with pytest.raises(DataError, match="demo-queries:begin"):
-        splice_readme("# no markers\n", "x")
-    text = f"a\n{README_START}\nold\n{README_END}\nb\n"
-    assert splice_readme(text, "new\n") == f"a\n{README_START}\nnew\n{README_END}\nb\n"
+        splice_block("# no markers\n", "x")
+    text = f"a\n{BLOCK_START}\nold\n{BLOCK_END}\nb\n"
+    assert splice_block(text, "new\n") == f"a\n{BLOCK_START}\nnew\n{BLOCK_END}\nb\n"

@@ -3,27 +3,25 @@
 One module-scoped run of the whole study per task (base pretraining, seven arms x 2 seeds x 3
 rounds, the replay ablation, plots and Markdown) feeds every test; each derived number is
 recomputed here with numpy from the raw per-round records, independently of
-benchmarks/sample_efficiency_lib. The worlds' own measures are checked by hand.
+pipeline/studies. The worlds' own measures are checked by hand.
 """
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.sample_efficiency import main, recompute_headlines, write_outputs
+from pipeline.core.errors import DataError
+from pipeline.studies.analysis import interpolate_at, isotonic_frontier, steps_to_reach
+from pipeline.studies.config import TASKS, preset
+from pipeline.studies.report import BLOCK_END, BLOCK_START, splice_doc
+from pipeline.studies.study import run_study
 
-from benchmarks.sample_efficiency import main, recompute_headlines, write_outputs  # noqa: E402
-from benchmarks.sample_efficiency_lib.analysis import interpolate_at, isotonic_frontier, steps_to_reach  # noqa: E402
-from benchmarks.sample_efficiency_lib.config import TASKS, preset  # noqa: E402
-from benchmarks.sample_efficiency_lib.report import README_END, README_START, splice_readme  # noqa: E402
-from benchmarks.sample_efficiency_lib.study import run_study  # noqa: E402
-from pipeline.core.errors import DataError  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 PPO_ARMS = {"sparse", "sparse_scaled", "dense_all", "dense_selective", "dense_zero_mean"}
 GRPO_ARMS = {"grpo_sparse", "grpo_dense"}
@@ -181,7 +179,7 @@ def test_added_arms_equal_the_full_studys_and_a_result_this_code_does_not_give_i
     a result whose sparse run or config this code does not reproduce is refused, naming the fix."""
     import copy
 
-    from benchmarks.sample_efficiency_lib.study import add_arms
+    from pipeline.studies.study import add_arms
 
     loaded, paths, configs = study
     result = copy.deepcopy(loaded["tasks"]["toxicity"])
@@ -260,13 +258,13 @@ def _number(cell: str) -> float | None:
 
 
 @pytest.mark.slow  # the study fixture pretrains and trains every task's arms
-def test_readme_section_numbers_equal_the_json(study, tmp_path):
+def test_results_section_numbers_equal_the_json(study, tmp_path):
     loaded, paths, _ = study
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# drlc\n\nintro\n\n{README_START}\nold text\n{README_END}\n\n## after\n")
-    splice_readme(readme, paths["markdown"].read_text())
-    text = readme.read_text()
-    assert text.startswith("# drlc\n\nintro\n\n") and text.endswith(f"{README_END}\n\n## after\n")
+    doc = tmp_path / "results.md"
+    doc.write_text(f"# Results\n\nintro\n\n{BLOCK_START}\nold text\n{BLOCK_END}\n\n## after\n")
+    splice_doc(doc, paths["markdown"].read_text())
+    text = doc.read_text()
+    assert text.startswith("# Results\n\nintro\n\n") and text.endswith(f"{BLOCK_END}\n\n## after\n")
     assert "old text" not in text
     sections = _sections(text)
     assert set(sections) == set(TASKS)
@@ -310,16 +308,16 @@ def test_report_only_rebuilds_the_same_markdown_and_reads_the_old_layout(study, 
     assert "#### sentiment" in (out / "sample_efficiency_smoke.md").read_text()
 
 
-def test_splice_refuses_a_readme_without_markers(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text("# drlc\n")
+def test_splice_refuses_a_page_without_markers(tmp_path):
+    doc = tmp_path / "results.md"
+    doc.write_text("# Results\n")
     with pytest.raises(DataError, match="sample-efficiency:start"):
-        splice_readme(readme, "section")
-    assert readme.read_text() == "# drlc\n"
+        splice_doc(doc, "section")
+    assert doc.read_text() == "# Results\n"
 
 
 def test_comment_grammar_recogniser_by_hand():
-    from benchmarks.sample_efficiency_lib.world_toxicity import is_comment_prefix
+    from pipeline.studies.world_toxicity import is_comment_prefix
     from pipeline.data.toxicity_world import generate_comments
 
     assert all(is_comment_prefix(c) for c in generate_comments(200, seed=5))
@@ -331,7 +329,7 @@ def test_comment_grammar_recogniser_by_hand():
 
 
 def test_toxicity_reward_is_a_sequence_label_classifier_not_the_lexicon():
-    from benchmarks.sample_efficiency_lib.world_toxicity import ToxicityStudyWorld, labelled_comments
+    from pipeline.studies.world_toxicity import ToxicityStudyWorld, labelled_comments
     from pipeline.data.toxicity_world import TOXIC_WORDS
 
     pairs = labelled_comments(400, seed=3)
@@ -347,7 +345,7 @@ def test_toxicity_reward_is_a_sequence_label_classifier_not_the_lexicon():
 
 
 def test_summary_kinds_by_hand():
-    from benchmarks.sample_efficiency_lib.world_summarization import summary_kind
+    from pipeline.studies.world_summarization import summary_kind
 
     reference = "Fire burned down the old mill."
     assert summary_kind(" Fire burned down the old mill.", reference) == "reference"
@@ -358,12 +356,14 @@ def test_summary_kinds_by_hand():
     assert summary_kind("Fire fire fire", reference) == "other"
 
 
-def test_the_readme_shows_the_committed_quick_results():
-    """README's section is the Markdown of benchmarks/results/sample_efficiency_quick.json, recomputed
-    from its raw runs (so a hand edit of the JSON's headline or of the README fails here)."""
-    from benchmarks.sample_efficiency_lib.report import markdown
+def test_the_results_page_shows_the_committed_quick_results():
+    """docs/results.md's section is the Markdown of benchmarks/results/sample_efficiency_quick.json, recomputed
+    from its raw runs (so a hand edit of the JSON's headline or of the page fails here)."""
+    from pipeline.studies.report import markdown
 
     committed = json.loads((ROOT / "benchmarks/results/sample_efficiency_quick.json").read_text())
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split(README_START, 1)[1].split(README_END, 1)[0]
-    assert section.strip() == markdown(recompute_headlines(committed)).strip()
+    page = (ROOT / "docs" / "results.md").read_text()
+    section = page.split(BLOCK_START, 1)[1].split(BLOCK_END, 1)[0]
+    assert section.strip() == markdown(recompute_headlines(committed)).strip(), \
+        "docs/results.md's sample-efficiency block differs from the JSON: re-render it with " \
+        "`python benchmarks/sample_efficiency.py --quick --report-only --doc docs/results.md`"

@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 from e2e import dvc, make_project, run, tiny_params
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks import sample_efficiency_dvc as se
+from pipeline.core.errors import ConfigError
 
-from benchmarks import sample_efficiency_dvc as se  # noqa: E402
-from pipeline.core.errors import ConfigError  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_rounds_overrides_and_arm_settings():

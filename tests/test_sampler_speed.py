@@ -1,12 +1,10 @@
 """benchmarks/sampler_speed.py at a tiny size: report fields and token counts (no timing assertions)."""
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.sampler_speed import run_benchmark
 
-from benchmarks.sampler_speed import run_benchmark  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TINY = {"tiny": dict(vocab_size=300, n_layer=1, n_head=2, n_embd=32, n_positions=64)}
 

@@ -1,14 +1,12 @@
 """benchmarks/smol_run.py's report: stage times from a timestamped log, critic answer statistics by hand."""
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.smol_run import critic_rounds, stage_seconds
+from pipeline.core.store import SCHEMAS, partition_dir, write_table
 
-from benchmarks.smol_run import critic_rounds, stage_seconds  # noqa: E402
-from pipeline.core.store import SCHEMAS, partition_dir, write_table  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_stage_seconds_are_the_gaps_between_running_lines(tmp_path):

@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks import sample_efficiency_dvc as se
+from pipeline.core.config import load_params
+from pipeline.core.errors import ConfigError, DataError
+from pipeline.studies import critics, real_text
+from pipeline.studies.arms import ALL
 
-from benchmarks import sample_efficiency_dvc as se  # noqa: E402
-from benchmarks.sample_efficiency_lib import critics, real_text  # noqa: E402
-from benchmarks.sample_efficiency_lib.arms import ALL  # noqa: E402
-from pipeline.core.config import load_params  # noqa: E402
-from pipeline.core.errors import ConfigError, DataError  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 PROFILE = ROOT / "configs" / "study-detox.yaml"
 EVERY_ARM = critics.study_arms(list(critics.CRITICS), list(critics.ALGORITHMS))
@@ -310,13 +309,13 @@ def test_real_text_arms_run_as_dvc_experiments_and_report(tmp_path, monkeypatch)
     assert params["sparse_scaled-s0"]["score"]["scale"] == pytest.approx(result["scale_factor"]["k"])
 
 
-def test_the_readme_leads_with_the_committed_real_text_result():
-    """README's real-text block is benchmarks/results/study_real_text.json rendered again from its raw runs:
-    a hand edit of the JSON's report, its runs, or the README fails here."""
+def test_the_results_page_leads_with_the_committed_real_text_result():
+    """docs/results.md's real-text block is benchmarks/results/study_real_text.json rendered again from its raw
+    runs: a hand edit of the JSON's report, its runs, or the page fails here."""
     committed = json.loads((ROOT / "benchmarks/results/study_real_text.json").read_text())
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split(real_text.README_START, 1)[1].split(real_text.README_END, 1)[0]
-    assert section.strip() == real_text.readme_section(committed).strip()
-    help_section = readme.split("## Does the critic help?", 1)[1]
-    assert help_section.index(real_text.README_START) < help_section.index("<!-- sample-efficiency:start -->")
+    page = (ROOT / "docs" / "results.md").read_text()
+    section = page.split(real_text.BLOCK_START, 1)[1].split(real_text.BLOCK_END, 1)[0]
+    assert section.strip() == real_text.results_block(committed).strip()
+    help_section = page.split("## Does the critic help?", 1)[1]
+    assert help_section.index(real_text.BLOCK_START) < help_section.index("<!-- sample-efficiency:start -->")
 

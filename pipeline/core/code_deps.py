@@ -26,7 +26,7 @@ DYNAMIC_PACKAGES = ("pipeline.tasks",)  # get_task imports pipeline.tasks.<run.t
 # The layers of pipeline/, lowest first, in the order a round uses them. A module imports only
 # modules of its own layer or of a lower one (tests/test_layers.py); README's Layout names each.
 LAYERS = ("core", "parallel", "model", "train", "data", "evaluate", "rewards", "critic", "tasks", "steps",
-          "audit", "commands")
+          "audit", "studies", "commands")
 
 
 def import_closure(script: str | Path, *, root: Path = CODE_ROOT) -> list[str]:

@@ -24,7 +24,6 @@ import itertools
 import re
 from functools import lru_cache
 
-from benchmarks.sample_efficiency_lib.world import ClassifierStudyWorld
 from pipeline.data.toxicity_world import (
     CIVIL_WORDS,
     TEMPLATES,
@@ -35,6 +34,7 @@ from pipeline.data.toxicity_world import (
 )
 from pipeline.evaluate.metrics import distinct_n
 from pipeline.rewards.toxicity import LexiconToxicity, ToxicityReward, toxic_terms
+from pipeline.studies.world import ClassifierStudyWorld
 from pipeline.tasks.toxicity import Evaluator
 
 _WORD = re.compile(r"[A-Za-z]+")

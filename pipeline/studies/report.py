@@ -1,20 +1,21 @@
-"""The study's outputs from its JSON: two PNGs, a Markdown results section, and the README splice.
+"""The study's outputs from its JSON: two PNGs, a Markdown results section, and its splice into docs/results.md.
 
-Everything here reads only the result JSON, so the Markdown (and the README section made from
-it) can never disagree with the raw numbers.
+Everything here reads only the result JSON, so the Markdown (and the docs/results.md block made
+from it) can never disagree with the raw numbers.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks import readme_block
-from benchmarks.sample_efficiency_lib.analysis import seed_mean_curve
-from benchmarks.sample_efficiency_lib.reading import ARM_ORDER, fmt, honest_reading, pm
-from benchmarks.sample_efficiency_lib.tasks import VIEWS
+from pipeline.studies import generated_blocks
+from pipeline.studies.analysis import seed_mean_curve
+from pipeline.studies.reading import ARM_ORDER, fmt, honest_reading, pm
+from pipeline.studies.tasks import VIEWS
 
-README_START = "<!-- sample-efficiency:start -->"
-README_END = "<!-- sample-efficiency:end -->"
+BLOCK_START = "<!-- sample-efficiency:start -->"  # the block of docs/results.md this study owns
+BLOCK_END = "<!-- sample-efficiency:end -->"
 TASK_ORDER = ("sentiment", "toxicity", "summarization")
+IMAGES = "../benchmarks/results/"  # the PNGs, relative to docs/results.md where the section is spliced
 
 
 def _arms(result: dict) -> list[str]:
@@ -129,7 +130,7 @@ def projected_seconds(result: dict, target) -> float:
 
 
 def _projection_note(result: dict) -> str:
-    from benchmarks.sample_efficiency_lib.config import preset
+    from pipeline.studies.config import preset
 
     if result["preset"] == "full":
         return ""
@@ -163,8 +164,8 @@ def task_markdown(result: dict) -> list[str]:
             f"would have cost ${cr['cost_usd']:.4f} at gpt-3.5-turbo prices (${cr['cost_without_cache_usd']:.4f} "
             f"without the cache; tokens estimated as characters/4).", "",
             *_ablation_table(result), "",
-            f"![learning curves](benchmarks/results/{result['images']['learning_curves']})",
-            f"![reward vs KL](benchmarks/results/{result['images']['frontier']})", "",
+            f"![learning curves]({IMAGES}{result['images']['learning_curves']})",
+            f"![reward vs KL]({IMAGES}{result['images']['frontier']})", "",
             "Reading:", *honest_reading(result), "",
             f"What the world can show: {w['can_show']} What it cannot: {w['cannot_show']}", ""]
 
@@ -193,11 +194,10 @@ def markdown(study: dict) -> str:
     return "\n".join(lines)
 
 
-def splice_readme(readme: str | Path, section: str) -> None:
-    """Replace the text between the sample-efficiency markers of `readme` with `section`.
+def splice_doc(path: str | Path, section: str) -> None:
+    """Replace the text between the sample-efficiency markers of the Markdown file at `path` (docs/results.md)
+    with `section`.
 
     Raises: DataError if the file lacks the start or end marker (or has them in the wrong order).
     """
-    path = Path(readme)
-    path.write_text(readme_block.splice(path.read_text(encoding="utf-8"), section, README_START, README_END),
-                    encoding="utf-8")
+    generated_blocks.splice_file(path, section, BLOCK_START, BLOCK_END)

@@ -13,16 +13,16 @@ from pathlib import Path
 import torch
 import transformers
 
-from benchmarks.sample_efficiency_lib.ablation import run_ablation
-from benchmarks.sample_efficiency_lib.analysis import headline, mean, scale_factor
-from benchmarks.sample_efficiency_lib.arms import GRPO_ARMS, study_arms
-from benchmarks.sample_efficiency_lib.base_cache import cached_base
-from benchmarks.sample_efficiency_lib.critic import GPT35_PRICES, TalliedCritic, lexicon_client
-from benchmarks.sample_efficiency_lib.runner import StudyContext, evaluate_base, run_arm
-from benchmarks.sample_efficiency_lib.tasks import NOTES, template_name, world_for
 from pipeline.core.cache import CriticCache
 from pipeline.core.errors import DataError
 from pipeline.critic.templates import load_template
+from pipeline.studies.ablation import run_ablation
+from pipeline.studies.analysis import headline, mean, scale_factor
+from pipeline.studies.arms import GRPO_ARMS, study_arms
+from pipeline.studies.base_cache import cached_base
+from pipeline.studies.critic import GPT35_PRICES, TalliedCritic, lexicon_client
+from pipeline.studies.runner import StudyContext, evaluate_base, run_arm
+from pipeline.studies.tasks import NOTES, template_name, world_for
 
 ROOT = Path(__file__).resolve().parents[2]
 WORLD_NOTES = NOTES["sentiment"]  # kept for callers of the sentiment-only study

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import math
 
-from benchmarks.sample_efficiency_lib.analysis import mean_std, seed_mean_curve
-from benchmarks.sample_efficiency_lib.arms import GRPO_ARMS, GROUP
-from benchmarks.sample_efficiency_lib.tasks import VIEWS
+from pipeline.studies.analysis import mean_std, seed_mean_curve
+from pipeline.studies.arms import GRPO_ARMS, GROUP
+from pipeline.studies.tasks import VIEWS
 
 DENSE_ARMS = ("dense_all", "dense_selective", "dense_zero_mean")
 ARM_ORDER = ("sparse", "sparse_scaled", *DENSE_ARMS, *GRPO_ARMS)  # the tables' row order

@@ -21,9 +21,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from benchmarks.sample_efficiency_lib import critics
-from benchmarks.sample_efficiency_lib.analysis import matched_kl, mean, seed_mean_curve, sparse_target, steps_to_reach
 from pipeline.core.errors import DataError
+from pipeline.studies import critics
+from pipeline.studies.analysis import matched_kl, mean, seed_mean_curve, sparse_target, steps_to_reach
 
 EVAL_METRICS = ("expected_max_toxicity", "toxicity_probability", "perplexity", "dist_1", "dist_2", "dist_3",
                 "env_reward_mean")
@@ -183,7 +183,7 @@ def plot_learning_curves(by_arm: dict[str, list[dict]], *, target: float, batch_
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from benchmarks.sample_efficiency_lib.report import curves_panel, frontier_panel
+    from pipeline.studies.report import curves_panel, frontier_panel
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for ax, key in zip(axes, ("env_reward", "kl")):
@@ -242,13 +242,13 @@ def random_markdown(rows: dict[str, dict], *, eval_set: str = "world") -> str:
                        "|---|---|---|---|---|", *lines]) + "\n"
 
 
-README_START = "<!-- real-text-study:start -->"
-README_END = "<!-- real-text-study:end -->"
+BLOCK_START = "<!-- real-text-study:start -->"  # the block of docs/results.md this study owns
+BLOCK_END = "<!-- real-text-study:end -->"
 
 
-def readme_section(result: dict) -> str:
-    """README's real-text block, recomputed from a committed study JSON's raw runs (its `runs` and each
-    critic's char F1), so a hand edit of the JSON's report or of the README shows up as a mismatch."""
+def results_block(result: dict) -> str:
+    """docs/results.md's real-text block, recomputed from a committed study JSON's raw runs (its `runs` and
+    each critic's char F1), so a hand edit of the JSON's report or of the page shows up as a mismatch."""
     window = result["headline"]["final_window"]
     rows = arm_rows(result["runs"], result["real_text"]["critic_quality"], final_window=window,
                     batch_size=result["real_text"]["batch_size"])

@@ -16,11 +16,11 @@ import time
 
 import torch
 
-from benchmarks.sample_efficiency_lib.arms import ALL, Arm
-from benchmarks.sample_efficiency_lib.runner import annotate_arm, evaluate_policy, ppo_batch
 from pipeline.core.seeding import round_seed
 from pipeline.model.policy import frozen_copy, load_policy
 from pipeline.steps.ppo_round import new_kl_controller
+from pipeline.studies.arms import ALL, Arm
+from pipeline.studies.runner import annotate_arm, evaluate_policy, ppo_batch
 from pipeline.train.ppo import RunningMoments
 from pipeline.train.trainer import make_optimizer, train_round
 

@@ -15,7 +15,6 @@ import time
 
 import torch
 
-from benchmarks.sample_efficiency_lib.arms import Arm
 from pipeline.core.seeding import round_seed
 from pipeline.critic.annotate import skipped_row
 from pipeline.evaluate.decode import sample_continuations
@@ -24,6 +23,7 @@ from pipeline.steps.critique import critique_round
 from pipeline.steps.ppo_round import join_round, new_kl_controller
 from pipeline.steps.rollout import encode_query, sample_rollouts
 from pipeline.steps.score import population_std
+from pipeline.studies.arms import Arm
 from pipeline.tasks import get_task
 from pipeline.train.ppo import RunningMoments
 from pipeline.train.trainer import make_optimizer, train_round

@@ -131,11 +131,11 @@ VIEWS = {
 def world_for(config):
     """The study world of config.task, built from the config."""
     if config.task == "toxicity":
-        from benchmarks.sample_efficiency_lib.world_toxicity import ToxicityStudyWorld as world
+        from pipeline.studies.world_toxicity import ToxicityStudyWorld as world
     elif config.task == "summarization":
-        from benchmarks.sample_efficiency_lib.world_summarization import SummarizationStudyWorld as world
+        from pipeline.studies.world_summarization import SummarizationStudyWorld as world
     elif config.task == "sentiment":
-        from benchmarks.sample_efficiency_lib.world import SentimentStudyWorld as world
+        from pipeline.studies.world import SentimentStudyWorld as world
     else:
         raise ConfigError(f"unknown study task {config.task!r}; use sentiment, toxicity or summarization")
     return world.from_config(config)

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import re
 
-from benchmarks.sample_efficiency_lib.world import StudyWorld
 from pipeline.data.summarization_world import EVENTS, FILLERS, summarization_prompts
 from pipeline.evaluate.metrics import distinct_n
 from pipeline.rewards.summarization import rouge_n
+from pipeline.studies.world import StudyWorld
 from pipeline.tasks.summarization import Evaluator
 
 _WORD = re.compile(r"[A-Za-z]+")
