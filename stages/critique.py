@@ -3,21 +3,20 @@
 Exits 2 with one line, writing nothing, when the round fails critic.max_error_rate or its budget.
 """
 from pipeline.core import store
-from pipeline.core.device import resolve_device
+from pipeline.core.device import check_device
 from pipeline.steps import stage
-from pipeline.steps.critique import critique
+from pipeline.steps.critique import critic_device, critique
 from pipeline.steps.preflight import check_inputs
 
 
 def main():
     args = stage.parser(__doc__, "rollouts", "scores", "tokenizer", "out", "metrics",
                         with_round=True).parse_args()
-    params = stage.start(args, check_inputs)
-    device = resolve_device(params.run.device)
+    params = stage.start(args, check_inputs, check_device)
     rows, metrics = critique(
         store.read_table(args.rollouts, "rollouts"), store.read_table(args.scores, "scores"),
         critic=params.critic, tokenizer_dir=args.tokenizer, run_id=params.run.run_id,
-        round_=int(args.round), task=params.run.task, device=device,
+        round_=int(args.round), task=params.run.task, device=critic_device(params.critic, params.run.device),
     )
     store.write_table(rows, "annotations", args.out)
     stage.write_json(metrics, args.metrics)

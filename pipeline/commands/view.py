@@ -51,7 +51,7 @@ def view_rows(data_dir: str | Path, tokenizer) -> list[dict]:
 
 
 def _row(row: dict, tokenizer) -> dict:
-    tokens = [tokenizer.decode([int(t)]) for t in row["response_ids"]]
+    tokens = [tokenizer.decode([int(t)], skip_special_tokens=False) for t in row["response_ids"]]
     return {
         "round": int(row["round"]), "id": row["rollout_id"], "query": row["query"], "response": row["response"],
         "tokens": tokens, "env": float(row["env_reward"]), "status": row["status"], "raw": row["raw_text"] or "",
@@ -83,13 +83,13 @@ def _plain(value):
 
 def write_view(run_dir: str | Path, out: str | Path | None = None, tokenizer_dir: str | Path | None = None) -> Path:
     """Write the page for the finished run in `run_dir` (its data/ and models/base); returns its path."""
-    from transformers import AutoTokenizer
+    from pipeline.critic.align import load_decoding_tokenizer
 
     run = Path(run_dir)
     tokenizer_dir = Path(tokenizer_dir or run / "models" / "base")
     if not tokenizer_dir.is_dir():
         raise DataError(f"Tokenizer folder '{tokenizer_dir}' not found: pass --tokenizer (the run's models/base).")
-    rows = view_rows(run / "data", AutoTokenizer.from_pretrained(str(tokenizer_dir)))
+    rows = view_rows(run / "data", load_decoding_tokenizer(tokenizer_dir))
     path = Path(out or run / "reports" / "view.html")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_page(rows, title=f"drlc view: {run.resolve().name}"), encoding="utf-8")

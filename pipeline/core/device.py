@@ -7,16 +7,21 @@ A stage that runs a model writes ``"device"`` into its metrics JSON: that device
 model's parameters; ``null`` where the stage ran no model (VADER, the lexicon toxicity, the
 lexicon critic, a remote critic). `stage_devices` lists them for a run, so a GPU check can
 fail a run in which some stage ran its model on the CPU.
+
+torch is imported only to resolve a device, so a stage that runs no model never imports it
+(it runs `check_device` instead) and starts in well under a second.
 """
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from pipeline.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 FIX = "set run.device: cpu (or auto, which picks CUDA only when it is there)"
 
@@ -29,6 +34,8 @@ def resolve_device(setting: str = "auto") -> torch.device:
     Raises: ConfigError (one line with the fix) for cuda without a CUDA device, or cuda:N
     beyond the device count.
     """
+    import torch
+
     if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
@@ -43,6 +50,13 @@ def resolve_device(setting: str = "auto") -> torch.device:
                           f"{os.environ.get('LOCAL_RANK', 'unset')}) but this machine has {count}: use cuda:0 to "
                           f"cuda:{count - 1}, or {FIX}.")
     return torch.device("cuda", index)
+
+
+def check_device(params) -> None:
+    """Raise resolve_device's ConfigError where `run.device` cannot be met on this machine, for a stage that
+    runs no model: cuda and cuda:N are checked (importing torch), auto and cpu always can be (no import)."""
+    if params.run.device not in ("auto", "cpu"):
+        resolve_device(params.run.device)
 
 
 def module_device(module: torch.nn.Module) -> str:

@@ -30,20 +30,27 @@ Mode ``"substring"`` reproduces the research code for comparison: a token is rew
 (summed over spans) when its own decoded, stripped text is a non-empty substring of the
 span text, wherever the token is. It rewards "good" in "good but not good" for the span
 "not good". The ``spans`` listing is the same in both modes.
+
+Only ``decode(ids, skip_special_tokens=True)`` of the tokenizer is used, so
+:func:`load_decoding_tokenizer` reads a saved tokenizer with the ``tokenizers`` library alone
+where transformers would decode it the same way (no transformers or torch import: the critique
+stage and `drlc view` start in well under a second).
 """
 
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from pipeline.core.config import ALIGNMENTS
 from pipeline.core.errors import ConfigError, DataError
 
-__all__ = ["MODES", "AlignedSpans", "align_located", "align_spans", "find_occurrences", "match_items",
-           "token_char_ranges"]
+__all__ = ["MODES", "AlignedSpans", "align_located", "align_spans", "find_occurrences", "load_decoding_tokenizer",
+           "match_items", "token_char_ranges"]
 
 MODES = ALIGNMENTS  # exact: the default; substring: the research code's compatibility mode
 _REPLACEMENT = "\ufffd"
@@ -72,7 +79,7 @@ def align_spans(*, response_text: str, response_ids: list[int], tokenizer, spans
     Params:
         response_text: the response as decoded for the critic.
         response_ids: the response token ids the policy sampled.
-        tokenizer: a Hugging Face tokenizer (``decode`` is the only method used).
+        tokenizer: a Hugging Face tokenizer or a ``tokenizers.Tokenizer`` (``decode`` is the only method used).
         spans: ``(label, span_text)`` pairs, e.g. ``ParsedAnswer.spans``.
         rewards: reward per label, e.g. ``{"positive": 1.0, "negative": -1.0}``.
         mode: ``"exact"`` (character overlap) or ``"substring"`` (research-code compatible).
@@ -212,6 +219,31 @@ def _bounded(span: str, pattern: str) -> str:
     head = r"(?<!\w)" if re.match(r"\w", span) else ""
     tail = r"(?!\w)" if re.search(r"\w$", span) else ""
     return head + pattern + tail
+
+
+# The classes whose decode is tokenizer.json's own (transformers' TokenizersBackend._decode) when
+# clean_up_tokenization_spaces is off: what save_pretrained writes for the demo's BPE and SmolLM2.
+_PLAIN_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def load_decoding_tokenizer(folder: str | Path):
+    """The tokenizer saved in `folder` (save_pretrained), for decoding ids: an object with ``decode``.
+
+    A ``tokenizers.Tokenizer`` read from tokenizer.json when transformers would decode exactly as it
+    does (tokenizer_class TokenizersBackend or PreTrainedTokenizerFast, no tokenization-space clean-up:
+    tests/test_critic_align.py compares the two); else transformers' AutoTokenizer.
+    """
+    folder = Path(folder)
+    config_path, tokenizer_path = folder / "tokenizer_config.json", folder / "tokenizer.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    if (tokenizer_path.is_file() and config.get("tokenizer_class") in _PLAIN_TOKENIZER_CLASSES
+            and not config.get("clean_up_tokenization_spaces", False)):
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(tokenizer_path))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
 
 
 def token_char_ranges(tokenizer, response_ids: list[int]) -> tuple[str, list[tuple[int, int]]]:

@@ -55,9 +55,6 @@ import time
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
-import httpx2
-import openai
-from openai.types.chat import ChatCompletion
 from tqdm import tqdm
 
 from pipeline.core.cache import MISSING, CriticCache, cache_key
@@ -149,6 +146,8 @@ def _tls_context() -> ssl.SSLContext:
     httpx builds one per client, which loads the CA bundle: ~0.1 s of CPU per
     :meth:`CriticClient.run` call, even for a plain-http local server.
     """
+    import httpx2
+
     return httpx2.create_ssl_context()
 
 
@@ -243,6 +242,8 @@ class CriticClient:
     async def arun(self, requests: list[list[dict]], cache: CriticCache, *, sample_index: int = 0,
                    progress: bool = False, bodies: list[dict] | None = None) -> list[CriticResult]:
         """Async form of :meth:`run` (for callers already inside an event loop)."""
+        import openai  # 0.6 s to import: only once the critic is called (not for --help or a disabled critic)
+
         stats = self.last_stats = RunStats()
         self._answered = False  # until an HTTP response arrives, a failed connect stops the run (see _attempt)
         bodies = [{}] * len(requests) if bodies is None else bodies
@@ -360,6 +361,10 @@ class CriticClient:
 
     async def _attempt(self, api, key: str, request: tuple[list[dict], dict], attempts: int) -> CriticResult:
         """Make one HTTP attempt; return an ok or truncated result, or raise :class:`_Attempt`."""
+        import httpx2
+        import openai
+        from openai.types.chat import ChatCompletion
+
         started = time.monotonic()
         messages, extra = request
         body = {**self.extra_body, **extra, "model": self.model, "messages": messages, **self.sampling}

@@ -10,13 +10,13 @@
 - win_rate / pairwise_win_rate: the share of comparisons a summary's reward-model score wins
   (1 if higher, 1/2 if equal within TIE_TOLERANCE = 1e-6, 0 if lower): against its prompt's
   reference, or against another run's samples of the same prompt.
+
+Only conditional_perplexities runs a model, so only it imports torch: `drlc report` reads the
+win rates without it.
 """
 from __future__ import annotations
 
 import math
-
-import torch
-import torch.nn.functional as F
 
 from pipeline.parallel.shard import Shard
 
@@ -80,7 +80,6 @@ def pairwise_win_rate(scores_by_prompt: list[list[float]], opponents_by_prompt: 
     return sum(rates) / len(rates) if rates else math.nan
 
 
-@torch.no_grad()
 def conditional_perplexities(lm, *, query_ids: list[list[int]], response_ids: list[list[int]],
                              batch_size: int = 64, shard: Shard | None = None) -> list[float]:
     """exp(mean NLL of the response tokens given the query) for each (query, response) pair.
@@ -89,6 +88,9 @@ def conditional_perplexities(lm, *, query_ids: list[list[int]], response_ids: li
     logits of a causal LM), on the model's device. Pairs with an empty response get NaN (no
     tokens to score). `shard` (several processes) scores this process's batches and gathers all.
     """
+    import torch
+    import torch.nn.functional as F
+
     lm.eval()
     device, shard = next(lm.parameters()).device, shard or Shard()
     out = [math.nan] * len(query_ids)
@@ -100,7 +102,8 @@ def conditional_perplexities(lm, *, query_ids: list[list[int]], response_ids: li
         width = max(len(s) for s in seqs)
         ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs], device=device)  # (B, T)
         attention = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=device)  # (B, T)
-        logits = lm(input_ids=ids, attention_mask=attention).logits[:, :-1].float()  # (B, T-1, V)
+        with torch.no_grad():
+            logits = lm(input_ids=ids, attention_mask=attention).logits[:, :-1].float()  # (B, T-1, V)
         nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # (B, T-1)
         local[batch] = []
         for row, i in enumerate(index):

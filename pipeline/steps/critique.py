@@ -15,12 +15,12 @@ import contextlib
 from collections import Counter
 from dataclasses import dataclass
 
-from transformers import AutoTokenizer
-
 from pipeline.core.cache import CriticCache
 from pipeline.core.config import CriticParams
+from pipeline.core.device import resolve_device
 from pipeline.core.errors import CriticError
 from pipeline.core.round_metrics import intrinsic_reward_sum
+from pipeline.critic.align import load_decoding_tokenizer
 from pipeline.critic.annotate import STATUSES, annotate_round, skipped_row
 from pipeline.critic.client import CriticClient, RunStats
 from pipeline.critic.offline.server import serve_in_background
@@ -66,6 +66,14 @@ def critic_endpoint(critic: CriticParams, base_dir: str | None = None, device=No
             yield base_url, stats
     else:
         yield critic.endpoint, (lambda: {})
+
+
+def critic_device(critic: CriticParams, setting: str):
+    """Where the critic's model runs in this process: `setting` (run.device) resolved for a local hf critic;
+    None for every other critic (a remote endpoint, the lexicon, a tagger), whose stage then never imports torch."""
+    if critic.enabled and critic.endpoint == "local" and critic.backend == "hf":
+        return resolve_device(setting)
+    return None
 
 
 def critic_model_id(critic: CriticParams) -> str:
@@ -168,7 +176,7 @@ def critic_session(critic: CriticParams, *, tokenizer_dir: str, task: str, devic
         return
     fields = get_task(task).critic_fields
     template = load_template(critic.template, task=task, labels=critic.labels, fields=fields)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer = load_decoding_tokenizer(tokenizer_dir)
     with CriticCache(critic.cache_dir) as cache, \
             critic_endpoint(critic, tokenizer_dir, device, template.labels) as (base_url, stats):
         yield CriticSession(critic, template, fields, tokenizer, cache, base_url, stats)

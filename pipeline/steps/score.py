@@ -13,7 +13,7 @@ import time
 from tqdm import tqdm
 
 from pipeline.core.config import ScoreParams
-from pipeline.core.device import holder_device, place
+from pipeline.core.device import holder_device, place, resolve_device
 from pipeline.core.errors import DataError
 from pipeline.tasks import get_task
 
@@ -28,6 +28,13 @@ def check_score_model(params) -> None:
 
     if params.score.scorer in get_task(params.run.task).MODEL_SCORERS:
         check_model_folder(params.score.model, key="score.model")
+
+
+def scorer_device(score: ScoreParams, *, task: str, setting: str):
+    """Where the scorer's model runs: `setting` (run.device) resolved for a scorer that loads score.model (the
+    task's MODEL_SCORERS); None for one without a model (VADER, lexicon, ROUGE, Perspective, fitted), whose
+    stage then never imports torch."""
+    return resolve_device(setting) if score.scorer in get_task(task).MODEL_SCORERS else None
 
 
 def population_std(values: list[float]) -> float:
