@@ -10,7 +10,7 @@ critic (the offline lexicon critic through the local server, prompts/toxicity.md
 
 Each audit is run twice on one fresh cache; the second run must send 0 requests.
 The SmolLM2-135M self-critic is not run here (an hour of CPU): it was measured with
-`drlc critic eval` on a seeded 340-post trial sample (README, "Auditing a critic"; result in
+`drlc critic eval` on a seeded 340-post trial sample (docs/critic-eval.md, "Measured"; result in
 benchmarks/results/critic_eval_smollm2_trial340.json); its place in this file's results is ``null``.
 
 Run: ``python benchmarks/critic_eval.py [--out benchmarks/results/critic_eval.json]``

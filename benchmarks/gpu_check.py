@@ -88,7 +88,8 @@ def step_install(config: dict) -> dict:
                            capture_output=True, text=True)
     if probe.returncode != 0:
         raise StepFailed("torch is not installed: install its CUDA build first, e.g. pip install torch==2.13.0 "
-                         "--index-url https://download.pytorch.org/whl/cu128 (README, GPU machines)")
+                         "--index-url https://download.pytorch.org/whl/cu128 "
+                         "(docs/scale-out.md, 'Installing on a GPU machine')")
     version, cuda = probe.stdout.split()
     cuda = None if cuda == "None" else cuda
     commands, why = install_commands(sys.executable, cuda, (ROOT / "constraints.txt").read_text(),
@@ -127,7 +128,8 @@ def step_environment(config: dict) -> dict:
     if config["device"].startswith("cuda") and not info["cuda_available"]:
         build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU-only build"
         raise StepFailed(f"No CUDA device: torch {torch.__version__} ({build}) sees none. On a GPU machine install "
-                         "torch's CUDA build (README, GPU machines); on CPU run with --device cpu --tiny.",
+                         "torch's CUDA build (docs/scale-out.md, 'Installing on a GPU machine'); "
+                         "on CPU run with --device cpu --tiny.",
                          info)
     return info
 

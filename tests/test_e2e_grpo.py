@@ -2,7 +2,7 @@
 
 Shrunk as the PPO demo's test (tests/e2e.py tiny_params): 2 rounds of 32 responses = 8 prompts x 4. A forced
 re-run replays the critic from its cache (0 requests) and reproduces every table. `drlc report`, `drlc sql`,
-`drlc catalog` and README's queries (benchmarks/demo_queries.py) read the run as they read a PPO run.
+`drlc catalog` and the demo queries of docs/results.md (benchmarks/demo_queries.py) read the run as they read a PPO run.
 """
 import json
 
