@@ -1,5 +1,7 @@
 """Shared test helpers: a small byte-level BPE tokenizer, a tiny GPT-2 saved like a hub model, and a
 fresh critic cache per test."""
+import subprocess
+
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -11,6 +13,25 @@ from pipeline.core.cache import CriticCache
 def pytest_addoption(parser):
     parser.addoption("--long", action="store_true",
                      help="also run the tests marked `long` (README: the long tier, ~30 min more on 2 cores)")
+
+
+UNIT_TIER = 'python -m pytest -q -m "not slow"'
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_spawns_nothing(request, monkeypatch):
+    """The unit tier (README: tests not marked `slow`) starts no process: no stage script, no `dvc`,
+    no launcher. A test that must spawn one is marked `slow`; one that only needs the logic calls the
+    function in-process. This fixture makes the first careless spawn fail, naming the command."""
+    if "slow" in request.keywords:
+        return
+
+    def refuse(self, args, *rest, **kwargs):
+        shown = " ".join(map(str, args)) if isinstance(args, (list, tuple)) else str(args)
+        raise AssertionError(f"a unit-tier test started a process ({shown[:200]}): mark the test "
+                             f"@pytest.mark.slow, or call the code in-process ({UNIT_TIER} must spawn nothing)")
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
 
 
 def pytest_collection_modifyitems(config, items):
