@@ -1,11 +1,16 @@
 """Shared test helpers: a small byte-level BPE tokenizer, a tiny GPT-2 saved like a hub model, and a
 fresh critic cache per test."""
+import os
+import shutil
 import subprocess
+import tempfile
 
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+from e2e import SHARED_CACHE
 
 from pipeline.core.cache import CriticCache
 
@@ -32,6 +37,15 @@ def _unit_tier_spawns_nothing(request, monkeypatch):
                              f"@pytest.mark.slow, or call the code in-process ({UNIT_TIER} must spawn nothing)")
 
     monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+
+
+def pytest_configure(config):
+    """One DVC cache for the session's test projects (tests/e2e.py restore_base): each task and config
+    pretrains its base once. Export DRLC_TEST_DVC_CACHE=<folder> to keep it across sessions."""
+    if not os.environ.get(SHARED_CACHE):
+        folder = tempfile.mkdtemp(prefix="drlc-test-dvc-cache-")
+        os.environ[SHARED_CACHE] = folder
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 def pytest_collection_modifyitems(config, items):

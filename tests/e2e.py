@@ -49,8 +49,15 @@ def dump_params(params: dict) -> str:
     return yaml.dump(params, Dumper=_ParamsDumper, sort_keys=False)
 
 
-def make_project(tmp: Path, params: dict) -> Path:
-    """Copy the project files into tmp/project, write params, and make it a git + DVC repo."""
+SHARED_CACHE = "DRLC_TEST_DVC_CACHE"  # set by tests/conftest.py: a DVC cache folder for the whole test session
+
+
+def make_project(tmp: Path, params: dict, *, shared_base: bool = True) -> Path:
+    """Copy the project files into tmp/project, write params, and make it a git + DVC repo.
+
+    shared_base: prepare and base come from the session's DVC run cache (`restore_base`), so each task
+    and config pretrains its base model once per test session, not once per project.
+    """
     project = tmp / "project"
     project.mkdir()
     for name in PROJECT_FILES:
@@ -63,7 +70,24 @@ def make_project(tmp: Path, params: dict) -> Path:
     run(["git", "init", "-q"], project)
     run([sys.executable, "-m", "dvc", "init", "-q"], project)
     run([sys.executable, "-m", "dvc", "config", "core.analytics", "false"], project)
+    if shared_base and params and os.environ.get(SHARED_CACHE):
+        restore_base(project, Path(os.environ[SHARED_CACHE]))
     return project
+
+
+def restore_base(project: Path, shared: Path) -> None:
+    """Run `dvc repro base` against a DVC cache shared by every project of the session, then move the
+    outputs into the project's own cache.
+
+    DVC's run cache keys a stage by its command, code, data and params, so an identical prepare and base
+    are restored, not re-run (the first project of a config builds them). Only these two stages share:
+    the project then goes back to its own cache, and its rounds run for real, so a test that compares two
+    runs still compares two runs.
+    """
+    dvc(["config", "--local", "cache.dir", str(shared)], project)
+    dvc(["repro", "base"], project)
+    dvc(["config", "--local", "--unset", "cache.dir"], project)
+    dvc(["commit", "--force", "prepare", "base"], project)
 
 
 def run(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
