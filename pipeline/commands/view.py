@@ -43,7 +43,12 @@ def view_rows(data_dir: str | Path, tokenizer) -> list[dict]:
     from pipeline.core.store import connect
 
     con = connect(data_dir)
-    has_kl = bool(con.sql("SELECT 1 FROM duckdb_views() WHERE view_name = 'kl_rewards'").fetchall())
+    views = {name for (name,) in con.sql("SELECT view_name FROM duckdb_views()").fetchall()}
+    missing = [table for table in ("annotations", "rollouts", "scores") if table not in views]
+    if missing:
+        raise DataError(f"No {', '.join(missing)} table under '{data_dir}': run `dvc repro` with critic.enabled "
+                        "first, or name a finished run's folder: `drlc view RUN`.")
+    has_kl = "kl_rewards" in views
     rows = con.sql(rows_sql(has_kl)).df().to_dict("records")
     if not rows:
         raise DataError(f"No critiqued responses under '{data_dir}': run `dvc repro` with critic.enabled first.")

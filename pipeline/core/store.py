@@ -208,6 +208,8 @@ def connect_skipping_broken(data_root: str | Path = "data") -> tuple[duckdb.Duck
     import duckdb
 
     con, broken = duckdb.connect(), {}
+    # a missing table is DuckDB's own 'does not exist', never a Python variable of that name in the caller
+    con.execute("SET python_enable_replacements = false")
     for sql in view_statements(data_root):
         table = sql.split()[4]  # CREATE OR REPLACE VIEW <table> AS ...
         try:
