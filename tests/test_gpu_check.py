@@ -1,15 +1,21 @@
-"""benchmarks/gpu_check.py, tested where it can be: on CPU, through its real command line.
+"""benchmarks/gpu_check.py, tested where it can be: on CPU, through its command line.
 
 A CUDA check on a machine without CUDA must fail plainly (exit 1, the environment step failed with
 the reason, every GPU step skipped, no numbers); in CPU mode with tiny shapes the same steps run for
 real (the PPO workers of benchmarks/ppo_update.py, the demo DAG, a 2-process DDP round).
+
+The check runs each step as a child process (`gpu_check.py --step NAME`). The report tests run
+twice: `in_process` calls main() with each step child run in this process (the unit tier starts no
+process), `process` runs the real command line and its children (slow).
 """
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -35,21 +41,58 @@ def run_check(tmp_path: Path, *args: str, timeout: int = 600) -> tuple[int, dict
     return done.returncode, json.loads(out.read_text())
 
 
+class StepInThisProcess:
+    """What run_step starts, `python gpu_check.py --step NAME --config JSON`, run in this process instead.
+
+    It writes to the step's log as the child would (stdout and stderr together); run_step then reads
+    the outcome from the log, times it and keeps the log's tail as it does for a real child.
+    """
+
+    def __init__(self, command: list[str], *, stdout, **_):
+        assert command[1:3] == [str(ROOT / "benchmarks" / "gpu_check.py"), "--step"], command
+        with redirect_stdout(stdout), redirect_stderr(stdout):
+            self.returncode = gpu_check.main(command[2:])
+        self.pid = None
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.returncode
+
+
+@pytest.fixture(params=["in_process", pytest.param("process", marks=pytest.mark.slow)])
+def check_cli(request, monkeypatch):
+    """`gpu_check.py --skip-install ARGS` run in this process, or as the real command: .run is run_check's
+    signature, .in_process says which."""
+    if request.param == "process":
+        return SimpleNamespace(run=run_check, in_process=False)
+    real_subprocess = gpu_check.subprocess
+    monkeypatch.setattr(gpu_check, "subprocess", SimpleNamespace(
+        Popen=StepInThisProcess, STDOUT=real_subprocess.STDOUT, TimeoutExpired=real_subprocess.TimeoutExpired))
+    monkeypatch.setattr(gpu_check, "_git_commit", lambda: None)  # `git rev-parse`: a process, and no test reads it
+
+    def run_in_process(tmp_path: Path, *args: str) -> tuple[int, dict]:
+        out = tmp_path / "gpu_check.json"
+        code = gpu_check.main(["--skip-install", "--workdir", str(tmp_path / "work"), "--out", str(out), *args])
+        return code, json.loads(out.read_text())
+
+    return SimpleNamespace(run=run_in_process, in_process=True)
+
+
 @needs_no_cuda
-def test_a_cuda_check_without_cuda_fails_plainly_and_invents_nothing(tmp_path):
-    code, report = run_check(tmp_path, "--steps", "environment,demo,ppo_timing,ddp")
+def test_a_cuda_check_without_cuda_fails_plainly_and_invents_nothing(tmp_path, check_cli):
+    code, report = check_cli.run(tmp_path, "--steps", "environment,demo,ppo_timing,ddp")
     assert code == 1 and report["status"] == "failed" and report["failed_steps"] == ["environment"]
     environment = report["steps"]["environment"]
     assert environment["reason"].startswith(f"No CUDA device: torch {torch.__version__}")
     assert environment["result"]["cuda_available"] is False and environment["result"]["gpu_count"] == 0
     for name in ("demo", "ppo_timing", "ddp"):
         assert report["steps"][name] == {"status": "skipped", "reason": "the environment step failed"}
-    assert environment["seconds"] > 0 and report["total_s"] >= environment["seconds"]
+    assert environment["seconds"] >= 0 and report["total_s"] >= environment["seconds"]
+    assert environment["seconds"] > 0 or check_cli.in_process  # in this process the step takes ~1 ms: 0.0 s
 
 
-def test_cpu_mode_reports_each_missing_piece_as_a_step_outcome(tmp_path):
-    code, report = run_check(tmp_path, "--device", "cpu", "--steps", "environment,trl_timing,fsdp2,zero3",
-                             "--trl-venv", str(tmp_path / "no-venv"))
+def test_cpu_mode_reports_each_missing_piece_as_a_step_outcome(tmp_path, check_cli):
+    code, report = check_cli.run(tmp_path, "--device", "cpu", "--steps", "environment,trl_timing,fsdp2,zero3",
+                                 "--trl-venv", str(tmp_path / "no-venv"))
     assert code == 1 and report["failed_steps"] == ["trl_timing"]
     assert report["steps"]["environment"]["status"] == "ok"
     assert report["steps"]["trl_timing"]["reason"] == (f"TRL_VENV={tmp_path / 'no-venv'}: {tmp_path / 'no-venv'}"
@@ -58,10 +101,11 @@ def test_cpu_mode_reports_each_missing_piece_as_a_step_outcome(tmp_path):
         assert report["steps"][name]["status"] == "skipped" and report["steps"][name]["reason"].startswith("CPU")
 
 
-def test_unknown_step_is_refused(tmp_path):
-    done = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--steps", "environment,demos"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and "unknown steps ['demos']" in done.stderr
+def test_unknown_step_is_refused(capsys, monkeypatch):
+    monkeypatch.setattr(gpu_check, "check", lambda config: pytest.fail("a step ran"))
+    with pytest.raises(SystemExit) as exited:
+        gpu_check.main(["--steps", "environment,demos"])
+    assert exited.value.code == 2 and "unknown steps ['demos']" in capsys.readouterr().err
 
 
 def test_install_keeps_an_installed_cuda_torch(tmp_path):
