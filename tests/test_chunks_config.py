@@ -2,12 +2,11 @@
 the stage list DVC and `drlc estimate` see, and the readers of both table layouts (real DuckDB)."""
 import re
 import shutil
-import sys
 from pathlib import Path
 
+import inprocess
 import pytest
-import yaml
-from e2e import dvc, make_project, run
+from test_rounds import dvc_project, dvc_stdout, stage_names
 
 from pipeline.commands.estimate import measured_critique_rate, planned_stages
 from pipeline.commands.rounds import chunk_chain, set_rounds
@@ -77,7 +76,9 @@ def params_file(tmp_path):
 
 
 def drlc(*args: str, cwd: Path) -> str:
-    return run([sys.executable, "-m", "pipeline", *args], cwd).stdout
+    done = inprocess.drlc(list(args), cwd)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def test_drlc_rounds_per_stage_writes_chunks_and_back(params_file):
@@ -120,10 +121,10 @@ def test_planned_stages_expand_the_chunk_stage_over_chunks():
     assert "ppo@0004" in stages and not any(s.startswith("chunk@") for s in stages) and len(stages) == 2 + 4 * 4 + 1
 
 
-def test_dvc_lists_the_chunk_stages(tmp_path):
-    project = make_project(tmp_path, yaml.safe_load((ROOT / "params.yaml").read_text()))
+def test_dvc_lists_the_chunk_stages(tmp_path, monkeypatch):
+    project = dvc_project(tmp_path)
     drlc("rounds", "6", "--per-stage", "4", cwd=project)
-    names = set(re.findall(r"^(\S+):$", dvc(["status"], project).stdout, flags=re.M))
+    names = stage_names(dvc_stdout(["status"], project, monkeypatch))
     assert {"chunk@0001", "chunk@0005", "evaluate"} <= names and not any(n.startswith("rollout@") for n in names)
 
 

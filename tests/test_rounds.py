@@ -1,12 +1,13 @@
 """`drlc rounds N`: params.yaml's rounds chain and evaluate.policy from one number, the rest of the file kept."""
+import contextlib
+import io
 import re
 import shutil
-import sys
+import warnings
 from pathlib import Path
 
 import pytest
-import yaml
-from e2e import dvc, make_project, run
+from inprocess import drlc
 
 from pipeline.commands.rounds import exp_run_overrides, round_chain, set_rounds
 from pipeline.core.config import load_params
@@ -70,15 +71,48 @@ def stage_names(status_stdout: str) -> set[str]:
     return set(re.findall(r"^(\S+):$", status_stdout, flags=re.M))
 
 
-def test_dvc_sees_the_new_stage_list(tmp_path):
+def dvc_project(tmp_path: Path) -> Path:
+    """A DVC project (no git) holding this checkout's dvc.yaml and params.yaml: all DVC reads to list and
+    order the stages (their dependencies are absent, so every stage is out of date and `dvc status` names it)."""
+    from dvc.repo import Repo
+
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("dvc.yaml", "params.yaml"):
+        shutil.copy(ROOT / name, project / name)
+    Repo.init(project, no_scm=True).close()
+    return project
+
+
+def dvc_stdout(args: list[str], project: Path, monkeypatch) -> str:
+    """What `dvc ARGS` prints in `project`: DVC's own command line (dvc.cli.main), run in this process."""
+    from dvc.cli import main
+
+    monkeypatch.setenv("DVC_NO_ANALYTICS", "1")  # else DVC starts a process to send them
+    monkeypatch.chdir(project)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "_NoneStep.value", DeprecationWarning)  # inside DVC 3.67's trie code
+        code = main(args)
+    assert code == 0, f"dvc {' '.join(args)} exited {code}:\n{out.getvalue()[-3000:]}"
+    return out.getvalue()
+
+
+def drlc_rounds(args: list[str], project: Path) -> str:
+    done = drlc(["rounds", *args], project)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_dvc_sees_the_new_stage_list(tmp_path, monkeypatch):
     """The real DVC: after `drlc rounds N`, `dvc status` lists exactly N rounds of stages."""
-    project = make_project(tmp_path, yaml.safe_load((ROOT / "params.yaml").read_text()))
-    run([sys.executable, "-m", "pipeline", "rounds", "2"], project)
-    names = stage_names(dvc(["status"], project).stdout)
+    project = dvc_project(tmp_path)
+    drlc_rounds(["2"], project)
+    names = stage_names(dvc_stdout(["status"], project, monkeypatch))
     assert {f"{s}@{r}" for s in ("rollout", "score", "critique", "ppo") for r in ("0001", "0002")} <= names
     assert not any(name.endswith("@0003") for name in names) and "evaluate" in names
-    run([sys.executable, "-m", "pipeline", "rounds", "5"], project)
-    assert "ppo@0005" in stage_names(dvc(["status"], project).stdout)
+    drlc_rounds(["5"], project)
+    assert "ppo@0005" in stage_names(dvc_stdout(["status"], project, monkeypatch))
 
 
 def test_switch_after_writes_the_switch_over_and_back(params_file):
@@ -113,13 +147,13 @@ def test_switch_exp_run_overrides_load_as_the_file_drlc_rounds_writes(params_fil
     assert exp_run_overrides(5) == exp_run_overrides(5, 1, None)  # no switch: the flags as before
 
 
-def test_dvc_lists_the_three_switch_stages(tmp_path):
-    project = make_project(tmp_path, yaml.safe_load((ROOT / "params.yaml").read_text()))
-    run([sys.executable, "-m", "pipeline", "rounds", "4", "--switch-after", "2"], project)
-    names = stage_names(dvc(["status"], project).stdout)
+def test_dvc_lists_the_three_switch_stages(tmp_path, monkeypatch):
+    project = dvc_project(tmp_path)
+    drlc_rounds(["4", "--switch-after", "2"], project)
+    names = stage_names(dvc_stdout(["status"], project, monkeypatch))
     assert {"switch_critic@0002", "switch_distill@0002", "switch_tagger@0002", "evaluate"} <= names
     assert not any(name.startswith(("rollout@", "critique@", "chunk@")) for name in names)
-    dag = dvc(["dag", "--dot"], project).stdout
+    dag = dvc_stdout(["dag", "--dot"], project, monkeypatch)
     assert '"switch_critic@0002" -> "switch_distill@0002"' in dag
     assert '"switch_distill@0002" -> "switch_tagger@0002"' in dag
     later = ("switch_distill@0002", "switch_tagger@0002")
