@@ -1,7 +1,10 @@
 """Atomic checkpoints: a writer killed with SIGKILL mid-write leaves the target absent or old, never half-written.
 
-The writer is a real subprocess running save_policy; a hook blocks it after the LM weights and
-tokenizer are written and before the value head is, the parent then kills it with SIGKILL.
+The writer runs save_policy; a hook stops it after the LM weights and tokenizer are written and
+before the value head is. Each kill test runs twice: `killed_process`, a real subprocess the test
+kills with SIGKILL there (slow), and `frozen_thread`, a thread of this process held there until the
+test ends: as after the kill, none of the writer's code (no `except`, no `finally`) runs while the
+test looks at the disk.
 """
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -55,6 +59,54 @@ def kill_mid_write(base: Path, target: Path, tmp: Path) -> Path:
     return Path(marker.read_text())
 
 
+class _Released(BaseException):
+    """Ends a frozen writer at teardown, once the test has looked at what it left."""
+
+
+@pytest.fixture(params=["frozen_thread", pytest.param("killed_process", marks=pytest.mark.slow)])
+def stop_mid_write(request, monkeypatch):
+    """kill_mid_write, or the same writer as a thread of this process frozen where the process is killed."""
+    if request.param == "killed_process":
+        yield kill_mid_write
+        return
+    import pipeline.model.policy as policy_module
+
+    real_save_file, release, writers, writing = policy_module.save_file, threading.Event(), [], []
+
+    def save_file(tensors, path):  # the value head is the last file written; only the writers stop there
+        if threading.current_thread() not in writers:
+            return real_save_file(tensors, path)
+        writing.append(Path(path))
+        release.wait()
+        raise _Released
+
+    def write(base: Path, target: Path) -> None:
+        policy, tokenizer = load_policy(base, seed=0)
+        with torch.no_grad():
+            policy.v_head.bias.fill_(7.0)  # the new checkpoint differs from the old one
+        try:
+            save_policy(policy, tokenizer, target)
+        except _Released:
+            pass
+
+    def freeze_mid_write(base: Path, target: Path, tmp: Path) -> Path:
+        writer = threading.Thread(target=write, args=(base, target), daemon=True)
+        writers.append(writer)
+        writer.start()
+        deadline = time.monotonic() + 120
+        while not writing:
+            assert writer.is_alive(), "the writer ended before reaching the blocking hook"
+            assert time.monotonic() < deadline, "the writer never reached the blocking hook"
+            time.sleep(0.01)
+        return writing[0]
+
+    monkeypatch.setattr(policy_module, "save_file", save_file)
+    yield freeze_mid_write
+    release.set()
+    for writer in writers:
+        writer.join(timeout=60)
+
+
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("ckpt") / "base"
@@ -62,9 +114,9 @@ def base(tmp_path_factory) -> Path:
     return path
 
 
-def test_a_first_write_killed_midway_leaves_no_checkpoint(base, tmp_path):
+def test_a_first_write_killed_midway_leaves_no_checkpoint(base, tmp_path, stop_mid_write):
     target = tmp_path / "policy"
-    writing = kill_mid_write(base, target, tmp_path)
+    writing = stop_mid_write(base, target, tmp_path)
     assert writing.parent != target and writing.parent.parent == tmp_path  # it wrote next to the target
     assert (writing.parent / "config.json").is_file()  # the kill came mid-write: weights there, head not
     assert not target.exists()
@@ -74,12 +126,12 @@ def test_a_first_write_killed_midway_leaves_no_checkpoint(base, tmp_path):
     assert stale_folders(target) == [] and (target / VALUE_HEAD_FILE).is_file()
 
 
-def test_a_replacing_write_killed_midway_keeps_the_old_checkpoint(base, tmp_path):
+def test_a_replacing_write_killed_midway_keeps_the_old_checkpoint(base, tmp_path, stop_mid_write):
     target = tmp_path / "policy"
     policy, tokenizer = load_policy(base, seed=0)
     save_policy(policy, tokenizer, target)
     old_bias = load_policy(target)[0].v_head.bias.clone()
-    kill_mid_write(base, target, tmp_path)
+    stop_mid_write(base, target, tmp_path)
     reloaded = load_policy(target)[0]
     assert torch.equal(reloaded.v_head.bias, old_bias) and not torch.equal(old_bias, torch.full_like(old_bias, 7.0))
     assert (target / VALUE_HEAD_FILE).is_file()  # the old checkpoint is whole
