@@ -1,7 +1,9 @@
 """Critic cache: key recipe, what is stored, counters across processes, Parquet sharing."""
 
+import contextlib
 import doctest
 import hashlib
+import io
 import json
 import subprocess
 import sys
@@ -98,7 +100,31 @@ def test_stats_count_hits_misses_requests_and_saved_tokens(tmp_path):
         assert reopened.stats()["hits"] == 2 and reopened.stats()["requests"] == 4
 
 
-def test_counters_and_answers_are_shared_between_processes(tmp_path):
+def snippet_in_a_process(code: str, *args: str) -> tuple[int, str, str]:
+    """`python -c CODE ARGS` in the checkout: (exit code, stdout, stderr)."""
+    done = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+    return done.returncode, done.stdout, done.stderr
+
+
+def snippet_in_this_process(code: str, *args: str) -> tuple[int, str, str]:
+    """The same snippet run in this process (an error propagates): what it opens, it opens afresh."""
+    out, argv = io.StringIO(), sys.argv
+    sys.argv = ["-c", *args]
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
+    finally:
+        sys.argv = argv
+    return 0, out.getvalue(), ""
+
+
+RUN_SNIPPET = pytest.mark.parametrize(
+    "run_snippet", [snippet_in_this_process, pytest.param(snippet_in_a_process, marks=pytest.mark.slow)],
+    ids=["this_process", "child_process"])
+
+
+@RUN_SNIPPET
+def test_counters_and_answers_are_shared_between_processes(tmp_path, run_snippet):
     with CriticCache(tmp_path) as cache:
         cache.put("shared", answer("from parent"))
     child = (
@@ -107,10 +133,9 @@ def test_counters_and_answers_are_shared_between_processes(tmp_path):
         "    print(c.get('shared')['raw_text']); c.get('nope'); c.put('child', c.get('shared') | {'raw_text': 'kid'})\n"
     )
     for _ in range(2):
-        done = subprocess.run([sys.executable, "-c", child, str(tmp_path)], cwd=REPO, capture_output=True,
-                              text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.strip() == "from parent"
+        code, stdout, stderr = run_snippet(child, str(tmp_path))
+        assert code == 0, stderr
+        assert stdout.strip() == "from parent"
     with CriticCache(tmp_path) as cache:
         assert cache.get("child")["raw_text"] == "kid"
         stats = cache.stats()

@@ -1,21 +1,18 @@
 """Critic client through a real server on 127.0.0.1: concurrency, retries, faults, budgets, keys."""
 
 import json
-import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
+from test_critic_cache import RUN_SNIPPET
 
 from pipeline.core.cache import CriticCache
 from pipeline.core.errors import ConfigError, CriticError
 from pipeline.critic.client import CriticClient
 from pipeline.critic.offline.server import serve_in_background
 
-REPO = Path(__file__).resolve().parents[1]
 FAST = dict(model="critic-m", backoff_base_s=0.005, backoff_max_s=1.0, timeout_s=5.0)
 
 
@@ -37,7 +34,8 @@ def test_answers_come_back_in_order_and_are_cached(cache):
     assert cache.stats()["requests"] == 5 and cache.stats()["entries"] == 5
 
 
-def test_answers_paid_in_one_process_are_hits_in_another(tmp_path):
+@RUN_SNIPPET  # the child: a snippet run in a child process (slow) or, in the unit tier, in this one
+def test_answers_paid_in_one_process_are_hits_in_another(tmp_path, run_snippet):
     child = (
         "import sys\n"
         "from pipeline.core.cache import CriticCache\n"
@@ -48,10 +46,9 @@ def test_answers_paid_in_one_process_are_hits_in_another(tmp_path):
         "print(sum(r.status == 'ok' and not r.cache_hit for r in results))\n"
     )
     with serve_in_background(backend="echo") as (url, stats):
-        done = subprocess.run([sys.executable, "-c", child, url, str(tmp_path / "shared")], cwd=REPO,
-                              capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.strip() == "8" and stats()["requests"] == 8
+        code, stdout, stderr = run_snippet(child, url, str(tmp_path / "shared"))
+        assert code == 0, stderr
+        assert stdout.strip() == "8" and stats()["requests"] == 8
         with CriticCache(tmp_path / "shared") as cache:
             results = CriticClient(base_url=url, **FAST).run(requests_for(8), cache)
             totals = cache.stats()
