@@ -1,10 +1,10 @@
 """ppo.algorithm's config checks: one-line errors at load (`drlc check`) naming both keys."""
-import subprocess
-import sys
+import os
 from pathlib import Path
 
 import pytest
 import yaml
+from inprocess import drlc
 
 from pipeline.core.config import params_from_dict
 from pipeline.core.errors import ConfigError
@@ -55,11 +55,12 @@ def test_reinforce_pp_needs_no_group():
     assert params_from_dict(raw(ppo={"algorithm": "reinforce_pp", **VALUE_FREE})).rollout.samples_per_prompt == 1
 
 
-def test_drlc_check_prints_the_one_line(tmp_path):
+def test_drlc_check_prints_the_one_line(tmp_path, monkeypatch):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw(ppo={"algorithm": "grpo", **VALUE_FREE})))
-    result = subprocess.run([sys.executable, "-m", "pipeline", "check", "--params", str(tmp_path / "params.yaml")],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    for name in list(os.environ):  # a bare environment: no API key, no venv on PATH
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    result = drlc(["check", "--params", str(tmp_path / "params.yaml")], ROOT)
     assert result.returncode != 0
     assert "'ppo.algorithm' = grpo needs 'rollout.samples_per_prompt' >= 2" in result.stderr + result.stdout
 

@@ -1,12 +1,10 @@
 """Evaluation prompt sets: DExperts JSONL files and the world's eval prompts; bad files."""
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from pipeline.core.errors import DataError
+from pipeline.core.errors import DataError, exit_on_error
 from pipeline.evaluate.prompts import load_prompt_sets, read_dexperts_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,11 +66,10 @@ def test_reads_the_dexperts_sentiment_prompt_files():
     assert read_dexperts_prompts(SHARED / "data/sentiment/neutral_prompts.jsonl", 1)[0]["text"] == "God never intended to"
 
 
-def test_a_bad_prompts_file_exits_2_with_one_line(tmp_path):
+def test_a_bad_prompts_file_exits_2_with_one_line(tmp_path, capsys):
     path = _jsonl(tmp_path / "p.jsonl", [{"nothing": 1}])
-    code = ("from pipeline.core.errors import exit_on_error; from pipeline.evaluate.prompts import read_dexperts_prompts; "
-            f"exit_on_error(lambda: read_dexperts_prompts({str(path)!r}))")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [f"drlc: error: {path}:1: missing field 'prompt.text' "
-                                                  '(a non-empty string), as in {"prompt": {"text": "..."}}.']
+    with pytest.raises(SystemExit) as exited:  # the interpreter's exit status is SystemExit's code
+        exit_on_error(lambda: read_dexperts_prompts(str(path)))
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"drlc: error: {path}:1: missing field 'prompt.text' "
+                                                            '(a non-empty string), as in {"prompt": {"text": "..."}}.']
