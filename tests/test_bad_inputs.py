@@ -1,4 +1,7 @@
-"""Bad input stops with one stderr line naming the value and the fix, exit code 2, no output."""
+"""Bad input stops with one stderr line naming the value and the fix, exit code 2, no output.
+
+`drlc` and the stage scripts run in the test process (tests/inprocess.py); the two `slow` tests at the
+end run one of each as a real process."""
 import shutil
 import subprocess
 import sys
@@ -6,17 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from inprocess import drlc, stage
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def drlc(args, cwd):
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, capture_output=True, text=True)
-
-
-def stage(name, args, cwd):
-    return subprocess.run([sys.executable, str(ROOT / "stages" / f"{name}.py"), *args], cwd=cwd,
-                          capture_output=True, text=True)
 
 
 def assert_clean_failure(result, *needles):
@@ -135,7 +130,7 @@ def busy_port(workdir):
     blocker = socket.socket()
     blocker.bind(("127.0.0.1", 0))
     blocker.listen()
-    _HELD_SOCKETS.append(blocker)  # kept open until the process ends
+    _HELD_SOCKETS.append(blocker)  # kept open until the test ends
     return ["critic", "serve", "--port", str(blocker.getsockname()[1])]
 
 
@@ -163,10 +158,20 @@ def busy_port(workdir):
         "cache-dir-under-file", "cache-import-not-parquet", "cache-export-no-file", "serve-error-rate",
         "serve-negative-latency", "serve-unknown-backend", "serve-port-out-of-range", "serve-port-busy",
         "report-missing-run"])
-def test_more_bad_inputs_fail_with_one_line(workdir, make_args, needles):
-    args = make_args(workdir)
-    before = sorted(p.relative_to(workdir) for p in workdir.rglob("*"))
-    result = drlc(args, workdir)
+def test_more_bad_inputs_fail_with_one_line(workdir, monkeypatch, make_args, needles):
+    from pipeline.critic.offline.server import _CriticServer
+
+    def serve_forever(self, *args, **kwargs):  # in-process, a server that starts would serve until killed
+        raise AssertionError("drlc critic serve started serving: the bad input was not refused")
+
+    monkeypatch.setattr(_CriticServer, "serve_forever", serve_forever)
+    try:
+        args = make_args(workdir)
+        before = sorted(p.relative_to(workdir) for p in workdir.rglob("*"))
+        result = drlc(args, workdir)
+    finally:
+        while _HELD_SOCKETS:
+            _HELD_SOCKETS.pop().close()
     assert_clean_failure(result, *needles)
     after = sorted(p.relative_to(workdir) for p in workdir.rglob("*"))
     assert after == before  # no partial output
@@ -181,3 +186,34 @@ def test_stage_with_a_corrupt_input_table(workdir):
                              "--metrics", str(out) + ".json"], workdir)
     assert_clean_failure(result, "rollouts/round=0001/part-0.parquet", "not a readable Parquet file", "dvc repro")
     assert not out.exists()
+
+
+# --- the same, in a real process --------------------------------------------------------------
+
+def spawn(argv, cwd):
+    return subprocess.run([sys.executable, *map(str, argv)], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_a_real_drlc_process_exits_2_with_one_line(workdir):
+    """The real-process check of what the in-process `drlc` tests above check for every case: through
+    `python -m pipeline` (pipeline/__main__.py, the interpreter's exit status, its stderr) a bad input
+    exits 2 with one line naming the value and the fix and writes nothing; --help exits 0."""
+    help_ = spawn(["-m", "pipeline", "check", "--help"], workdir)
+    assert help_.returncode == 0 and "usage: drlc check" in help_.stdout, help_.stderr
+    edit_params(workdir, lambda r: r["ppo"].update(learnig_rate=0.1))
+    before = sorted(workdir.rglob("*"))
+    assert_clean_failure(spawn(["-m", "pipeline", "check"], workdir), "ppo.learnig_rate", "learning_rate")
+    assert sorted(workdir.rglob("*")) == before
+
+
+@pytest.mark.slow
+def test_a_real_stage_process_exits_2_with_one_line(workdir):
+    """The real-process check of what the in-process stage tests above check for every case: `python
+    stages/score.py` with bad params exits 2 with one stderr line naming the value, before writing."""
+    edit_params(workdir, lambda r: r["score"].update(scale="big"))
+    out = workdir / "data" / "scores" / "round=0001"
+    result = spawn([ROOT / "stages" / "score.py", "--round", "0001", "--rollouts", "data/rollouts/round=0001",
+                    "--out", out, "--metrics", f"{out}.json"], workdir)
+    assert_clean_failure(result, "score.scale", "'big'")
+    assert not (workdir / "data").exists()

@@ -1,10 +1,14 @@
 """`drlc check` and each stage's start refuse a bad input file, model path or params file with one line,
-exit 2, before any output exists; the same bad byte read by the data loaders names file, line and offset."""
+exit 2, before any output exists; the same bad byte read by the data loaders names file, line and offset.
+
+`drlc` and the stage scripts run in the test process (tests/inprocess.py); tests/test_bad_inputs.py
+runs one of each as a real process."""
 import json
 import shutil
 
 import pytest
-from test_bad_inputs import ROOT, assert_clean_failure, drlc, edit_params, stage
+from inprocess import drlc, stage
+from test_bad_inputs import ROOT, assert_clean_failure, edit_params
 
 from pipeline.core.errors import DataError
 from pipeline.data.local import read_records

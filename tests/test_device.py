@@ -5,9 +5,6 @@ sees a GPU). Forward pre-hooks record the device of every tensor a model is call
 tensor left behind on the CPU fails the CUDA run.
 """
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +12,7 @@ import torch
 import yaml
 from conftest import save_tiny_gpt2, train_bpe
 from e2e import tiny_params
+from inprocess import stage
 from test_critic_hf_backend import MESSAGES, post_json, save_checkpoint
 from test_metric_names import documented
 from transformers import (
@@ -74,7 +72,6 @@ def test_cuda_index_beyond_the_device_count_is_a_config_error(monkeypatch):
         resolve_device("auto")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
 @pytest.mark.parametrize("script, paths", [
     ("base", ["--corpus", "corpus", "--out", "models/base", "--metrics", "m.json"]),
     ("rollout", ["--round", "0001", "--prompts", "p", "--policy", "models/base", "--out", "out", "--metrics", "m.json"]),
@@ -86,16 +83,17 @@ def test_cuda_index_beyond_the_device_count_is_a_config_error(monkeypatch):
     ("evaluate", ["--prompts", "p", "--base", "models/base", "--policy", "models/round=0001", "--data", "data",
                   "--metrics", "m.json", "--curves", "c.json", "--out", "out", "--samples", "smp"]),
 ])
-def test_a_stage_with_run_device_cuda_stops_with_one_line_before_any_compute(tmp_path, script, paths):
+def test_a_stage_with_run_device_cuda_stops_with_one_line_before_any_compute(tmp_path, monkeypatch, script, paths):
     params = tiny_params(n_rounds=1)
     params["run"]["device"] = "cuda"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     (tmp_path / "models" / "base").mkdir(parents=True)  # the stage's inputs are empty: no model is ever read
     paths = [p if p.startswith("--") or p == "0001" else str(tmp_path / p) for p in paths]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TQDM_DISABLE="1")
-    # cwd = the project, whose prompts/ and configs the params' preflight reads; every path is in tmp_path
-    result = subprocess.run([sys.executable, f"stages/{script}.py", "--params", str(tmp_path / "params.yaml"),
-                             *paths], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without CUDA, on any machine
+    # in-process (tests/inprocess.py); cwd = the project, whose prompts/ and configs the params' preflight
+    # reads; every path is in tmp_path
+    result = stage(script, ["--params", tmp_path / "params.yaml", *paths], ROOT)
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "run.device is 'cuda'" in lines[0] and "run.device: cpu" in lines[0], lines

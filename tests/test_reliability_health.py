@@ -1,23 +1,23 @@
 """Health gate: a critique round whose failures pass critic.max_error_rate stops, loses nothing, retries only failures.
 
-The real stage script (`python stages/critique.py`) runs on a hand-made round of 10 responses
-(all below the threshold, so all critiqued) against a loopback critic server that fails chosen
-requests on purpose (HTTP 500 from drlc's server, every attempt), answers with 500 always, or
-does not exist (connection refused). Checked: the exit code, the one stderr line, that no
-annotations partition is written, the cache contents (every good answer, no failure), the
-counts in the metrics JSON, and on re-run that the server received only the failed requests.
+The stage script (stages/critique.py, run in the test process by tests/inprocess.py) runs on a
+hand-made round of 10 responses (all below the threshold, so all critiqued) against a loopback
+critic server (a thread of the test process) that fails chosen requests on purpose (HTTP 500 from
+drlc's server, every attempt), answers with 500 always, or does not exist (connection refused).
+Checked: the exit code, the one stderr line, that no annotations partition is written, the cache
+contents (every good answer, no failure), the counts in the metrics JSON, and on re-run that the
+server received only the failed requests.
 """
 import json
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import train_bpe
-from reliability import RecordingBackend, critic_server, free_port, stage_env
+from inprocess import Ran, stage
+from reliability import SECRET, RecordingBackend, critic_server, free_port
 
 from pipeline.core import store
 from pipeline.core.cache import CriticCache
@@ -52,12 +52,17 @@ def make_round(tmp: Path, port: int, **critic) -> Path:
     return tmp
 
 
-def run_stage(workdir: Path, name: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(ROOT / "stages" / "critique.py"), "--round", "0001",
-           "--rollouts", "data/rollouts", "--scores", "data/scores", "--tokenizer", "models/base",
-           "--out", f"{name}/annotations", "--metrics", f"{name}/critique.json"]
-    return subprocess.run(cmd, cwd=workdir, env=dict(stage_env(), PYTHONPATH=str(ROOT)), capture_output=True,
-                          text=True, timeout=120)
+@pytest.fixture(autouse=True)
+def stage_env(monkeypatch):
+    """The environment reliability.stage_env() gives a stage process: no progress bars, SECRET as the API key."""
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+
+
+def run_stage(workdir: Path, name: str) -> Ran:
+    return stage("critique", ["--round", "0001", "--rollouts", "data/rollouts", "--scores", "data/scores",
+                              "--tokenizer", "models/base", "--out", f"{name}/annotations",
+                              "--metrics", f"{name}/critique.json"], workdir)
 
 
 def expected_keys(workdir: Path) -> list[str]:
@@ -76,7 +81,7 @@ def cached_keys(workdir: Path) -> set[str]:
         return set(cache.keys())
 
 
-def assert_failed_cleanly(result: subprocess.CompletedProcess, workdir: Path, name: str) -> str:
+def assert_failed_cleanly(result: Ran, workdir: Path, name: str) -> str:
     """Exit 2, one stderr line (besides the progress bar), no annotations or metrics written; returns the line."""
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
     lines = [line for line in result.stderr.strip().splitlines()
@@ -159,13 +164,13 @@ def test_a_dead_endpoint_stops_the_round_with_one_line(tmp_path, dead):
     else:  # nothing listens on the port: the first refused connect stops the stage, naming the URL
         started = time.monotonic()
         line = assert_failed_cleanly(run_stage(workdir, "run"), workdir, "run")
-        assert time.monotonic() - started < 30  # the process start dominates; no retry backoff
+        assert time.monotonic() - started < 30  # no retry backoff (critic.max_retries 1)
         assert f"critic endpoint http://127.0.0.1:{port}/v1 is unreachable" in line
         assert "start the server there or fix critic.endpoint" in line
     assert cached_keys(workdir) == set()
 
 
-def test_an_unresolvable_endpoint_host_stops_the_round_with_one_line(tmp_path):  # stage_env() sets the API key
+def test_an_unresolvable_endpoint_host_stops_the_round_with_one_line(tmp_path):  # stage_env sets the API key
     workdir = make_round(tmp_path, free_port())
     raw = yaml.safe_load((workdir / "params.yaml").read_text())
     raw["critic"]["endpoint"] = "https://no-such-host.invalid/v1"  # .invalid never resolves (RFC 2606)

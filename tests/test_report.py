@@ -1,15 +1,12 @@
 """`write_report`: metrics side by side with deltas, a curves PNG, clear errors for unfinished runs."""
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from inprocess import drlc
 
 from pipeline.commands.report import load_run, write_report
 from pipeline.core.errors import DataError
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(root: Path, name: str, policy: str, positive: float, curves: list[tuple]) -> Path:
@@ -68,13 +65,12 @@ def test_unfinished_runs_raise_data_error(tmp_path):
 
 def test_a_run_without_metrics_exits_2_with_one_line(tmp_path):
     (tmp_path / "run").mkdir()
-    code = ("from pipeline.core.errors import exit_on_error; from pipeline.commands.report import write_report; "
-            f"exit_on_error(lambda: write_report([{str(tmp_path / 'run')!r}], {str(tmp_path / 'r')!r}))")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
-    assert result.returncode == 2
+    result = drlc(["report", tmp_path / "run", "--out", tmp_path / "r"], tmp_path)  # in-process (tests/inprocess.py)
+    assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.strip().splitlines() == [
         f"drlc: error: Run folder '{tmp_path / 'run'}' has no metrics/rounds.json: pass the output folder of a "
         "finished run (after `dvc repro`)."]
+    assert sorted(tmp_path.rglob("*")) == [tmp_path / "run"]  # no report folder
 
 
 def test_a_replay_folder_without_evaluation_reports_its_training_rows(tmp_path):
