@@ -3,6 +3,7 @@
 The graph is read statically by pipeline/core/code_deps.py (lazy imports inside functions
 count: they run when their function does). LAYERS lists the folders lowest first.
 """
+import functools
 import json
 import re
 from pathlib import Path
@@ -118,10 +119,17 @@ def test_readme_layout_names_every_folder():
 
 
 def _tracked(path: Path) -> bool:
-    import subprocess
+    """Whether git's index holds a file under the top folder `path` (`git ls-files -- NAME` non-empty), read
+    in this process with dulwich (installed with DVC)."""
+    return path.name in _tracked_top_folders()
 
-    out = subprocess.run(["git", "ls-files", "--", path.name], cwd=CODE_ROOT, capture_output=True, text=True)
-    return bool(out.stdout.strip())
+
+@functools.cache
+def _tracked_top_folders() -> frozenset[str]:
+    from dulwich.repo import Repo
+
+    with Repo(str(CODE_ROOT)) as repo:
+        return frozenset(p.split(b"/", 1)[0].decode() for p in repo.open_index().paths() if b"/" in p)
 
 
 @pytest.mark.slow
