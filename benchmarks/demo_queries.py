@@ -121,14 +121,32 @@ def _git(project: Path, *args: str) -> str:
     return done.stdout.strip() if done.returncode == 0 else ""
 
 
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo, else the machine type (x86_64, arm64).
+
+    Read without a process: platform.processor() runs `uname -p` on Linux and macOS.
+    """
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
+                platform.machine())
+
+
+def platform_name() -> str:
+    """System, kernel release, machine and C library: on Linux the string platform.platform() gives
+    (Linux-6.1.0-x86_64-with-glibc2.36), read without the `uname -p` process it runs to name a
+    processor it then leaves out there ('unknown', or the machine type again)."""
+    libc = "".join(platform.libc_ver())
+    return "-".join(part for part in (platform.system(), platform.release(), platform.machine()) if part) \
+        + (f"-with-{libc}" if libc else "")
+
+
 def provenance(project: Path) -> dict:
     """Which run the rows come from, and the machine and thread count it ran with."""
     import duckdb
     import torch
 
     lock = project / "dvc.lock"
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
     return {
         "git_commit": _git(project, "rev-parse", "HEAD"),
         "git_modified": sorted(line[3:] for line in _git(project, "status", "--porcelain", "--untracked-files=no").splitlines()),
@@ -137,7 +155,7 @@ def provenance(project: Path) -> dict:
         # the run used torch's default for a fresh process in this environment: this one's.
         "torch_threads": torch.get_num_threads(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        "machine": {"cpu": cpu, "cpus": os.cpu_count(), "platform": platform.platform(),
+        "machine": {"cpu": cpu_name(), "cpus": os.cpu_count(), "platform": platform_name(),
                     "python": platform.python_version(), "torch": torch.__version__, "duckdb": duckdb.__version__},
     }
 

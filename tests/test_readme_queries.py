@@ -7,10 +7,13 @@ benchmarks/demo_queries.py without re-running it fails here.
 from __future__ import annotations
 
 import json
+import platform
+import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks import demo_queries
 from benchmarks.demo_queries import BLOCK_END, BLOCK_START, QUERIES, RESULT, render, run_queries, splice_block
 from pipeline.core import store
 from pipeline.core.errors import DataError
@@ -45,7 +48,8 @@ def _annotation(round_: int, i: int, *, status: str, env: float, hit: bool = Fal
             "error": None}
 
 
-def test_queries_run_on_the_current_schemas(tmp_path):
+def test_queries_run_on_the_current_schemas(tmp_path, monkeypatch):
+    monkeypatch.setattr(demo_queries, "_git", lambda project, *args: "")  # a git process; tmp_path is no repo
     statuses = ["ok", "ok", "no_match", "none", "parse_error", "skipped"]
     rows = [_annotation(1, i, status=s, env=0.1 * i, hit=i == 1) for i, s in enumerate(statuses)]
     store.write_table(rows, "annotations", store.partition_dir(tmp_path / "data", "annotations", 1))
@@ -62,6 +66,15 @@ def test_queries_run_on_the_current_schemas(tmp_path):
     markdown = render(result)
     assert "| round | critiqued | cache_hits | critic_requests |\n|---:|---:|---:|---:|\n| 1 | 5 | 1 | 4 |" in markdown
     json.dumps(result)  # every value is plain JSON
+
+
+@pytest.mark.slow  # platform.platform() runs `uname -p`
+@pytest.mark.skipif(sys.platform != "linux", reason="the provenance strings equal the standard library's on Linux")
+def test_provenance_names_the_machine_as_before_without_a_process():
+    """The committed JSON's machine.platform came from platform.platform(), machine.cpu from /proc/cpuinfo."""
+    assert demo_queries.platform_name() == platform.platform()
+    model = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")]
+    assert demo_queries.cpu_name() == (model[0].split(":", 1)[1].strip() if model else platform.machine())
 
 
 def test_missing_tables_and_markers_are_named(tmp_path):
