@@ -17,7 +17,7 @@ from pipeline.core.cache import CriticCache
 
 def pytest_addoption(parser):
     parser.addoption("--long", action="store_true",
-                     help="also run the tests marked `long` (README: the long tier, ~30 min more on 2 cores)")
+                     help="also run the tests marked `long` (the long tier: docs/testing.md)")
 
 
 UNIT_TIER = 'python -m pytest -q -m "not slow"'
@@ -49,7 +49,7 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """`long` tests skip, each with the way to run it, unless --long: README's command and CI fit in 90 min."""
+    """`long` tests skip, each with the way to run it, unless --long: README's command and CI fit in 30 min."""
     if config.getoption("--long"):
         return
     skip = pytest.mark.skip(reason="long tier: run with `python -m pytest -q --long` (README, Two commands)")
