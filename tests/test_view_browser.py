@@ -143,6 +143,7 @@ SHOWN_SPANS = """[...document.querySelectorAll('.row')].map(r => [r.dataset.id,
   [...r.querySelectorAll('li.span')].map(li => [li.dataset.label, li.dataset.text, +li.dataset.start, +li.dataset.end])])"""
 
 
+@pytest.mark.slow  # a headless chromium process
 def test_view_page_in_headless_chromium(tmp_path, browser):
     run = tmp_path / "run"
     annotations = make_run(run)
@@ -176,6 +177,7 @@ def test_view_page_in_headless_chromium(tmp_path, browser):
     ARTIFACT.write_bytes(shot)
 
 
+@pytest.mark.slow  # a headless chromium process
 def test_pages_of_thousands_of_rows_render_25_at_a_time(tmp_path, browser):
     from pipeline.commands.view import render_page
 
@@ -214,6 +216,7 @@ TOKENS = """Object.fromEntries([...document.querySelectorAll('.row')].map(r => [
   [...r.querySelectorAll('.tok')].map(t => [t.dataset.kl === undefined ? null : +t.dataset.kl, +t.dataset.reward])]))"""
 
 
+@pytest.mark.slow  # a headless chromium process
 def test_kl_penalty_shading_is_the_kl_rewards_table_and_its_toggle_removes_it(tmp_path, browser):
     run = tmp_path / "run"
     annotations = make_run(run, kl_rounds=(1,))  # round 2's ppo stage has not run: no KL part there
