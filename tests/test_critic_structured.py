@@ -140,7 +140,7 @@ def test_an_endpoint_refusing_response_format_fails_once_with_one_line(cache, st
     thread.start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-        client = CriticClient(base_url=url, max_retries=5, **FAST)
+        client = CriticClient(base_url=url, max_retries=5, server="llamacpp", **FAST)  # llama.cpp-like: no /models
         messages = TEMPLATE.render({"response": "so good"})
         result = client.run([messages], cache, bodies=[request_body("json", LABELS, source="so good")])[0]
         plain = client.run([messages], cache)[0]  # the same 500 without response_format is retried

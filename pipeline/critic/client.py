@@ -17,13 +17,26 @@ Retry policy (drlc's own; the ``openai`` package runs with ``max_retries=0``):
   ``backoff_max_s``; a longer one fails that request at once (``retry_after ... >
   backoff_max_s``) instead of stalling the round;
 - not retried: other 4xx and ``content_filter``;
-- a request that carries ``response_format`` or ``grammar`` (``critic.answer_format`` json/copy)
+- a request that carries ``response_format``, ``grammar``, ``structured_outputs`` or ``ebnf``
+  (``critic.answer_format`` json/copy)
   and is answered with a 4xx, or with a 5xx whose message names ``response_format``,
   ``json_schema`` or ``grammar`` (llama.cpp's server answers OpenAI's ``json_schema`` type with
   HTTP 500), fails at once with one line naming ``critic.answer_format`` and the fix.
 - an endpoint that cannot be reached at all (connection refused, DNS failure) before it has
   answered anything in this call raises CriticError naming the URL at once, instead of
   retrying every request into a dead port; once it has answered, connection errors are retried.
+  With ``connect_wait_s`` > 0 (``critic.connect_wait_s``, for a server that is still starting) the
+  first request that must be sent waits instead, up to that long, for ``GET /models`` to answer
+  (connections refused, or HTTP 503 while a model loads), saying once on stderr that it waits.
+
+Server kinds (``server``, ``critic.server``; :mod:`pipeline.critic.servers`): the per-request bodies
+given to :meth:`CriticClient.run` are drlc's canonical ones (``response_format``, ``grammar`` +
+``drlc_copy``); the client rewrites a constrained body into the fields its server takes (vLLM's
+``structured_outputs``, SGLang's ``ebnf``) and keys the cache by the body it sends. ``auto`` asks
+``GET /models`` which server it is, once per client, and only when a body is constrained. After the
+answers arrive, more than :data:`~pipeline.critic.servers.BREAK_SHARE` of them breaking their
+constraint (the server ignored it) raises CriticError in one line naming ``critic.server``; the
+answers stay cached under the body that was sent.
 
 Per-request body fields (``bodies`` of :meth:`CriticClient.run`) and ``extra_body`` (the same
 fields for every request, ``critic.extra_body``) are sent as given and are part of the cache key.
@@ -59,6 +72,7 @@ from tqdm import tqdm
 
 from pipeline.core.cache import MISSING, CriticCache, cache_key
 from pipeline.core.errors import ConfigError, CriticError
+from pipeline.critic.servers import KINDS, body_for, constrained, detected_kind, ignored_constraint, probe
 
 __all__ = ["CriticClient", "CriticResult", "RunStats"]
 
@@ -183,6 +197,10 @@ class CriticClient:
     :param cache_namespace: separates caches (``critic.cache_namespace``); in every cache key
     :param extra_body: fields added to every request body (``critic.extra_body``, e.g. llama.cpp's
         ``repeat_penalty``); in every cache key. A field drlc sets itself may not be overridden.
+    :param server: the server kind (``critic.server``: drlc, llamacpp, vllm, sglang, openai) or ``"auto"``
+        (ask ``GET /models``); decides where a constrained body's fields go
+    :param connect_wait_s: how long the first request waits for an endpoint that refuses connections
+        (``critic.connect_wait_s``); 0 fails at once
     :raises CriticError: on a malformed base URL or a missing API key for a remote URL
     :raises ConfigError: on an unknown sampling parameter, or a cost budget without a price
     """
@@ -193,6 +211,7 @@ class CriticClient:
         prices: dict[str, tuple[float, float]] | None = None, max_requests: int | None = None,
         max_cost_usd: float | None = None, sampling: dict | None = None, model_id: str | None = None,
         template_sha: str = "", cache_namespace: str = "", extra_body: dict | None = None,
+        server: str = "auto", connect_wait_s: float = 0.0,
     ) -> None:
         self._api_key = api_key_for(base_url)
         self.base_url, self.model = str(base_url), model
@@ -210,16 +229,28 @@ class CriticClient:
         self.max_concurrency, self.timeout_s, self.max_retries = max_concurrency, timeout_s, max_retries
         self.backoff_base_s, self.backoff_max_s, self.seed = backoff_base_s, backoff_max_s, seed
         self.max_requests, self.max_cost_usd = max_requests, max_cost_usd
+        if server != "auto" and server not in KINDS or connect_wait_s < 0:
+            raise ConfigError(f"critic server={server!r}, connect_wait_s={connect_wait_s!r}: need server auto or "
+                              f"one of {list(KINDS)}, and connect_wait_s >= 0")
+        self.server, self.connect_wait_s = server, connect_wait_s
+        self.kind = None if server == "auto" else server  # the server kind, once known (auto: after GET /models)
         self.last_stats = RunStats()
 
     def __repr__(self) -> str:  # never shows the API key
         return f"CriticClient(base_url={self.base_url!r}, model={self.model!r})"
 
     def key_for(self, messages: list[dict], sample_index: int = 0, body: dict | None = None) -> str:
-        """Return the cache key this client uses for ``messages`` (with per-request ``body`` fields)."""
+        """Return the cache key this client uses for ``messages`` (with per-request canonical ``body`` fields).
+
+        The key holds the body as sent to :attr:`kind`; before ``auto`` has found the server, the
+        canonical body as drlc's and llama.cpp's servers take it.
+        """
+        return self._key(messages, sample_index, body_for(self.kind or "drlc", body or {}))
+
+    def _key(self, messages: list[dict], sample_index: int, sent: dict) -> str:
         return cache_key(model=self.model_id, messages=messages, template_sha=self.template_sha,
                          sample_index=sample_index, namespace=self.cache_namespace, **self.sampling,
-                         body={**self.extra_body, **(body or {})})
+                         body={**self.extra_body, **sent})
 
     def cost_of(self, model: str, prompt_tokens: int, completion_tokens: int) -> float:
         """Price tokens with ``prices[model]`` (falling back to the requested model; 0 if unpriced)."""
@@ -246,17 +277,23 @@ class CriticClient:
 
         stats = self.last_stats = RunStats()
         self._answered = False  # until an HTTP response arrives, a failed connect stops the run (see _attempt)
+        self._ready = None  # the one wait for a starting server (connect_wait_s), shared by this call's requests
         bodies = [{}] * len(requests) if bodies is None else bodies
         if len(bodies) != len(requests):
             raise ConfigError(f"CriticClient.run got {len(bodies)} bodies for {len(requests)} requests")
-        keys = [self.key_for(messages, sample_index, body) for messages, body in zip(requests, bodies)]
-        unique = dict(zip(keys, zip(requests, bodies)))  # first occurrence of each key, in order
-        bar = tqdm(total=len(unique), desc="critic requests", unit="req", disable=not progress)
-        semaphore = asyncio.Semaphore(self.max_concurrency)
+        bar = None
         try:
             async with openai.AsyncOpenAI(
                     base_url=self.base_url, api_key=self._api_key, max_retries=0, timeout=self.timeout_s,
                     http_client=openai.DefaultAsyncHttpxClient(verify=_tls_context())) as api:
+                if self.kind is None and any(constrained(body) for body in bodies):
+                    self.kind = await self._detect(api)
+                sent = [body_for(self.kind, body) for body in bodies] if self.kind else bodies
+                keys = [self._key(messages, sample_index, body) for messages, body in zip(requests, sent)]
+                unique = dict(zip(keys, zip(requests, sent)))  # first occurrence of each key, in order
+                canonical = dict(zip(keys, bodies))
+                bar = tqdm(total=len(unique), desc="critic requests", unit="req", disable=not progress)
+                semaphore = asyncio.Semaphore(self.max_concurrency)
                 answers = await asyncio.gather(
                     *(self._answer(api, semaphore, key, request, cache, bar) for key, request in unique.items()),
                     return_exceptions=True)  # every task ends before one error is raised: no stray tracebacks
@@ -265,10 +302,40 @@ class CriticClient:
                 raise raised
         finally:  # one counter write per call, not one per attempt (each is a SQLite commit)
             cache.tally(requests=stats.requests_sent)
-            bar.close()
+            if bar is not None:
+                bar.close()
         done = dict(zip(unique, answers))
         stats.cache_hits = sum(done[key].cache_hit for key in keys)
+        self._check_constraints(canonical, done)
         return _expand(keys, done)
+
+    def _check_constraints(self, canonical: dict[str, dict], done: dict[str, CriticResult]) -> None:
+        """Raise CriticError (one line) if the server ignored the constraints it was sent (drlc's own is trusted)."""
+        if self.kind in (None, "drlc"):
+            return
+        arrived = [key for key, result in done.items() if result.status in ("ok", "truncated")]
+        line = ignored_constraint([canonical[key] for key in arrived],
+                                  [(done[key].raw_text, done[key].finish_reason) for key in arrived],
+                                  kind=self.kind, base_url=self.base_url)
+        if line:
+            raise CriticError(line)
+
+    async def _detect(self, api) -> str:
+        """critic.server auto: the server kind its ``GET /models`` names (CriticError, one line, if none)."""
+        if self.max_requests == 0:
+            raise CriticError("critic.server is auto, but this client sends nothing (a replay without new calls, a "
+                              "batch file), so it cannot ask the endpoint which server it is: set critic.server to "
+                              f"the server that answered ({', '.join(KINDS)})")
+        return detected_kind(await self._server_ready(api), self.base_url)
+
+    async def _server_ready(self, api):
+        """``GET /models`` once per call, waiting up to ``connect_wait_s`` (:func:`~pipeline.critic.servers.probe`)."""
+        if self._ready is None:
+            self._ready = asyncio.ensure_future(probe(api, base_url=self.base_url, wait_s=self.connect_wait_s,
+                                                      timeout_s=self.timeout_s))
+        payload = await asyncio.shield(self._ready)
+        self._answered = True
+        return payload
 
     async def _answer(self, api, semaphore, key, request, cache, bar) -> CriticResult:
         """The cached answer for ``key``, else :meth:`_request`'s.
@@ -316,6 +383,8 @@ class CriticClient:
                     bar.update()
                     return CriticResult(status="budget", cache_key=key, attempts=attempts,
                                         error=f"{refusal}; last error: {error}" if error else refusal)
+                if self.connect_wait_s > 0 and not self._answered:
+                    await self._server_ready(api)  # a server still starting: wait for it before the first attempt
                 attempts += 1
                 stats.requests_sent += 1
                 stats.in_flight += 1
@@ -439,14 +508,16 @@ def _check_extra_body(extra_body: dict | None) -> dict:
 
 def _format_refusal(status: int, message: str, body: dict) -> str:
     """One line when the endpoint refused critic.answer_format's fields, else ""."""
-    sent = [name for name in ("response_format", "grammar") if name in body]
+    sent = [name for name in ("response_format", "grammar", "structured_outputs", "ebnf") if name in body]
     if not sent:
         return ""
-    named = any(word in message.lower() for word in ("response_format", "json_schema", "grammar"))
+    named = any(word in message.lower() for word in ("response_format", "json_schema", "grammar",
+                                                     "structured_outputs", "ebnf"))
     if not (400 <= status < 500 and status not in _RETRY_STATUS) and not (status >= 500 and named):
         return ""
     fix = ("set critic.answer_format: copy (a GBNF grammar, for llama.cpp) or text" if "response_format" in sent
-           else "set critic.answer_format: json or text (this endpoint takes no GBNF grammar)")
+           else "set critic.answer_format: json or text (this endpoint takes no GBNF grammar)" if "grammar" in sent
+           else "set critic.server to the server it is (auto asks it), or critic.answer_format: text")
     return (f"answer_format_refused: http_{status}: the endpoint refused the {'/'.join(sent)} that "
             f"critic.answer_format sends ({' '.join(message.split())[:120]}); {fix}")
 

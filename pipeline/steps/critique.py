@@ -115,7 +115,8 @@ def critic_client(critic: CriticParams, base_url: str | None, *, template_sha: s
         max_concurrency=critic.max_concurrency, timeout_s=critic.timeout_s, max_retries=critic.max_retries,
         max_requests=critic.max_requests if base_url else 0, max_cost_usd=critic.max_cost_usd,
         sampling={"temperature": critic.temperature, "max_tokens": critic.max_tokens},
-        extra_body=dict(critic.extra_body),
+        extra_body=dict(critic.extra_body), connect_wait_s=critic.connect_wait_s,
+        server="drlc" if critic.endpoint == "local" else critic.server,  # local: drlc's own server, never asked
     )
 
 
