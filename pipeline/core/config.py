@@ -212,6 +212,9 @@ CRITIC_BACKENDS = ("lexicon", "echo", "hf", "tagger", "random_spans")
 # critic.answer_format: free text, a JSON schema, or JSON whose spans are copied from the response
 # (character for character, or whole words; pipeline/critic/structured.py); the one list
 CRITIC_ANSWER_FORMATS = ("text", "json", "copy", "copy_words")
+# critic.server: the server behind critic.endpoint, which decides where a constrained answer's fields go
+# (pipeline/critic/servers.py); auto asks its GET /v1/models
+CRITIC_SERVERS = ("auto", "drlc", "llamacpp", "vllm", "sglang", "openai")
 
 
 @dataclass(frozen=True)
@@ -227,9 +230,6 @@ class CriticParams:
     threshold: float = 0.0  # critique responses with env reward <= threshold
     rewards: dict[str, float] = field(default_factory=lambda: {"positive": 0.5, "negative": -0.5})
     alignment: str = "exact"  # one of ALIGNMENTS
-# critic.server: the server behind critic.endpoint, which decides where a constrained answer's fields go
-# (pipeline/critic/servers.py); auto asks its GET /v1/models
-CRITIC_SERVERS = ("auto", "drlc", "llamacpp", "vllm", "sglang", "openai")
     zero_mean: bool = False  # subtract each critiqued response's mean token reward (sum 0: no reward scale added)
     cache_dir: str = "cache/critic"
     cache_namespace: str = ""  # part of every cache key: separates caches; "" = shared by all runs
@@ -247,6 +247,8 @@ CRITIC_SERVERS = ("auto", "drlc", "llamacpp", "vllm", "sglang", "openai")
     extra_body: dict = field(default_factory=dict)  # fields added to every request body; in the cache key
     samples: int = 1  # answers per critiqued response (sample index 0..k-1), voted per character
     vote_min: int | None = None  # answers that must mark a character for it to count; None = a majority
+    server: str = "auto"  # one of CRITIC_SERVERS: where json/copy constraints are sent; auto = ask GET /v1/models
+    connect_wait_s: float = 0.0  # how long to wait for an endpoint that refuses connections (still starting); 0 = fail
     # USD per 1M prompt tokens and per 1M completion tokens, by model (for cost and budgets)
     prices: dict[str, list[float]] = field(default_factory=lambda: {
         "drlc-lexicon": [0.0, 0.0], "gpt-3.5-turbo": [0.5, 1.5], "gpt-4o-mini": [0.15, 0.6]})
@@ -262,14 +264,14 @@ CRITIC_SERVERS = ("auto", "drlc", "llamacpp", "vllm", "sglang", "openai")
         "max_error_rate": (_probability, "in [0, 1]"),
         "max_requests": (lambda x: x is None or x >= 0, ">= 0 or null"),
         "max_cost_usd": (lambda x: x is None or x >= 0, ">= 0 or null"),
-    server: str = "auto"  # one of CRITIC_SERVERS: where json/copy constraints are sent; auto = ask GET /v1/models
-    connect_wait_s: float = 0.0  # how long to wait for an endpoint that refuses connections (still starting); 0 = fail
         "temperature": (lambda x: x >= 0, ">= 0"),
         "max_tokens": (_positive, "> 0"),
         "answer_format": (lambda x: x in CRITIC_ANSWER_FORMATS, f"one of {CRITIC_ANSWER_FORMATS}"),
         "extra_body": (lambda x: isinstance(x, dict), "a mapping of request field -> value"),
         "samples": (_positive, "> 0"),
         "vote_min": (lambda x: x is None or x >= 1, ">= 1 or null"),
+        "server": (lambda x: x in CRITIC_SERVERS, f"one of {CRITIC_SERVERS}"),
+        "connect_wait_s": (lambda x: x >= 0, ">= 0 (seconds; 0 = fail at once)"),
     }
 
 
@@ -285,8 +287,6 @@ class PPOParams:
     gamma: float = 1.0
     lam: float = 0.95
     cliprange: float = 0.2
-        "server": (lambda x: x in CRITIC_SERVERS, f"one of {CRITIC_SERVERS}"),
-        "connect_wait_s": (lambda x: x >= 0, ">= 0 (seconds; 0 = fail at once)"),
     cliprange_value: float = 0.2
     vf_coef: float = 0.1
     kl_penalty: str = "kl"  # one of KL_PENALTIES
@@ -654,6 +654,7 @@ def _check_combinations(params: Params) -> None:
     """Constraints between keys of different sections that a later stage relies on."""
     r, w, b, ppo = params.rollout, params.world, params.base, params.ppo
     _check_voting(params.critic)
+    _check_server(params.critic)
     if r.min_new_tokens is not None and r.min_new_tokens > r.max_new_tokens:
         raise ConfigError(f"'rollout.min_new_tokens' = {r.min_new_tokens} exceeds "
                           f"'rollout.max_new_tokens' = {r.max_new_tokens}.")
@@ -669,11 +670,21 @@ def _check_combinations(params: Params) -> None:
     _check_algorithm(r, ppo)
     if ppo.num_shared_layers is not None and b.lora_r > 0:
         raise ConfigError(f"'ppo.num_shared_layers' = {ppo.num_shared_layers} and 'base.lora_r' = {b.lora_r} exclude "
-    _check_server(params.critic)
                           f"each other: LoRA already freezes every base weight; set num_shared_layers to null.")
     if ppo.num_shared_layers is not None and b.model is None and ppo.num_shared_layers >= b.n_layer:
         raise ConfigError(f"'ppo.num_shared_layers' = {ppo.num_shared_layers} leaves no block of the built base model "
                           f"('base.n_layer' = {b.n_layer}) to train: use a value below {b.n_layer} or null.")
+
+
+def _check_server(c: CriticParams) -> None:
+    """critic.server against the endpoint and the answer format (pipeline/critic/servers.py)."""
+    if c.endpoint == "local" and c.server not in ("auto", "drlc"):
+        raise ConfigError(f"'critic.server' = {c.server} but 'critic.endpoint' = local is drlc's own server: set "
+                          f"critic.server: auto (or drlc), or critic.endpoint to the {c.server} server's URL.")
+    if c.server == "openai" and c.answer_format in ("copy", "copy_words"):
+        raise ConfigError(f"'critic.answer_format' = {c.answer_format} needs a server that takes a grammar, and "
+                          f"'critic.server' = openai takes none: use critic.answer_format: json, or a vllm, sglang "
+                          f"or llama.cpp server.")
 
 
 def _check_voting(c: CriticParams) -> None:
@@ -691,17 +702,6 @@ def _check_algorithm(r: RolloutParams, ppo: PPOParams) -> None:
     if r.batch_size % r.samples_per_prompt:
         raise ConfigError(f"'rollout.batch_size' = {r.batch_size} is not a whole number of groups of "
                           f"'rollout.samples_per_prompt' = {r.samples_per_prompt}: make batch_size a multiple of it.")
-def _check_server(c: CriticParams) -> None:
-    """critic.server against the endpoint and the answer format (pipeline/critic/servers.py)."""
-    if c.endpoint == "local" and c.server not in ("auto", "drlc"):
-        raise ConfigError(f"'critic.server' = {c.server} but 'critic.endpoint' = local is drlc's own server: set "
-                          f"critic.server: auto (or drlc), or critic.endpoint to the {c.server} server's URL.")
-    if c.server == "openai" and c.answer_format in ("copy", "copy_words"):
-        raise ConfigError(f"'critic.answer_format' = {c.answer_format} needs a server that takes a grammar, and "
-                          f"'critic.server' = openai takes none: use critic.answer_format: json, or a vllm, sglang "
-                          f"or llama.cpp server.")
-
-
     if ppo.algorithm in ("grpo", "rloo") and r.samples_per_prompt < 2:
         raise ConfigError(f"'ppo.algorithm' = {ppo.algorithm} needs 'rollout.samples_per_prompt' >= 2, got "
                           f"{r.samples_per_prompt}: a group of one response has no baseline.")
