@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECT_FILES = ["pipeline", "stages", "prompts", "critics", "configs", "dvc.yaml", "params.yaml", ".dvcignore"]
+PROJECT_FILES = ["pipeline", "stages", "prompts", "critics", "configs", "tasks", "dvc.yaml", "params.yaml", ".dvcignore"]
 
 
 def tiny_params(n_rounds: int = 3, task: str = "sentiment", profile: str | None = None, **section_overrides) -> dict:

@@ -49,7 +49,7 @@ def check_with(workdir, *sets):
     ({"in/a.jsonl": "{nope\n"}, ["world.source=in/a.jsonl"], ["in/a.jsonl:1", "not valid JSON"]),
     ({"in/a.csv": "text,label\n"}, ["world.source=in/a.csv"], ["in/a.csv", "header and no rows"]),
     ({"in/a.parquet": b"PAR1 not really"}, ["world.source=in/a.parquet"], ["in/a.parquet", "cannot be read"]),
-    ({"in/a.txt": "hello\n"}, ["world.source=in/a.txt"], ["in/a.txt", "'.txt'", ".jsonl"]),
+    ({"in/a.tsv": "hello\n"}, ["world.source=in/a.tsv"], ["in/a.tsv", "'.tsv'", ".jsonl", ".txt"]),
     ({"in/d/x.md": "x"}, ["world.source=in/d"], ["'world.source'", "in/d", "no .jsonl"]),
     ({"in/d/a.jsonl": good_jsonl(), "in/d/b.jsonl": ""}, ["world.source=in/d"], ["in/d/b.jsonl", "is empty"]),
     ({}, ["base.model=models/nope.gguf"], ["'base.model'", "models/nope.gguf", "does not exist"]),

@@ -88,7 +88,7 @@ def test_backend_and_rate_errors():
         make_server(backend="gpt5")
     with pytest.raises(CriticError, match="model_dir"):
         make_server(backend="hf")
-    with pytest.raises(CriticError, match="only used by backends 'hf', 'tagger' and 'random_spans'"):
+    with pytest.raises(CriticError, match=r"only used by backends \['hf', 'tagger', 'random_spans', 'rules'\]"):
         make_server(backend="echo", model_dir="/tmp")
     with pytest.raises(ConfigError, match="error_rate"):
         make_server(backend="echo", error_rate=1.5)

@@ -26,6 +26,14 @@ def cmd_check(args) -> None:
           f"critic {'on' if params.critic.enabled else 'off'})")
 
 
+def cmd_task_new(args) -> None:
+    from pipeline.commands.task_new import write_skeleton
+
+    for path in write_skeleton(args.name, args.root):
+        print(f"wrote {path}")
+    print(f"run it: cp configs/{args.name}.yaml params.yaml && dvc repro   (docs/own-task.md)")
+
+
 def cmd_rounds(args) -> None:
     from pipeline.commands.rounds import exp_run_overrides, set_rounds
 
@@ -294,6 +302,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the switch-over: critic.* critiques rounds 1..R, a tagger trained on its answers the "
                              "rest (docs/tagger.md); without it `switch: {}`")
     rounds.set_defaults(func=cmd_rounds)
+    task = sub.add_parser("task", help="your own task: a reward function in one file")
+    task_sub = task.add_subparsers(dest="task_command", required=True)
+    new = task_sub.add_parser("new", help="write tasks/NAME.py, tasks/NAME.md and configs/NAME.yaml (runs offline)")
+    new.add_argument("name", help="the task's name: a lowercase identifier")
+    new.add_argument("--root", default=".", help="the project folder (default: .)")
+    new.set_defaults(func=cmd_task_new)
+
 
     sql = sub.add_parser("sql", help="run a DuckDB query over the Parquet tables")
     sql.add_argument("query", help='e.g. "SELECT round, avg(env_reward) FROM scores GROUP BY 1"')

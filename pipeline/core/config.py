@@ -24,6 +24,13 @@ from pipeline.core.errors import ConfigError
 # The task names: one module per task in pipeline/tasks/, listed from the folder without importing
 # it (the checks each task declares run in pipeline.tasks.check_params, not here).
 TASKS = tuple(sorted(p.stem for p in (Path(__file__).parents[1] / "tasks").glob("*.py") if not p.name.startswith("_")))
+
+
+def is_task_file(task: str) -> bool:
+    """A `run.task` naming the user's task file (``tasks/x.py``) or module (``tasks.x``), not a built-in task."""
+    return task not in TASKS and (task.endswith(".py") or "." in task or "/" in task)
+
+
 ALIGNMENTS = ("exact", "substring")  # critic.alignment: the modes of pipeline/critic/align.py
 ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce_pp")  # ppo.algorithm; all but "ppo" are value-free
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")  # ppo.loss_type (TRL GRPOConfig.loss_type)
@@ -79,13 +86,13 @@ def _probability(x) -> bool:
 @dataclass(frozen=True)
 class RunParams:
     run_id: str = "demo"
-    task: str = "sentiment"  # one of TASKS
+    task: str = "sentiment"  # one of TASKS, or a task file in tasks/ (pipeline/tasks/_from_file.py)
     seed: int = 0
     device: str = "auto"  # auto = CUDA when available, else cpu; or cpu, cuda, cuda:N
     rounds_per_stage: int = 1  # K > 1: K consecutive rounds per `chunk` stage, models kept in memory
 
     checks = {
-        "task": (lambda x: x in TASKS, f"one of {TASKS}"),
+        "task": (lambda x: x in TASKS or is_task_file(x), f"one of {TASKS} or a task file tasks/<name>.py"),
         "device": (lambda x: x in ("auto", "cpu", "cuda") or bool(re.fullmatch(r"cuda:\d+", x)),
                    "auto, cpu, cuda or cuda:N (N = a GPU index)"),
         "rounds_per_stage": (_positive, "a whole number >= 1 (1 = one DVC stage per round and step)"),
@@ -110,6 +117,7 @@ class WorldParams:
     min_text_chars: int = 0  # local/hub data: drop texts shorter than this (the paper's IMDB filter: 200)
     min_prompt_toxicity: float | None = None  # toxicity data: keep prompts above this (the paper: 0.6)
 
+    eval_source: str | None = None  # task files: eval prompts from this source (null = split world.source)
     checks = {
         "source": (lambda x: bool(x.strip()), "'world' or the path of a local data file"),
         "n_reviews": (_positive, "> 0"),
@@ -121,6 +129,7 @@ class WorldParams:
         "min_text_chars": (lambda x: x >= 0, ">= 0"),
         "min_prompt_toxicity": (_probability, "in [0, 1] or null"),
     }
+        "eval_source": (lambda x: x is None or bool(x.strip()), "null or the path of a local data file"),
 
 
 @dataclass(frozen=True)
@@ -208,7 +217,7 @@ class ScoreParams:
 
 
 # the local critic server's backends (pipeline/critic/offline/server.py); the one list, also `drlc critic serve`'s
-CRITIC_BACKENDS = ("lexicon", "echo", "hf", "tagger", "random_spans")
+CRITIC_BACKENDS = ("lexicon", "echo", "hf", "tagger", "random_spans", "rules")
 # critic.answer_format: free text, a JSON schema, or JSON whose spans are copied from the response
 # (character for character, or whole words; pipeline/critic/structured.py); the one list
 CRITIC_ANSWER_FORMATS = ("text", "json", "copy", "copy_words")

@@ -34,6 +34,10 @@ class StoreError(DrlcError):
     """A Parquet table is missing, unreadable or has the wrong columns."""
 
 
+class RewardError(DrlcError):
+    """An environment reward raised, or returned values that do not match its responses one for one."""
+
+
 class PPOInputError(DrlcError):
     """A PPO batch is malformed: lengths that do not match, non-finite rewards, bad batch sizes."""
 

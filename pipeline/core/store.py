@@ -145,7 +145,11 @@ def audit_dir(root: str | Path, audit: str) -> Path:
 # columns a table has only when its producer sets them, in every row or in none: rollouts of groups
 # (rollout.samples_per_prompt > 1, pipeline/steps/rollout.py); without them a table is byte for byte what it was
 OPTIONAL_COLUMNS: dict[str, list[tuple[str, pa.DataType]]] = {
-    "rollouts": [("group_index", pa.int32()), ("sample_index", pa.int32())],
+    "prompts": [("columns", pa.string())],  # a task file's prompt fields other than the text, as JSON
+    "rollouts": [("group_index", pa.int32()), ("sample_index", pa.int32()),
+                 ("engine_logprobs", pa.list_(pa.float32()))],  # rollout.engine vllm: vLLM's log-probs
+    # rounds trained on an external engine's rollouts: the old log-prob gap (pipeline/train/trainer.py)
+    "ppo_steps": [("engine_logprob_gap_max", pa.float64()), ("engine_logprob_gap_mean", pa.float64())],
 }
 
 

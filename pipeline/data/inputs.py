@@ -15,7 +15,7 @@ from pipeline.core.config import Params
 from pipeline.core.errors import DataError
 from pipeline.core.jsonl import json_object, not_utf8
 from pipeline.data.hub import HUB_PREFIX, is_saved_dataset
-from pipeline.data.local import SUFFIXES
+from pipeline.data.local import FILE_SUFFIXES, SUFFIXES
 
 _CHUNK = 1 << 20
 
@@ -25,6 +25,9 @@ def check_world_source(params: Params) -> None:
     source = params.world.source
     if source != "world" and not source.startswith(HUB_PREFIX):
         check_data_path(source, key="world.source")
+    eval_source = params.world.eval_source
+    if eval_source and not eval_source.startswith(HUB_PREFIX):
+        check_data_path(eval_source, key="world.eval_source")
 
 
 def check_eval_prompts(params: Params) -> None:
@@ -71,8 +74,8 @@ def check_data_path(source: str, *, key: str) -> None:
 
 def check_data_file(path: Path, *, key: str) -> None:
     """One data file: non-empty, a known suffix, UTF-8 (text formats), a first record that parses."""
-    if path.suffix not in SUFFIXES:
-        raise DataError(f"'{key}': data file '{path}' has suffix '{path.suffix}'; use one of {SUFFIXES}.")
+    if path.suffix not in FILE_SUFFIXES:
+        raise DataError(f"'{key}': data file '{path}' has suffix '{path.suffix}'; use one of {FILE_SUFFIXES}.")
     if path.stat().st_size == 0:
         raise DataError(f"'{key}': data file '{path}' is empty; point '{key}' at a file with records.")
     if path.suffix == ".parquet":
@@ -86,6 +89,8 @@ def check_data_file(path: Path, *, key: str) -> None:
     if path.suffix == ".csv":
         if _first_line(path, skip=number) is None:
             raise DataError(f"'{key}': CSV file '{path}' has a header and no rows; add rows or fix the path.")
+        return
+    if path.suffix == ".txt":
         return
     json_object(f"{path}:{number}", line, expected="a JSON object")
 

@@ -3,6 +3,8 @@
 `world.source` names one of:
 - a JSONL, CSV or Parquet file, or a folder of them (every .jsonl/.json/.csv/.parquet file in
   it, sorted by name), e.g. the hub's imdb ``train-*.parquet`` files saved locally;
+- a plain-text file (``.txt``, named as a file, never picked up from a folder): one record
+  ``{"text": line}`` per non-blank line (CommonGen's ``src_alpha`` concept sets);
 - a folder written by datasets' ``save_to_disk`` (``DIR`` or ``DIR:<split>`` for a DatasetDict;
   pipeline/data/hub.py);
 - ``hub:<dataset id>[:<split>]``: ``datasets.load_dataset`` from the Hugging Face hub (network).
@@ -16,7 +18,8 @@ from pathlib import Path
 from pipeline.core.errors import DataError
 from pipeline.core.jsonl import json_object, text_lines
 
-SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")  # the data files of a folder source
+FILE_SUFFIXES = SUFFIXES + (".txt",)  # a source named as one file may also be plain text
 
 
 def read_records(source: str) -> list[dict]:
@@ -61,7 +64,9 @@ def _file_records(path: Path) -> list[dict]:
         import pyarrow.parquet as pq
 
         return pq.read_table(path).to_pylist()
-    raise DataError(f"Data file '{path}' has suffix '{path.suffix}': use one of {SUFFIXES}.")
+    if path.suffix == ".txt":
+        return [{"text": line.strip()} for _, line in text_lines(path) if line.strip()]
+    raise DataError(f"Data file '{path}' has suffix '{path.suffix}': use one of {FILE_SUFFIXES}.")
 
 
 def field(record: dict, name: str):

@@ -58,7 +58,8 @@ def load_prompt_sets(sources: list[str], world_rows: list[dict], n_prompts: int 
             raise DataError(f"Two prompt sets are both named '{name}' in 'evaluate.prompts': rename one file.")
         if source == WORLD:
             rows = [{"prompt_id": r["prompt_id"], "text": r["text"],  # reference: summarization only
-                     **({"reference": r["reference"]} if r.get("reference") else {})}
+                     **({"reference": r["reference"]} if r.get("reference") else {}),
+                     **({"columns": r["columns"]} if r.get("columns") else {})}  # a task file's prompt fields
                     for r in world_rows if r["split"] == "eval"]
             if not rows:
                 raise DataError("The prompts table has no 'eval' rows: re-run the prepare stage.")

@@ -58,7 +58,7 @@ def critic_endpoint(critic: CriticParams, base_dir: str | None = None, device=No
     labels: the template's labels, which a tagger backend's model must tag.
     """
     if critic.endpoint == "local":
-        tagger = critic.backend in ("tagger", "random_spans")
+        tagger = critic.backend in ("tagger", "random_spans", "rules")  # the backends that write the template's labels
         model_dir = critic_model_dir(critic, base_dir) if tagger or critic.backend == "hf" else None
         options = {"device": device} if critic.backend == "hf" else {}
         options |= {"labels": tuple(labels) if labels else None} if tagger else {}
@@ -94,6 +94,10 @@ def critic_model_id(critic: CriticParams) -> str:
         return f"drlc-local:{critic.backend}:{tagger_hash(critic.model_dir)}{seed}"
     if critic.backend == "hf" and critic.model_dir:
         return f"drlc-local:hf:{critic.model_dir}"
+    if critic.backend == "rules":
+        from pipeline.core.user_code import file_sha
+
+        return f"drlc-local:rules:{file_sha(critic.model_dir)}"
     return f"drlc-local:{critic.backend}"
 
 

@@ -21,6 +21,7 @@ from pipeline.evaluate.metrics import conditional_perplexities, distinct_n, nanm
 from pipeline.evaluate.prompts import load_prompt_sets
 from pipeline.parallel.shard import Shard
 from pipeline.steps.rollout import encode_query
+from pipeline.steps.score import check_rewards, reward_inputs, reward_origin
 from pipeline.tasks import get_task
 
 SAMPLE_SCORE_COLUMNS = ("positive_prob", "rm_score")  # per-sample task scores kept in eval_samples
@@ -56,9 +57,10 @@ def _score_set(lm, tokenizer, prompts: list[dict], *, e: EvaluateParams, seed: i
     continuations = sample_continuations(lm, tokenizer, prompted, max_new_tokens=e.max_new_tokens, top_p=e.top_p,
                                          seed=seed, batch_size=e.batch_size, shard=shard)
     texts = [tokenizer.decode(c, skip_special_tokens=True) for c in continuations]
-    needs_queries = getattr(reward, "needs_queries", False)  # the reward-model reward reads the documents
-    documents = {"queries": [p["text"] for p in prompts for _ in range(k)]} if needs_queries else {}
-    env = reward.score(texts, references=[p.get("reference", "") for p in prompts for _ in range(k)], **documents)
+    per_response = [p for p in prompts for _ in range(k)]
+    env = check_rewards(reward.score(texts, **reward_inputs(reward, per_response)),
+                        [f"{p['prompt_id']}/sample={i % k}" for i, p in enumerate(per_response)],
+                        who=reward_origin(reward))
     per_prompt = [texts[i:i + k] for i in range(0, len(texts), k)]
     task_metrics, per_sample = evaluator.metrics(per_prompt, prompts)
     # A task returns one per-sample list (positive_prob) or {column: per-sample list}.

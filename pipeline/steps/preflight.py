@@ -11,7 +11,7 @@ from pathlib import Path
 from pipeline.core.config import Params
 from pipeline.core.errors import CacheError, ConfigError
 from pipeline.model.gguf import is_gguf_spec, resolve_gguf
-from pipeline.tasks import check_params, get_task
+from pipeline.tasks import check_params, get_task, task_label
 
 
 def check_inputs(params: Params, root: str | Path = ".") -> Params:
@@ -29,19 +29,32 @@ def check_critic(params: Params, root: str | Path = ".") -> Params:
     from pipeline.critic.templates import load_template
 
     template_path = Path(root) / params.critic.template
-    template = load_template(template_path, task=params.run.task, labels=params.critic.labels,
-                             fields=get_task(params.run.task).critic_fields)
-    if template.task != params.run.task:
+    task = get_task(params.run.task)
+    template = load_template(template_path, task=task_label(params.run.task), labels=params.critic.labels,
+                             fields=task.critic_fields)
+    if template.task not in (params.run.task, task_label(params.run.task)):
+        fix = f"prompts/{params.run.task}.md" if params.run.task == task_label(params.run.task) else \
+            f"a template whose front matter says task: {task_label(params.run.task)}"
         raise ConfigError(
             f"'critic.template' = {params.critic.template!r} is a {template.task!r} template but "
-            f"'run.task' = {params.run.task!r}: use prompts/{params.run.task}.md."
+            f"'run.task' = {params.run.task!r}: use {fix}."
         )
+    undeclared = [label for label in template.labels if getattr(task, "LABELS", None) and label not in task.LABELS]
+    if undeclared:
+        raise ConfigError(f"'critic.template' = {params.critic.template!r} has labels {undeclared} that "
+                          f"{task.path} does not declare (LABELS = {list(task.LABELS)}): add them to LABELS, "
+                          f"or fix the template's front matter.")
     unknown = sorted(set(params.critic.rewards) - set(template.labels))
     if unknown:
         raise ConfigError(
             f"'critic.rewards' has labels {unknown} that {params.critic.template} does not produce: "
             f"valid labels are {list(template.labels)}."
         )
+    if params.critic.endpoint == "local" and params.critic.backend == "rules" and \
+            not (params.critic.model_dir and (Path(root) / params.critic.model_dir).is_file()):
+        raise ConfigError(f"'critic.backend' = 'rules' reads a critic(query, response) function from "
+                          f"'critic.model_dir' = {params.critic.model_dir!r}, which is not a file: set it to your "
+                          f"task file (e.g. {params.run.task}).")
     if is_gguf_spec(params.critic.model_dir):
         resolve_gguf(params.critic.model_dir, key="critic.model_dir")
     check_cache_dir(params.critic.cache_dir, root)

@@ -39,7 +39,8 @@ def prepare(*, task: str, run_id: str, seed: int, world: WorldParams,
     for split in ("train", "eval"):
         rows += [
             {"run_id": run_id, "round": 0, "prompt_id": f"{split}-{i:05d}", "split": split,
-             "text": prompt["text"], "reference": prompt.get("reference", "")}
+             "text": prompt["text"], "reference": prompt.get("reference", ""),
+             **({"columns": prompt["columns"]} if "columns" in prompt else {})}
             for i, prompt in enumerate(splits[split])
         ]
     return corpus, rows

@@ -8,13 +8,14 @@ trainer, with running moments over every round so far (``pipeline.train.ppo.scal
 """
 from __future__ import annotations
 
+import math
 import time
 
 from tqdm import tqdm
 
 from pipeline.core.config import ScoreParams
 from pipeline.core.device import holder_device, place, resolve_device
-from pipeline.core.errors import DataError
+from pipeline.core.errors import DataError, RewardError
 from pipeline.tasks import get_task
 
 SCORE_CHUNK = 256  # responses per scorer call; the progress bar advances per chunk
@@ -58,6 +59,56 @@ def z_normalize(values: list[float]) -> list[float]:
     return [(v - mean) / std if std > 0 else 0.0 for v in values]
 
 
+def reward_inputs(reward, prompt_rows: list[dict], rollout_rows: list[dict] | None = None) -> dict:
+    """The keyword arguments of reward.score for responses to `prompt_rows` (one prompt row per response):
+    references always; queries (the rollouts' or the prompts' texts) and the prompts' columns where the reward
+    declares that it reads them (needs_queries, needs_columns)."""
+    inputs = {"references": [row.get("reference", "") for row in prompt_rows]}
+    if getattr(reward, "needs_queries", False):
+        inputs["queries"] = [row["query"] for row in rollout_rows] if rollout_rows else [r["text"] for r in prompt_rows]
+    if getattr(reward, "needs_columns", False):
+        from pipeline.tasks._from_file import columns_of
+
+        inputs["columns"] = columns_of(prompt_rows)
+    return inputs
+
+
+def reward_origin(reward) -> str:
+    """The reward as an error names it: a task file's function and path, or a built-in scorer and its module."""
+    task = getattr(reward, "task", None)
+    if task is not None:
+        return f"reward {reward.name} ({task.path})"
+    return f"scorer {reward.name!r} ({type(reward).__module__.replace('.', '/')}.py)"
+
+
+def check_rewards(values, ids: list[str], *, who: str) -> list[float]:
+    """`values` as floats, one per response id of `ids`; raises RewardError naming `who`, the response and the
+    value for a count that differs, a value that is not a number, or NaN/inf. Returns the values as floats."""
+    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
+        raise RewardError(f"{who} returned {type(values).__name__}, not a list of floats (one per response).")
+    if len(values) != len(ids):
+        raise RewardError(f"{who} returned {len(values)} values for {len(ids)} responses ({ids[0]} to {ids[-1]}): "
+                          f"return one float per completion, in order.")
+    checked = []
+    for response_id, value in zip(ids, values):
+        number = _as_float(value)
+        if number is None or not math.isfinite(number):
+            raise RewardError(f"{who} returned {value!r} ({type(value).__name__}) for response {response_id}: "
+                              f"return a finite float per completion.")
+        checked.append(number)
+    return checked
+
+
+def _as_float(value) -> float | None:
+    """A real number (int, float, a NumPy or torch scalar) as float; None for anything else (bool, str, None)."""
+    if isinstance(value, (bool, str, bytes)) or value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def score(rollout_rows: list[dict], prompt_rows: list[dict] | None, *, task: str, run_id: str, round_: int,
           params: ScoreParams, device="cpu", reward=None) -> list[dict]:
     """The rows of `score_round` (without its metrics)."""
@@ -81,20 +132,18 @@ def score_round(rollout_rows: list[dict], prompt_rows: list[dict] | None, *, tas
     reward = reward if reward is not None else place(get_task(task).make_reward(params), device)
     if prompt_rows is None:
         prompt_rows = [{"prompt_id": row["prompt_id"], "reference": ""} for row in rollout_rows]
-    references = {row["prompt_id"]: row["reference"] for row in prompt_rows}
-    missing = sorted({row["prompt_id"] for row in rollout_rows} - set(references))
+    by_id = {row["prompt_id"]: row for row in prompt_rows}
+    missing = sorted({row["prompt_id"] for row in rollout_rows} - set(by_id))
     if missing:
         raise DataError(f"Rollouts name prompts {missing[:3]} that the prompts table lacks: re-run prepare and "
                         f"rollout (dvc repro).")
+    prompts = [by_id[row["prompt_id"]] for row in rollout_rows]
     texts = [row["response"] for row in rollout_rows]
-    refs = [references[row["prompt_id"]] for row in rollout_rows]
-    needs_queries = getattr(reward, "needs_queries", False)  # a declared flag: the reward-model reward reads documents
-    queries = [row["query"] for row in rollout_rows] if needs_queries else []
     values = []
     for start in tqdm(range(0, len(texts), SCORE_CHUNK), desc="score", unit="chunk"):
         chunk = slice(start, start + SCORE_CHUNK)
-        values += reward.score(texts[chunk], references=refs[chunk],
-                               **({"queries": queries[chunk]} if needs_queries else {}))
+        values += check_rewards(reward.score(texts[chunk], **reward_inputs(reward, prompts[chunk], rollout_rows[chunk])),
+                                [row["rollout_id"] for row in rollout_rows[chunk]], who=reward_origin(reward))
     version = reward.version
     if params.normalize and values:
         values, version = z_normalize(values), f"{reward.version}{NORMALIZED_VERSION_SUFFIX}"

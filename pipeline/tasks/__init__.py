@@ -1,8 +1,10 @@
-"""The task layer: one module per task, found by its file name (pipeline/tasks/<task>.py).
+"""The task layer: a built-in task module here (pipeline/tasks/<task>.py), or the user's own file.
 
-`run.task` names a module here. Adding a task is adding one module (plus its environment
-reward in pipeline/rewards/<task>.py, its critic template in prompts/ and a profile in
-configs/); nothing else lists the tasks. A task module defines:
+`run.task` names a built-in module (sentiment, toxicity, summarization) or a task file in the
+project's tasks/ folder (``tasks/concepts.py``, or the module ``tasks.concepts``): one reward
+function in TRL's convention, everything else optional (pipeline/tasks/_from_file.py, which
+presents the file through the interface below; docs/own-task.md walks through one). A task
+presents:
 
 - ``SCORERS``: the valid ``score.scorer`` values, the offline one first.
 - ``MODEL_SCORERS``: those of SCORERS that read ``score.model`` (checked at load).
@@ -11,27 +13,29 @@ configs/); nothing else lists the tasks. A task module defines:
   which only the world's eval split has (``evaluate.prompts`` must then be [world]).
 - ``build(world, *, seed) -> (corpus, {"train": [...], "eval": [...]})``: the pretraining
   corpus of the base model and the prompts of each split, each prompt a dict with ``text``
-  and ``reference`` ("" when the task has none). ``world`` is the WorldParams section;
-  ``world.source`` is "world" (the seeded synthetic world) or a local data path.
+  and ``reference`` ("" when the task has none), and for a task file ``columns`` (the
+  prompt's other fields, JSON). ``world`` is the WorldParams section.
 - ``make_reward(score) -> reward``: the environment reward for the ScoreParams section; a
   reward has ``name``, ``version`` and ``score(texts, *, references) -> list[float]``,
-  batched, higher is better; a reward with ``needs_queries = True`` (the summarization reward
-  model reads the document) is also passed ``queries=``.
+  batched, higher is better; a reward with ``needs_queries = True`` is also passed
+  ``queries=``, and one with ``needs_columns = True`` ``columns=`` ({field: list}).
 - ``reward_range(score) -> (low, high)``: the bounds of make_reward(score)'s rewards, None
-  where unbounded, read from the reward class's RANGE without building it (drlc estimate).
+  where unbounded (drlc estimate).
 - ``critic_fields(row) -> dict``: the critic template's placeholders for one scored rollout
   row (query, response, env_reward).
-- ``make_evaluator(evaluate, score, *, seed) -> evaluator``: an object whose
-  ``metrics(texts_by_prompt, prompts)`` returns (task metrics, per-sample scores: one list
-  of positive probabilities or Nones, or {column: list} for the columns of ``eval_samples``)
-  for evaluation (pipeline/steps/evaluate.py adds perplexity and dist-n).
+- ``make_evaluator(evaluate, reward, *, seed) -> evaluator``: `evaluate` is the EvaluateParams
+  section and `reward` the built reward; the evaluator's ``metrics(texts_by_prompt, prompts)``
+  returns (task metrics, per-sample scores: one list of positive probabilities or Nones, or
+  {column: list} for the columns of ``eval_samples``); pipeline/steps/evaluate.py adds the
+  reward's mean, perplexity and dist-n.
 """
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from types import ModuleType
 
-from pipeline.core.config import TASKS, Params
+from pipeline.core.config import TASKS, Params, is_task_file
 from pipeline.core.errors import ConfigError
 
 
@@ -40,11 +44,20 @@ def task_names() -> tuple[str, ...]:
     return TASKS
 
 
-def get_task(name: str) -> ModuleType:
-    """The task module `name`. Raises ConfigError for an unknown task, listing the known ones."""
-    if name not in task_names():
-        raise ConfigError(f"Unknown task {name!r}: use one of {task_names()} (modules of pipeline/tasks/).")
-    return importlib.import_module(f"pipeline.tasks.{name}")
+def get_task(name: str):
+    """The task of `run.task`: a built-in module, or a task file's FileTask (read from the working directory, the
+    DVC project). Raises ConfigError for an unknown name or a task file that is missing or fails to import."""
+    if name in task_names():
+        return importlib.import_module(f"pipeline.tasks.{name}")
+    if is_task_file(name):  # imported as the built-in task modules are: they all import helpers from this package
+        return importlib.import_module("pipeline.tasks._from_file").load_task_file(name)  # paths relative to the working directory: the DVC project
+    raise ConfigError(f"Unknown task {name!r}: use one of {task_names()}, or a task file tasks/<name>.py "
+                      f"(drlc task new <name> writes one).")
+
+
+def task_label(name: str) -> str:
+    """The name a critic template's front matter gives the task: a built-in's name, a task file's stem."""
+    return Path(name).stem if name.endswith(".py") else name.rsplit(".", 1)[-1] if is_task_file(name) else name
 
 
 def check_params(params: Params) -> Params:
@@ -56,6 +69,8 @@ def check_params(params: Params) -> Params:
     """
     task = get_task(params.run.task)
     scorer = params.score.scorer
+    if hasattr(task, "reward_function"):
+        task.reward_function(scorer)  # a task file: the function must exist (its error names the file)
     if scorer not in task.SCORERS:
         raise ConfigError(f"'score.scorer' = {scorer!r} is not a scorer of task "
                           f"{params.run.task!r}: use one of {task.SCORERS}.")
@@ -65,6 +80,9 @@ def check_params(params: Params) -> Params:
     if scorer in task.DATA_SCORERS and not params.score.train_data:
         raise ConfigError(f"'score.scorer' = {scorer!r} needs 'score.train_data' (null now): set it to "
                           "RealToxicityPrompts JSONL with Perspective scores, e.g. ../shared/data/toxicity/decodingtrust_rtp.")
+    if params.world.eval_source and not hasattr(task, "spec"):
+        raise ConfigError(f"'world.eval_source' = {params.world.eval_source!r} is read by task files only; task "
+                          f"{params.run.task!r} splits 'world.source' itself: set it to null.")
     others = [p for p in params.evaluate.prompts if p != "world"]
     if task.EVAL_NEEDS_REFERENCES and others:
         raise ConfigError(f"'evaluate.prompts' = {params.evaluate.prompts!r}: task {params.run.task!r} evaluates "

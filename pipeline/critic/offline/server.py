@@ -52,7 +52,7 @@ from pipeline.critic.offline.protocol import AnswerFn, CompleteFn, Completion, c
 __all__ = ["BACKENDS", "FAULT_KINDS", "Completion", "make_server", "serve_in_background", "serve_forever"]
 
 FAULT_KINDS = ("error", "rate_limit", "garbage", "drop", "empty")
-MODEL_DIR_BACKENDS = ("hf", "tagger", "random_spans")  # the backends that read model_dir
+MODEL_DIR_BACKENDS = ("hf", "tagger", "random_spans", "rules")  # the backends that read model_dir
 MAX_BODY_BYTES = 1 << 20
 _MAX_DRAIN_BYTES = 16 << 20
 
@@ -82,8 +82,8 @@ def _resolve_backend(backend: str | AnswerFn, model_dir: str | None,
         raise CriticError(f"critic server layout (--layout) {layout!r} is only used by "
                           f"backend 'lexicon', not {backend!r}; drop it or use --backend lexicon")
     if backend not in MODEL_DIR_BACKENDS and model_dir is not None:
-        raise CriticError(f"critic server model_dir (--model-dir) is only used by backends 'hf', 'tagger' and "
-                          f"'random_spans', not {backend!r}; drop it or use --backend hf, tagger or random_spans")
+        raise CriticError(f"critic server model_dir (--model-dir) is only used by backends {list(MODEL_DIR_BACKENDS)}, "
+                          f"not {backend!r}; drop it or use one of those backends")
     if callable(backend):
         return getattr(backend, "__name__", "custom"), _word_count_completion(backend)
     if backend == "echo":
@@ -107,6 +107,13 @@ def _resolve_backend(backend: str | AnswerFn, model_dir: str | None,
         from pipeline.critic.offline.hf_backend import HFBackend
 
         return "hf", HFBackend(model_dir, device=device)
+    if backend == "rules":
+        if model_dir is None:
+            raise CriticError("critic server backend 'rules' needs model_dir (--model-dir FILE): the Python file "
+                              "that defines critic(query, response), e.g. your task file")
+        from pipeline.critic.offline.rules import RuleBackend
+
+        return "rules", _word_count_completion(RuleBackend(model_dir, labels=labels))
     if backend in ("tagger", "random_spans"):
         if model_dir is None:
             raise CriticError(f"critic server backend {backend!r} needs model_dir (--model-dir DIR): "

@@ -1,0 +1,235 @@
+"""A task from the user's own file: ``run.task: tasks/concepts.py`` (or the module ``tasks.concepts``).
+
+The file lives in the project's ``tasks/`` folder, which DVC tracks for the stages that run a
+task (prepare, score, critique, evaluate, chunk): an edit of the reward re-runs score onwards,
+and rollout only if the prompts change. It defines the reward in TRL's convention, batched::
+
+    def reward(prompts, completions, **columns) -> list[float]   # its name is `score.scorer`
+
+``prompts`` are the query texts, ``completions`` the responses, and ``columns`` the prompt rows'
+other fields, one list per field (a concept list, a reference, ...). Everything else is
+optional, each with a default:
+
+- ``prompt(record) -> dict``: a record of ``world.source`` -> ``{"prompt": text, **columns}``
+  (default: the record itself; the text is its ``prompt`` or ``text`` field);
+- ``RANGE = (low, high)``: the reward's bounds for ``drlc estimate`` (default: unbounded);
+- ``LABELS = (...)``: the span labels its critic may name; a template with another label is
+  refused (default: any label);
+- ``critic_fields(row) -> dict``: the template's placeholders for a scored rollout row
+  (default: ``query`` and ``response``);
+- ``critic(query, response) -> {label: [span, ...]}``: a rule critic, served by the local
+  server's ``rules`` backend (``critic.backend: rules``, ``critic.model_dir``: the file);
+- ``metrics(prompts, completions, **columns) -> {name: value}``: evaluation metrics next to the
+  reward's mean, perplexity and dist-n.
+
+With ``world.source: world`` the prompts are openings of the synthetic review world (the
+demo's); else the records of the source, split seeded into train and eval, or, with
+``world.eval_source``, train from the one and eval from the other.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import math
+from pathlib import Path
+
+from pipeline.core.config import is_task_file
+from pipeline.core.errors import ConfigError, DataError, RewardError
+from pipeline.core.user_code import file_sha, import_file, where
+
+TASK_FOLDER = "tasks"  # the project folder DVC tracks as user task code (dvc.yaml)
+TEXT_FIELDS = ("prompt", "text")  # a record's prompt text, first found, when the file has no prompt()
+DEFAULT_SCORER = "reward"
+OPTIONAL_FUNCTIONS = ("prompt", "critic_fields", "critic", "metrics")  # every other function may be a reward
+
+
+def task_path(spec: str, root: str | Path = ".") -> Path:
+    """The file of a file or module `run.task`, relative to `root` (the DVC project)."""
+    relative = Path(spec) if spec.endswith(".py") or "/" in spec else Path(*spec.split(".")).with_suffix(".py")
+    return Path(root) / relative
+
+
+def load_task_file(spec: str, root: str | Path = ".") -> "FileTask":
+    """The task of `spec`, checked to lie in the project's tasks/ folder and to import.
+
+    Raises ConfigError naming `run.task` and the fix: a missing file, one outside tasks/, or one
+    whose import fails (with the file's line).
+    """
+    path = task_path(spec, root)
+    if not path.is_file():
+        raise ConfigError(f"'run.task' = {spec!r}: no file {path}; write one with `drlc task new NAME` "
+                          f"(tasks/NAME.py) or name a built-in task.")
+    folder = (Path(root) / TASK_FOLDER).resolve()
+    if folder not in path.resolve().parents:
+        raise ConfigError(f"'run.task' = {spec!r} lies outside {TASK_FOLDER}/, the folder DVC tracks for the "
+                          f"stages that run a task: move it (and the modules it imports) into {TASK_FOLDER}/.")
+    return FileTask(spec, path, import_file(path, key="run.task"))
+
+
+class FileTask:
+    """A user's task file seen through the task interface of pipeline/tasks (the nine names)."""
+
+    MODEL_SCORERS = ()
+    DATA_SCORERS = ()
+    EVAL_NEEDS_REFERENCES = False
+
+    def __init__(self, spec: str, path: Path, module) -> None:
+        self.spec, self.path, self.module = spec, path, module
+        self.name = path.stem
+        self.LABELS = tuple(getattr(module, "LABELS", ()) or ())
+        self.SCORERS = tuple(n for n, f in vars(module).items() if inspect.isfunction(f) and not n.startswith("_")
+                             and f.__module__ == module.__name__ and n not in OPTIONAL_FUNCTIONS)
+        self.critic_fields = getattr(module, "critic_fields", _query_and_response)
+
+    def __repr__(self) -> str:
+        return f"FileTask({self.spec!r})"
+
+    def reward_function(self, name: str):
+        function = getattr(self.module, name, None)
+        if not callable(function):
+            found = f"its reward functions: {list(self.SCORERS)}" if self.SCORERS else "it defines none"
+            raise ConfigError(f"'score.scorer' = {name!r} is not a function of {self.path} ({found}): define "
+                              f"def {name}(prompts, completions, **columns) there, or set score.scorer.")
+        return function
+
+    # -- the task interface ------------------------------------------------------------------------
+    def build(self, world, *, seed: int) -> tuple[list[str], dict[str, list[dict]]]:
+        """(corpus, {"train": prompts, "eval": prompts}): see the module docstring for the sources."""
+        from pipeline.data.local import read_records, split_items
+
+        if world.source == "world":
+            from pipeline.data.world import generate_reviews, review_prefixes
+            from pipeline.tasks import prefix_prompt_splits
+
+            splits = prefix_prompt_splits(review_prefixes, world, seed=seed)
+            return generate_reviews(world.n_reviews, seed=seed), {
+                split: [self._prompt_row({"text": p["text"]}, i, world.source) for i, p in enumerate(rows)]
+                for split, rows in splits.items()}
+        rows = [self._prompt_row(r, i, world.source) for i, r in enumerate(read_records(world.source))]
+        if world.eval_source:
+            eval_rows = [self._prompt_row(r, i, world.eval_source) for i, r in enumerate(read_records(world.eval_source))]
+            splits = _separate_splits(rows, eval_rows, world, seed=seed)
+        else:
+            splits = split_items(_unique(rows), n_train=world.n_train_prompts, n_eval=world.n_eval_prompts,
+                                 seed=seed, source=world.source)
+        corpus = [" ".join(t.split()) for t in [r["text"] for r in rows] + [r["reference"] for r in rows] if t.strip()]
+        return corpus[:world.n_reviews], splits
+
+    def _prompt_row(self, record: dict, index: int, source: str) -> dict:
+        """A prompts-table row {text, reference, columns (JSON)} from one source record."""
+        make = getattr(self.module, "prompt", None)
+        row = dict(record)
+        if make is not None:
+            try:
+                row = make(dict(record))
+            except Exception as error:
+                raise DataError(f"prompt() of {self.path} raised on record {index} of {source}"
+                                f"{where(error, self.path)}: {type(error).__name__}: {error}") from error
+            if not isinstance(row, dict):
+                raise DataError(f"prompt() of {self.path} returned {type(row).__name__} for record {index} of "
+                                f"{source}: return a dict {{'prompt': text, **columns}}.")
+        key = next((k for k in TEXT_FIELDS if isinstance(row.get(k), str)), None)
+        if key is None:
+            raise DataError(f"Record {index} of {source} has no prompt text (a string field {list(TEXT_FIELDS)}; "
+                            f"found {sorted(row)}): define prompt(record) in {self.path} to build it.")
+        columns = {k: v for k, v in row.items() if k != key}
+        try:
+            encoded = json.dumps(columns, sort_keys=True, ensure_ascii=False)
+        except TypeError as error:
+            raise DataError(f"Record {index} of {source}: its columns must be JSON values ({error}).") from error
+        return {"text": row[key], "reference": str(columns.get("reference") or ""), "columns": encoded}
+
+    def make_reward(self, score) -> "FileReward":
+        return FileReward(self, score.scorer or DEFAULT_SCORER)
+
+    def reward_range(self, score) -> tuple[float | None, float | None]:
+        low, high = getattr(self.module, "RANGE", (None, None))
+        return low, high
+
+    def make_evaluator(self, evaluate, reward, *, seed: int) -> "FileEvaluator":
+        return FileEvaluator(self)
+
+
+def _query_and_response(row: dict) -> dict[str, str]:
+    return {"query": row["query"], "response": row["response"]}
+
+
+def _unique(rows: list[dict]) -> list[dict]:
+    """Rows with a prompt text seen before dropped (CommonGen repeats each concept set once per target)."""
+    seen, kept = set(), []
+    for row in rows:
+        if row["text"] not in seen:
+            seen.add(row["text"])
+            kept.append(row)
+    return kept
+
+
+def _separate_splits(train: list[dict], evaluation: list[dict], world, *, seed: int) -> dict[str, list[dict]]:
+    """Train prompts from world.source and eval prompts from world.eval_source, each shuffled (seeded); an eval
+    prompt whose text is also a train prompt's is dropped, so evaluation reads only prompts training never saw."""
+    import random
+
+    train = _unique(train)
+    texts = {row["text"] for row in train}
+    evaluation = [row for row in _unique(evaluation) if row["text"] not in texts]
+    if not train or not evaluation:
+        empty = "world.source" if not train else "world.eval_source (after dropping prompts also in training)"
+        raise DataError(f"'{empty}' gives no prompts: point it at a file of prompts.")
+    draw = random.Random(f"drlc-split:{seed}")
+    draw.shuffle(train)
+    draw.shuffle(evaluation)
+    return {"train": train[:world.n_train_prompts], "eval": evaluation[:world.n_eval_prompts]}
+
+
+def columns_of(prompt_rows: list[dict]) -> dict[str, list]:
+    """{field: one value per row} of the rows' JSON `columns` (a field some rows lack is None there)."""
+    decoded = [json.loads(row.get("columns") or "{}") for row in prompt_rows]
+    names = sorted({name for columns in decoded for name in columns})
+    return {name: [columns.get(name) for columns in decoded] for name in names}
+
+
+class FileReward:
+    """The reward function of a task file, called on batches as a built-in reward's ``score``."""
+
+    needs_queries = True
+    needs_columns = True
+
+    def __init__(self, task: FileTask, function_name: str) -> None:
+        self.task, self.function = task, task.reward_function(function_name)
+        self.name = f"{task.name}.{function_name}"
+        self.version = file_sha(task.path)  # an edit of the file shows in every score row
+
+    def score(self, texts: list[str], *, references: list[str], queries: list[str],
+              columns: dict[str, list] | None = None) -> list:
+        columns = dict(columns or {})
+        try:
+            return self.function(list(queries), list(texts), **columns)
+        except Exception as error:
+            raise RewardError(f"reward {self.name} raised on {len(texts)} responses{where(error, self.task.path)}: "
+                              f"{type(error).__name__}: {error}") from error
+
+
+class FileEvaluator:
+    """The file's metrics(prompts, completions, **columns), if any, on every evaluation sample."""
+
+    def __init__(self, task: FileTask) -> None:
+        self.task = task
+
+    def metrics(self, texts_by_prompt: list[list[str]], prompts: list[dict]) -> tuple[dict, dict]:
+        function = getattr(self.task.module, "metrics", None)
+        if function is None:
+            return {}, {}
+        k = len(texts_by_prompt[0]) if texts_by_prompt else 0
+        columns = {name: [v for v in values for _ in range(k)] for name, values in columns_of(prompts).items()}
+        queries = [p["text"] for p in prompts for _ in range(k)]
+        try:
+            values = function(queries, [t for texts in texts_by_prompt for t in texts], **columns)
+        except Exception as error:
+            raise RewardError(f"metrics() of {self.task.path} raised{where(error, self.task.path)}: "
+                              f"{type(error).__name__}: {error}") from error
+        bad = {name: value for name, value in (values or {}).items()
+               if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)}
+        if not isinstance(values, dict) or bad:
+            raise RewardError(f"metrics() of {self.task.path} must return {{name: finite number}}, got "
+                              f"{bad or type(values).__name__}.")
+        return {name: float(value) for name, value in values.items()}, {}
