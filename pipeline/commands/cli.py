@@ -290,6 +290,13 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key")
     check.set_defaults(func=cmd_check)
 
+    task = sub.add_parser("task", help="your own task: a reward function in one file")
+    task_sub = task.add_subparsers(dest="task_command", required=True)
+    new = task_sub.add_parser("new", help="write tasks/NAME.py, tasks/NAME.md and configs/NAME.yaml (runs offline)")
+    new.add_argument("name", help="the task's name: a lowercase identifier")
+    new.add_argument("--root", default=".", help="the project folder (default: .)")
+    new.set_defaults(func=cmd_task_new)
+
     rounds = sub.add_parser("rounds", help="set the number of PPO rounds: rewrite params.yaml's rounds and evaluate.policy")
     rounds.add_argument("n", type=int, help="number of rounds (1 to 9999)")
     rounds.add_argument("--params", default="params.yaml")
@@ -302,13 +309,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the switch-over: critic.* critiques rounds 1..R, a tagger trained on its answers the "
                              "rest (docs/tagger.md); without it `switch: {}`")
     rounds.set_defaults(func=cmd_rounds)
-    task = sub.add_parser("task", help="your own task: a reward function in one file")
-    task_sub = task.add_subparsers(dest="task_command", required=True)
-    new = task_sub.add_parser("new", help="write tasks/NAME.py, tasks/NAME.md and configs/NAME.yaml (runs offline)")
-    new.add_argument("name", help="the task's name: a lowercase identifier")
-    new.add_argument("--root", default=".", help="the project folder (default: .)")
-    new.set_defaults(func=cmd_task_new)
-
 
     sql = sub.add_parser("sql", help="run a DuckDB query over the Parquet tables")
     sql.add_argument("query", help='e.g. "SELECT round, avg(env_reward) FROM scores GROUP BY 1"')

@@ -32,6 +32,7 @@ def is_task_file(task: str) -> bool:
 
 
 ALIGNMENTS = ("exact", "substring")  # critic.alignment: the modes of pipeline/critic/align.py
+ROLLOUT_ENGINES = ("hf", "vllm")  # rollout.engine: drlc's sampler, vLLM (pipeline/model/vllm_engine.py)
 ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce_pp")  # ppo.algorithm; all but "ppo" are value-free
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")  # ppo.loss_type (TRL GRPOConfig.loss_type)
 KL_PENALTIES = ("kl", "abs", "mse", "full")
@@ -116,8 +117,8 @@ class WorldParams:
     prefix_unit: str = "words"  # words, or tokens of the base tokenizer (the paper's IMDB queries: 4-10 tokens)
     min_text_chars: int = 0  # local/hub data: drop texts shorter than this (the paper's IMDB filter: 200)
     min_prompt_toxicity: float | None = None  # toxicity data: keep prompts above this (the paper: 0.6)
-
     eval_source: str | None = None  # task files: eval prompts from this source (null = split world.source)
+
     checks = {
         "source": (lambda x: bool(x.strip()), "'world' or the path of a local data file"),
         "n_reviews": (_positive, "> 0"),
@@ -128,8 +129,8 @@ class WorldParams:
         "prefix_unit": (lambda x: x in ("words", "tokens"), "one of ('words', 'tokens')"),
         "min_text_chars": (lambda x: x >= 0, ">= 0"),
         "min_prompt_toxicity": (_probability, "in [0, 1] or null"),
-    }
         "eval_source": (lambda x: x is None or bool(x.strip()), "null or the path of a local data file"),
+    }
 
 
 @dataclass(frozen=True)
