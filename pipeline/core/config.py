@@ -185,8 +185,13 @@ class RolloutParams:
     min_new_tokens: int | None = None  # per-response length limit drawn in [min, max] (seeded); null = max
     generation_batch_size: int = 128
     samples_per_prompt: int = 1  # G responses per prompt, consecutive rows (a group: ppo.algorithm grpo, rloo)
+    engine: str = "hf"  # hf = drlc's sampler; vllm = vLLM (the `vllm` extra; docs/rollout-engines.md)
+    vllm_gpu_memory_utilization: float = 0.2  # vllm: its share of GPU memory (on CPU: of RAM) to reserve
+    vllm_args: dict[str, bool | int | float | str | None] = field(default_factory=dict)  # vllm: more vllm.LLM args
 
     checks = {
+        "engine": (lambda x: x in ROLLOUT_ENGINES, f"one of {ROLLOUT_ENGINES}"),
+        "vllm_gpu_memory_utilization": (lambda x: 0 < x <= 1, "in (0, 1]"),
         "samples_per_prompt": (_positive, "> 0"),
         "min_new_tokens": (_positive, "> 0 or null"),
         "batch_size": (_positive, "> 0"),

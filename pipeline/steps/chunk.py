@@ -26,10 +26,18 @@ and ``<metrics>/<rollout|score|critique|ppo>/chunk=KKKK/round=NNNN.json``; reade
 helpers for both layouts. A chunk stage that fails or is killed writes no checkpoint, and DVC
 re-runs the whole chunk (its outputs are one unit), from the previous chunk's checkpoint.
 One process only: under `accelerate launch` use per-round stages (rounds_per_stage: 1).
+
+With ``rollout.engine: vllm`` the chunk starts one vLLM engine (pipeline/model/vllm_engine.py) and, after each
+round's PPO, hands it the new policy in place: the LM's weights (full fine-tuning), or the round's adapters saved
+to a folder and served as a new LoRA request (LoRA policies; the base stays loaded). Round k+1 is thus sampled
+from the weights round k trained, as per-round stages sample from round k's checkpoint.
 """
 from __future__ import annotations
 
 import os
+import tempfile
+import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -39,6 +47,7 @@ from pipeline.core.config import CriticParams, Params
 from pipeline.core.device import place
 from pipeline.core.errors import ConfigError
 from pipeline.core.seeding import round_seed
+from pipeline.model.vllm_engine import VLLMEngine
 from pipeline.steps.critique import critic_session
 from pipeline.steps.ppo_round import (
     group_size,
@@ -64,6 +73,16 @@ def chunk_outputs(data_dir: str | Path, metrics_dir: str | Path, chunk: str) -> 
     folders |= {f"{kind}_metrics": Path(metrics_dir) / kind / f"chunk={chunk}"
                 for kind in ("rollout", "score", "critique", "ppo")}
     return folders
+
+
+def update_engine(engine: VLLMEngine, policy, adapter_dir: Path) -> None:
+    """Make `engine` sample from `policy` (PolicyWithValueHead) from now on: a LoRA policy's adapters are saved to
+    adapter_dir and served as a new LoRA request; a full model's LM weights are loaded in place."""
+    if engine.lora:
+        policy.lm.save_pretrained(adapter_dir)
+        engine.use_adapter(adapter_dir)
+    else:
+        engine.load_weights(policy.lm.state_dict().items())
 
 
 def _stored(rows: list[dict], table: str, folder: Path) -> list[dict]:
@@ -108,16 +127,23 @@ def run_rounds(prompt_rows: list[dict], *, params: Params, keys: list[str], crit
     state = load_ppo_state(policy_dir, reference_dir=reference_dir, params=params.ppo, seed=run.seed,
                            round_=int(keys[0]), base=params.base, device=device)
     summaries = []
-    with critic_session(critic, tokenizer_dir=reference_dir, task=run.task, device=device) as session:
+    with ExitStack() as open_now:
+        session = open_now.enter_context(critic_session(critic, tokenizer_dir=reference_dir, task=run.task,
+                                                        device=device))
+        engine = None if r.engine == "hf" else open_now.enter_context(VLLMEngine.for_rollout(
+            policy_dir, r, lora_rank=params.base.lora_r, seed=run.seed))
+        adapters = open_now.enter_context(tempfile.TemporaryDirectory(prefix="drlc-adapters-")) if engine else None
+        engine_times = {"engine_start_s": engine.start_s if engine else 0.0}
         for key in keys:
             round_, part = int(key), f"round={key}"
             rollouts, rollout_metrics = rollout_with(
-                state.policy, state.tokenizer, prompt_rows, policy_name=params.rounds[key].prev, run_id=run.run_id,
+                engine or state.policy, state.tokenizer, prompt_rows, policy_name=params.rounds[key].prev, run_id=run.run_id,
                 round_=round_, seed=run.seed, batch_size=r.batch_size, max_new_tokens=r.max_new_tokens,
                 generation_batch_size=r.generation_batch_size, min_new_tokens=r.min_new_tokens,
                 samples_per_prompt=r.samples_per_prompt)
             rollouts = _stored(rollouts, "rollouts", folders["rollouts"] / part)
-            write_json(rollout_metrics, folders["rollout_metrics"] / f"{part}.json")
+            write_json({**rollout_metrics, **(engine_times if engine else {})},
+                       folders["rollout_metrics"] / f"{part}.json")
             scores, score_metrics = score_round(rollouts, prompt_rows, task=run.task, run_id=run.run_id,
                                                 round_=round_, params=params.score, reward=reward)
             scores = _stored(scores, "scores", folders["scores"] / part)
@@ -135,6 +161,10 @@ def run_rounds(prompt_rows: list[dict], *, params: Params, keys: list[str], crit
             store.write_table(kl_reward_rows(rollouts, per_token, params=params.ppo, stats=stats, run_id=run.run_id,
                                              round_=round_), "kl_rewards", folders["kl_rewards"] / part)
             write_json({**summarize(steps), "device": str(device)}, folders["ppo_metrics"] / f"{part}.json")
+            if engine is not None and key != keys[-1]:  # the next round samples from this round's policy
+                started = time.perf_counter()
+                update_engine(engine, state.policy, Path(adapters) / part)
+                engine_times = {"engine_start_s": 0.0, "engine_update_s": time.perf_counter() - started}
             log(f"{name}: round {key}: {critique_metrics['critiqued']} critiqued, "
                 f"{critique_metrics['critic_requests']} requests, {len(steps)} PPO steps")
             summaries.append(critique_metrics)

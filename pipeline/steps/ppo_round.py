@@ -33,6 +33,7 @@ def join_round(rollouts: list[dict], scores: list[dict], annotations: list[dict]
         behaviour_logprobs=[r["behaviour_logprobs"] for r in rollouts],
         env_rewards=[env_rewards[r["rollout_id"]] for r in rollouts],
         intrinsic_rewards=[intrinsic_rewards[r["rollout_id"]] for r in rollouts],
+        engine_logprobs=[r["engine_logprobs"] for r in rollouts] if rollouts and "engine_logprobs" in rollouts[0] else None,
     )
 
 
@@ -184,13 +185,16 @@ def kl_reward_rows(rollouts: list[dict], per_token: list, *, params: PPOParams, 
             for r, values in zip(rollouts, per_token, strict=True)]
 
 
+ENGINE_GAPS = ("engine_logprob_gap_max", "engine_logprob_gap_mean")  # rounds on an external engine's rollouts
 SUMMARY_MEANS = ("policy_loss", "value_loss", "approx_kl", "policy_kl", "clipfrac", "entropy", "kl", "kl_coef")
 
 
 def summarize(steps: list[dict]) -> dict:
-    """metrics/ppo/round=*.json: the mean of each SUMMARY_MEANS column over the applied steps, steps, skipped_steps."""
+    """metrics/ppo/round=*.json: the mean of each SUMMARY_MEANS column over the applied steps, steps, skipped_steps,
+    and for a round on an external engine's rollouts its ENGINE_GAPS (one value per round)."""
     used = [s for s in steps if not s["skipped"]] or steps
     summary = {k: sum(s[k] for s in used) / len(used) for k in SUMMARY_MEANS}
+    summary.update({k: steps[0][k] for k in ENGINE_GAPS if steps and k in steps[0]})  # one value per round
     summary["steps"] = len(steps)
     summary["skipped_steps"] = sum(s["skipped"] for s in steps)
     return summary

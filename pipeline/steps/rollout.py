@@ -12,6 +12,13 @@ Groups: with ``rollout.samples_per_prompt`` G > 1 (the value-free algorithms, do
 picks batch_size / G prompts and samples G responses to each; sample k of every prompt comes from its own
 sampler stream (``sample_seeds``; stream 0 is the G = 1 sampler's), and a group's rows are consecutive, with
 their `group_index` and `sample_index` recorded. G = 1 writes exactly the table it always did (no such columns).
+
+Engines (``rollout.engine``): hf, drlc's sampler (pipeline/model/sampling.py), or vllm (pipeline/model/vllm_engine.py),
+with the same prompts, length limits and groups. vLLM takes one request per response: the response of prompt p
+in stream k is seeded with batch_seed(sample_seeds[k], p), as if each prompt were a generation batch of its own,
+and that seed is the row's ``seed``; it stops at the response's own limit instead of being cut. Its rows add
+``engine_logprobs`` (vLLM's log-probs of the sampled tokens; ``behaviour_logprobs`` holds the same numbers), which
+tells the PPO stage to recompute the old log-probs with the training model (docs/rollout-engines.md).
 """
 from __future__ import annotations
 
@@ -24,7 +31,7 @@ from pipeline.core.device import module_device
 from pipeline.core.seeding import round_seed
 from pipeline.model.policy import load_policy
 from pipeline.model.sampling import sample_responses
-from pipeline.parallel.shard import Shard
+from pipeline.parallel.shard import Shard, batch_seed
 
 
 def encode_query(tokenizer, text: str) -> list[int]:
@@ -66,7 +73,8 @@ def rollout_round(prompt_rows: list[dict], *, policy_dir: str, policy_name: str,
                   seed: int, batch_size: int, max_new_tokens: int, generation_batch_size: int,
                   min_new_tokens: int | None = None, device: str | torch.device = "cpu",
                   shard: Shard | None = None, samples_per_prompt: int = 1) -> tuple[list[dict], dict]:
-    """Load the policy of `policy_dir` onto `device` and run :func:`rollout_with` on it (the rollout stage)."""
+    """Load the policy of `policy_dir` onto `device` and run :func:`rollout_with` on it (the rollout stage;
+    with rollout.engine vllm, pipeline/steps/engine_rollout.py instead)."""
     policy, tokenizer = load_policy(policy_dir)
     return rollout_with(policy.to(device), tokenizer, prompt_rows, policy_name=policy_name, run_id=run_id,
                         round_=round_, seed=seed, batch_size=batch_size, max_new_tokens=max_new_tokens,
@@ -122,6 +130,9 @@ def sample_rollouts(policy, tokenizer, chosen: list[dict], *, policy_name: str, 
     seeds = sample_seeds(round_seed(seed, round_, 2), group)
     limits = response_limits(len(chosen) * group, min_new_tokens=min_new_tokens, max_new_tokens=max_new_tokens,
                              seed=round_seed(seed, round_, 3))
+    if not isinstance(policy, torch.nn.Module):  # an engine (pipeline/model/vllm_engine.py)
+        return _engine_rollouts(policy, tokenizer, chosen, queries, seeds=seeds, limits=limits, group=group,
+                                policy_name=policy_name, run_id=run_id, round_=round_)
     started = time.perf_counter()
     by_index = [sample_responses(
         policy, queries=queries, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
@@ -132,17 +143,43 @@ def sample_rollouts(policy, tokenizer, chosen: list[dict], *, policy_name: str, 
     samples = [by_index[k][p] for p in range(len(chosen)) for k in range(group)]  # row i = p · G + k
     samples = [{"response_ids": s["response_ids"][:limit], "behaviour_logprobs": s["behaviour_logprobs"][:limit]}
                for s, limit in zip(samples, limits)]
-    rows = [
-        {"run_id": run_id, "round": round_, "rollout_id": f"r{round_:04d}-{i:05d}",
-         "prompt_id": chosen[i // group]["prompt_id"], "query": chosen[i // group]["text"],
-         "response": tokenizer.decode(sample["response_ids"], skip_special_tokens=True),
-         "query_ids": queries[i // group], "response_ids": sample["response_ids"],
-         "behaviour_logprobs": sample["behaviour_logprobs"], "seed": seeds[i % group],
-         "max_new_tokens": limit, "policy": policy_name,
-         **({"group_index": i // group, "sample_index": i % group} if group > 1 else {})}
-        for i, (sample, limit) in enumerate(zip(samples, limits))
-    ]
+    rows = _rows(tokenizer, chosen, queries, samples, seeds=[seeds[i % group] for i in range(len(samples))],
+                 limits=limits, group=group, policy_name=policy_name, run_id=run_id, round_=round_)
     tokens = sum(len(s["response_ids"]) for s in samples)
     return rows, {"device": module_device(policy), "processes": (shard or Shard()).world_size,
                   "rows": len(rows), "response_tokens": tokens,
                   "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else None}
+
+
+def _engine_rollouts(engine, tokenizer, chosen: list[dict], queries: list[list[int]], *,
+                     seeds: list[int], limits: list[int], group: int, policy_name: str, run_id: str,
+                     round_: int) -> tuple[list[dict], dict]:
+    """sample_rollouts with an engine (VLLMEngine's `sample` and `device`): one request per row i = p · G + k, seeded batch_seed(seeds[k], p), at most
+    limits[i] new tokens; rows as drlc's sampler writes them plus engine_logprobs (see the module docstring)."""
+    n = len(chosen) * group
+    request_seeds = [batch_seed(seeds[i % group], i // group) for i in range(n)]
+    started = time.perf_counter()
+    samples = engine.sample([queries[i // group] for i in range(n)], limits=limits, seeds=request_seeds,
+                            eos_id=tokenizer.eos_token_id)
+    seconds = time.perf_counter() - started
+    samples = [{**s, "behaviour_logprobs": s["engine_logprobs"]} for s in samples]
+    rows = _rows(tokenizer, chosen, queries, samples, seeds=request_seeds, limits=limits, group=group,
+                 policy_name=policy_name, run_id=run_id, round_=round_)
+    tokens = sum(len(s["response_ids"]) for s in samples)
+    return rows, {"device": engine.device, "processes": 1, "rows": len(rows), "response_tokens": tokens,
+                  "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else None}
+
+
+def _rows(tokenizer, chosen, queries, samples, *, seeds, limits, group, policy_name, run_id, round_) -> list[dict]:
+    """The rollout rows of `samples` (row i = sample k = i % G of prompt p = i // G), seeds[i] its sampler seed."""
+    return [
+        {"run_id": run_id, "round": round_, "rollout_id": f"r{round_:04d}-{i:05d}",
+         "prompt_id": chosen[i // group]["prompt_id"], "query": chosen[i // group]["text"],
+         "response": tokenizer.decode(sample["response_ids"], skip_special_tokens=True),
+         "query_ids": queries[i // group], "response_ids": sample["response_ids"],
+         "behaviour_logprobs": sample["behaviour_logprobs"], "seed": seeds[i],
+         "max_new_tokens": limit, "policy": policy_name,
+         **({"group_index": i // group, "sample_index": i % group} if group > 1 else {}),
+         **({"engine_logprobs": sample["engine_logprobs"]} if "engine_logprobs" in sample else {})}
+        for i, (sample, limit) in enumerate(zip(samples, limits))
+    ]

@@ -61,6 +61,9 @@ class RolloutBatch:
     behaviour_logprobs: list[list[float]]  # log-prob of each response token when sampled
     env_rewards: list[float]  # environment reward per response (scores table: env_reward)
     intrinsic_rewards: list[list[float]]  # critic reward per response token (annotations table: token_rewards)
+    # an external engine's log-probs of the response tokens (rollouts.engine_logprobs, rollout.engine vllm); when
+    # set, the old log-probs are recomputed by the training model and the gap to these is recorded
+    engine_logprobs: list[list[float]] | None = None
 
 
 def _finite(values) -> bool:
@@ -99,7 +102,7 @@ def validate_batch(batch: RolloutBatch, params: PPOParams, world_size: int = 1, 
         length = len(batch.response_ids[i])
         if length == 0 or len(batch.query_ids[i]) == 0:
             raise PPOInputError(f"Row {i} has an empty query or response: every row needs both.")
-        for name in ("behaviour_logprobs", "intrinsic_rewards"):
+        for name in ("behaviour_logprobs", "intrinsic_rewards") + (("engine_logprobs",) if batch.engine_logprobs else ()):
             if len(getattr(batch, name)[i]) != length:
                 raise PPOInputError(
                     f"Row {i}: {name} has {len(getattr(batch, name)[i])} values for {length} response tokens."
@@ -118,7 +121,8 @@ def _padded(rows: list[list[float]], width: int, device) -> torch.Tensor:
 
 
 def _subset(batch: RolloutBatch, rows: list[int]) -> RolloutBatch:
-    return RolloutBatch(*([getattr(batch, f)[i] for i in rows] for f in RolloutBatch.__dataclass_fields__))
+    return RolloutBatch(*(None if getattr(batch, f) is None else [getattr(batch, f)[i] for i in rows]
+                          for f in RolloutBatch.__dataclass_fields__))
 
 
 @torch.no_grad()
@@ -141,18 +145,34 @@ def _no_grad_passes(policy, ref_model, batch: RolloutBatch, width: int, params: 
     """Fresh log-probs, old values, mask and per-token KL of `batch`'s rows, all (B, T) fp32.
 
     One no-grad pass per model in chunks of mini_batch_size (eval mode), as TRL's step. KL uses
-    the recorded behaviour log-probs as the policy's (see docs/ppo.md, item 1).
+    the old log-probs (:func:`old_logprobs_of`) as the policy's (see docs/ppo.md, item 1).
     """
     full_kl, chunk, precision = params.kl_penalty == "full", params.mini_batch_size, params.mixed_precision
     logprobs, values, mask, logits = _forward_no_grad(policy, batch, width, chunk, full_kl, precision)
     ref_logprobs, _, _, ref_logits = _forward_no_grad(ref_model, batch, width, chunk, full_kl, precision)
-    old_logprobs = _padded(batch.behaviour_logprobs, width, mask.device)  # (B, T)
+    old_logprobs = old_logprobs_of(batch, fresh_logprobs=logprobs, width=width)  # (B, T)
     kl = kl_penalty(logprobs=old_logprobs, ref_logprobs=ref_logprobs, kind=params.kl_penalty,
                     logits=logits, ref_logits=ref_logits) * mask  # (B, T)
     passes = {"logprobs": logprobs, "values": values, "mask": mask, "kl": kl}
     if params.algorithm != "ppo":  # GRPO's k3 loss term and RLOO's k1 reward penalty read the reference log-probs
         passes["ref_logprobs"] = ref_logprobs
     return passes
+
+
+def old_logprobs_of(batch: RolloutBatch, *, fresh_logprobs: torch.Tensor, width: int) -> torch.Tensor:
+    """PPO's old log-probs (B, T): the recorded behaviour log-probs of drlc's sampler (the training model's own
+    numbers), or, for an external engine's rollouts (batch.engine_logprobs set), the training model's fresh
+    no-grad log-probs (B, T) of the same tokens: vLLM's kernels and precision give other numbers."""
+    if batch.engine_logprobs is not None:
+        return fresh_logprobs
+    return _padded(batch.behaviour_logprobs, width, fresh_logprobs.device)  # (B, T)
+
+
+def engine_logprob_gap(*, old_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor) -> dict:
+    """The gap between the recomputed old log-probs and the engine's, over response tokens (mask 1):
+    engine_logprob_gap_max = max |Δ|, engine_logprob_gap_mean = Σ mask·|Δ| / Σ mask. All (B, T)."""
+    gap = (old_logprobs - engine_logprobs).abs() * mask  # (B, T)
+    return {"engine_logprob_gap_max": gap.max().item(), "engine_logprob_gap_mean": (gap.sum() / mask.sum()).item()}
 
 
 def make_optimizer(policy: PolicyWithValueHead, learning_rate: float) -> torch.optim.Adam:
@@ -205,9 +225,11 @@ def train_round(
     mine = _no_grad_passes(policy, ref_model, _subset(batch, dp.shard(range(n))), width, params)
     passes = {key: dp.gather_rows(tensor) for key, tensor in mine.items()}
     current_logprobs, old_values, mask, kl = passes["logprobs"], passes["values"], passes["mask"], passes["kl"]
-    # old log-probs = the recorded behaviour log-probs; the gap to a fresh pass should be float noise
-    old_logprobs = _padded(batch.behaviour_logprobs, width, mask.device)  # (B, T)
-    behaviour_gap = ((current_logprobs - old_logprobs).abs() * mask).max().item()
+    # old log-probs = the recorded behaviour log-probs (the gap to a fresh pass should be float noise), or
+    # the fresh pass itself for an external engine's rollouts, whose gap to the engine's numbers is recorded
+    old_logprobs = old_logprobs_of(batch, fresh_logprobs=current_logprobs, width=width)  # (B, T)
+    behaviour_logprobs = _padded(batch.behaviour_logprobs, width, mask.device)  # (B, T)
+    behaviour_gap = ((current_logprobs - behaviour_logprobs).abs() * mask).max().item()
     # score scaling / clipping (every process holds every env reward: the moments see the whole batch)
     env_rewards = torch.tensor(batch.env_rewards, dtype=torch.float32, device=mask.device)  # (B,)
     scaled = scale_scores(scores=env_rewards, moments=score_moments, use_score_scaling=params.use_score_scaling,
@@ -239,6 +261,9 @@ def train_round(
         "intrinsic_reward_sum": intrinsic_reward_sum(batch.intrinsic_rewards),
         "behaviour_logprob_gap": behaviour_gap,
     }
+    if batch.engine_logprobs is not None:
+        round_stats.update(engine_logprob_gap(old_logprobs=old_logprobs, mask=mask,
+                                              engine_logprobs=_padded(batch.engine_logprobs, width, mask.device)))
     # ppo_epochs of shuffled minibatches, one optimizer step per backward batch
     generator = torch.Generator().manual_seed(seed)  # same seed in every process: same minibatches
     policy.eval()  # dropout off in the loss pass too: see the module docstring
