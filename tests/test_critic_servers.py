@@ -283,3 +283,32 @@ def test_config_refuses_a_server_that_cannot_be_behind_the_endpoint(tmp_path):
         load_params(path, ["critic.server=tgi"])
     with pytest.raises(ConfigError, match="critic.connect_wait_s"):
         load_params(path, ["critic.connect_wait_s=-1"])
+
+
+# ---- drlc critic serve --engine vllm (the command; tests/test_critic_vllm.py starts it) ----
+
+def test_the_vllm_command_runs_the_api_server_module_on_loopback(tmp_path):
+    from pipeline.critic.vllm_server import vllm_command
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    command = vllm_command(tmp_path / "m", port=8123, enforce_eager=True, python="py")
+    assert command[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]  # the vllm console script fails
+    assert " ".join(command[3:]) == (f"--model {tmp_path / 'm'} --host 127.0.0.1 --port 8123 --served-model-name m "
+                                     f"--gpu-memory-utilization 0.2 --max-model-len 4096 --enforce-eager")
+    with pytest.raises(CriticError, match="not a model folder with a config.json"):
+        vllm_command(tmp_path, port=1)
+
+
+def test_critic_serve_engine_vllm_errors_are_one_line(tmp_path, capsys):
+    from pipeline.commands.cli import main
+
+    for argv, expected in [
+        (["--model-dir", str(tmp_path)], "is not a model folder with a config.json"),
+        ([], "needs --model-dir DIR"),
+        (["--model-dir", str(tmp_path), "--backend", "hf"], "--backend set options of drlc's own server"),
+    ]:
+        with pytest.raises(SystemExit) as code:
+            main(["critic", "serve", "--engine", "vllm", *argv])
+        err = capsys.readouterr().err
+        assert code.value.code == 2 and err.count("\n") == 1 and expected in err, err

@@ -97,6 +97,18 @@ def cmd_cache(args) -> None:
 
 
 def cmd_critic_serve(args) -> None:
+    if args.engine == "vllm":
+        from pipeline.critic.vllm_server import serve_vllm_forever
+
+        drlc_only = [f"--{name.replace('_', '-')}" for name, default in _DRLC_SERVE_DEFAULTS.items()
+                     if getattr(args, name) != default]
+        if drlc_only:
+            raise ConfigError(f"drlc critic serve --engine vllm: {', '.join(drlc_only)} set options of drlc's own "
+                              f"server (--engine drlc); drop them")
+        raise SystemExit(serve_vllm_forever(args.model_dir, host=args.host, port=args.port,
+                                            served_model_name=args.served_model_name,
+                                            gpu_memory_utilization=args.gpu_memory_utilization,
+                                            max_model_len=args.max_model_len, enforce_eager=args.enforce_eager))
     from pipeline.critic.offline.server import serve_forever
 
     serve_forever(host=args.host, port=args.port, backend=args.backend, model_dir=args.model_dir, latency_s=args.latency,
@@ -356,6 +368,16 @@ def build_parser() -> argparse.ArgumentParser:
     critic = sub.add_parser("critic", help="the critic: local server, Batch API, audit against labelled spans")
     critic_sub = critic.add_subparsers(dest="critic_command", required=True)
     serve = critic_sub.add_parser("serve", help="serve /v1/chat/completions, /v1/models and /stats")
+    serve.add_argument("--engine", default="drlc", choices=("drlc", "vllm"),
+                       help="drlc: drlc's own server (the backends below); vllm: vLLM's OpenAI server for the "
+                            "model folder --model-dir (the vllm extra; docs/critic-answers.md)")
+    serve.add_argument("--served-model-name", default=None, help="vllm: the name requests send (critic.model; "
+                                                                     "default: the folder's name)")
+    serve.add_argument("--gpu-memory-utilization", type=float, default=0.2,
+                       help="vllm: share of the GPU's memory (on a CPU: of RAM) it reserves (default 0.2)")
+    serve.add_argument("--max-model-len", type=int, default=4096, help="vllm: longest prompt + answer, in tokens")
+    serve.add_argument("--enforce-eager", action="store_true", help="vllm: no graph compile (starts ~3x faster "
+                                                                    "on a CPU, decodes slower)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--backend", default="lexicon", help=" | ".join(CRITIC_BACKENDS))
@@ -385,6 +407,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_eval_parser(critic_sub)
     _add_distill_parser(critic_sub)
     return p
+
+
+# `drlc critic serve` options that only drlc's own server reads, with their defaults (--engine vllm refuses them)
+_DRLC_SERVE_DEFAULTS = {"backend": "lexicon", "layout": "drlc", "latency": 0.0, "error_rate": 0.0,
+                        "rate_limit_rate": 0.0, "garbage_rate": 0.0, "drop_rate": 0.0, "empty_rate": 0.0, "seed": 0}
 
 
 def main(argv: list[str] | None = None) -> None:

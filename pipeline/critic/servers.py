@@ -293,4 +293,5 @@ def ignored_constraint(bodies: list[dict], answers: list[tuple[str, str]], *, ki
     others = [k for k in KINDS if k not in (kind, "drlc")]
     return (f"critic.server: {len(broken)} of {len(checked)} answers from {base_url} break the constraint of "
             f"critic.answer_format (e.g. {shown!r}): the server ignored the {sent} it was sent as critic.server "
-            f"{kind!r}; set critic.server to the server it is ({', '.join(others)}), or critic.server: auto")
+            f"{kind!r}; set critic.server to the server it is ({', '.join(others)}; auto asks it), or "
+            f"critic.answer_format: text")
