@@ -13,12 +13,12 @@ def uses(word, concept):  # "stood" uses stand, "looking" uses look, "dogs" uses
     return word.startswith(stem) and len(word) - len(stem) <= 4 or word == IRREGULAR.get(concept)
 
 def reward(prompts, completions, concepts):
-    sentences = [c.split("\n")[0].split() for c in completions]
+    sentences = [c.strip().split("\n")[0].split() for c in completions]  # the first line of text is the sentence
     return [sum(any(uses(w, c) for w in words) for c in cs) / len(cs) for words, cs in zip(sentences, concepts)]
 
-def critic(query, response):  # concept words are good; a word said twice, and all after the first line, is filler
+def critic(query, response):  # concept words are good; a word said twice, and text after the sentence, is filler
     concepts = query.split("words: ")[1].split(".\n")[0].split(", ")
-    line, _, rest = response.partition("\n")
+    line, _, rest = response.strip().partition("\n")
     words = [w.strip(".,!?;:\"'") for w in line.split()]
     used = [w for w in words if any(uses(w, c) for c in concepts)]
     repeats = [w for i, w in enumerate(words) if len(w) > 3 and w not in used and w.lower() in map(str.lower, words[:i])]

@@ -174,7 +174,7 @@ def check_with(project, task_text, **changes):
     (project / "tasks" / "mine.md").write_text(template.replace("Task: commongen", "Task: mine"))
     raw = yaml.safe_load((project / "params.yaml").read_text())
     raw["run"]["task"], raw["score"]["scorer"] = spec, "reward"
-    raw["critic"].update(template="tasks/mine.md", rewards={"concept": 0.5})
+    raw["critic"].update(template="tasks/mine.md", rewards={"concept": 0.5}, backend="rules", model_dir=spec)
     for key, value in changes.items():
         section, name = key.split("__")
         raw[section][name] = value
@@ -191,8 +191,10 @@ def test_drlc_check_passes_a_good_task_file(project):
 @pytest.mark.parametrize("text, changes, needles", [
     (GOOD_TASK, {}, ["has labels ['concept', 'filler']", "does not declare", "LABELS = ['good', 'bad']"]),
     (GOOD_TASK.replace("def reward", "def score_it"), {}, ["'score.scorer' = 'reward'", "['score_it']"]),
-    (GOOD_TASK.replace('("good", "bad")', '("concept", "filler")'), {"critic__backend": "rules"},
+    (GOOD_TASK.replace('("good", "bad")', '("concept", "filler")'), {"critic__model_dir": None},
      ["'critic.backend' = 'rules'", "'critic.model_dir' = None"]),
+    (GOOD_TASK.replace('("good", "bad")', '("concept", "filler")'), {"critic__backend": "lexicon"},
+     ["'critic.backend' = 'lexicon' knows the built-in tasks only", "use rules"]),
     (GOOD_TASK.replace('("good", "bad")', '("concept", "filler")'), {"run__task": "tasks/other.py"},
      ["'run.task' = 'tasks/other.py'", "no file"]),
 ])

@@ -112,7 +112,9 @@ def skeleton_changes(name: str) -> dict[tuple[str, str], str]:
             ("critic", "model"): "drlc-rules",
             ("critic", "template"): f"tasks/{name}.md",
             ("critic", "threshold"): "0.5  # critique responses whose env reward <= threshold",
-            ("critic", "rewards"): "{good: 0.5, bad: -0.5}  # per-token reward of each span label"}
+            ("critic", "rewards"): "{good: 0.5, bad: -0.5}  # per-token reward of each span label",
+            # the demo's 5e-4 tore the skeleton's policy apart (KL 53 in round 2, perplexity 3,516); docs/own-task.md
+            ("ppo", "learning_rate"): "1.0e-4  # as the toxicity and summarization demos"}
 
 
 def write_skeleton(name: str, root: str | Path = ".") -> list[Path]:

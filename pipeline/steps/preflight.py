@@ -50,6 +50,10 @@ def check_critic(params: Params, root: str | Path = ".") -> Params:
             f"'critic.rewards' has labels {unknown} that {params.critic.template} does not produce: "
             f"valid labels are {list(template.labels)}."
         )
+    if params.critic.endpoint == "local" and params.critic.backend == "lexicon" and hasattr(task, "path"):
+        raise ConfigError(f"'critic.backend' = 'lexicon' knows the built-in tasks only, not {params.run.task!r}: use "
+                          f"rules (a critic(query, response) function in your task file), hf (a local model) or "
+                          f"tagger, or set critic.endpoint to a server.")
     if params.critic.endpoint == "local" and params.critic.backend == "rules" and \
             not (params.critic.model_dir and (Path(root) / params.critic.model_dir).is_file()):
         raise ConfigError(f"'critic.backend' = 'rules' reads a critic(query, response) function from "
