@@ -8,7 +8,7 @@
 with ``label`` one of the template's labels and at most :data:`MAX_SPANS` spans:
 
 - ``json`` sends the schema as OpenAI's strict ``response_format`` (``json_schema``), which
-  OpenAI, vLLM and drlc's own server honour;
+  OpenAI, SGLang and drlc's own server honour;
 - ``copy`` also restricts every span's ``text`` to a substring of the response: drlc's
   server decodes under that constraint (its ``drlc_copy`` body field, see
   :mod:`pipeline.critic.offline.constrained`), and llama.cpp-style servers get the same
@@ -17,6 +17,9 @@ with ``label`` one of the template's labels and at most :data:`MAX_SPANS` spans:
 - ``copy_words`` is ``copy`` with spans that start and end at word edges
   (:func:`pipeline.critic.grammar.span_bounds`), so a span cannot be a stray letter or half a
   word.
+
+These are the canonical bodies; the client rewrites them for the server it talks to (vLLM's
+``structured_outputs``, SGLang's ``ebnf``: :mod:`pipeline.critic.servers`, ``critic.server``).
 
 Either way the last user message gets one more paragraph asking for the structure in words
 (:func:`instruction`), so an endpoint that ignores the schema usually still complies. The
