@@ -331,3 +331,21 @@ def test_every_stage_that_runs_a_task_tracks_the_task_folder():
     for name, (script, deps) in dvc_yaml_stages().items():
         runs_a_task = "pipeline/tasks/__init__.py" in import_closure(script)
         assert ("tasks" in deps) == runs_a_task, name
+
+
+def test_a_task_file_is_found_in_the_checkout_from_another_folder(tmp_path, monkeypatch):
+    """A replay folder's stages run outside the project: run.task then names the checkout's file."""
+    monkeypatch.chdir(tmp_path)
+    assert get_task("tasks/commongen.py").path.resolve() == ROOT / "tasks" / "commongen.py"
+    with pytest.raises(ConfigError, match="no file"):
+        get_task("tasks/nowhere.py")
+
+
+def test_commongen_benchmark_pairs_dense_and_sparse_by_prompt():
+    from benchmarks.commongen import paired_difference
+
+    # differences 0.5, 0.0, -0.25 on the shared prompts: mean 1/12, sd sqrt(((5/12)^2 + (1/12)^2 + (4/12)^2) / 2)
+    mean, se, n = paired_difference({"a": 1.0, "b": 0.5, "c": 0.25, "only-dense": 9.0},
+                                    {"a": 0.5, "b": 0.5, "c": 0.5})
+    assert n == 3 and mean == pytest.approx(1 / 12)
+    assert se == pytest.approx((((5 / 12) ** 2 + (1 / 12) ** 2 + (4 / 12) ** 2) / 2) ** 0.5 / 3 ** 0.5)

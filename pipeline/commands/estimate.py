@@ -298,7 +298,8 @@ def check_offline(params: Params, *, root: str | Path = ".", processes: int = 1)
             api_key_for(params.critic.endpoint)
         except DrlcError as err:
             warnings.append(f"critic: {err}")
-    if params.critic.enabled and params.critic.model not in params.critic.prices:
+    free = params.critic.endpoint == "local" and params.critic.backend in ("lexicon", "rules", "echo")  # no model
+    if params.critic.enabled and not free and params.critic.model not in params.critic.prices:
         warnings.append(f"critic.prices has no entry for {params.critic.model!r}: its cost counts as $0.")
     if params.score.scorer == "perspective" and not os.environ.get("PERSPECTIVE_API_KEY"):
         warnings.append("score: PERSPECTIVE_API_KEY is not set (the perspective scorer needs it).")

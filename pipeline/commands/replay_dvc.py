@@ -34,7 +34,7 @@ from pipeline.commands.replay import (
 )
 from pipeline.core import store
 from pipeline.core.code_deps import CODE_ROOT, import_closure  # CODE_ROOT: the checkout the DVC form runs
-from pipeline.core.config import Params, load_params
+from pipeline.core.config import Params, is_task_file, load_params
 from pipeline.core.errors import ConfigError
 from pipeline.steps.preflight import check_inputs
 from pipeline.steps.stage import write_json
@@ -98,6 +98,7 @@ def dvc_stages(run_dir: Path, out_dir: Path, params: Params, *, allow_new_calls:
     inputs = [run_dir / "params.yaml", run_dir / "models" / "base", store.partition_dir(data, "prompts", 0)]
     inputs += [store.round_partition(data, table, int(key)) for key in keys for table in INPUT_TABLES]
     inputs += [run_dir / params.critic.template] if params.critic.enabled else []
+    inputs += [CODE_ROOT / "tasks"] if is_task_file(params.run.task) else []  # a task file's folder (docs/own-task.md)
     inputs += [run_dir / "models" / f"tagger={key}" for key in params.switch]  # the critic after a switch-over
     prompt_files = [Path(p) for p in resolved_evaluation(run_dir, params)[0].prompts if p != "world"]
     per_round = [{f"metrics/{kind}/round={key}.json": {"cache": False}} for kind in ("critique", "ppo") for key in keys]

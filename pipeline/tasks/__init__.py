@@ -35,6 +35,7 @@ import importlib
 from pathlib import Path
 from types import ModuleType
 
+from pipeline.core.code_deps import CODE_ROOT
 from pipeline.core.config import TASKS, Params, is_task_file
 from pipeline.core.errors import ConfigError
 
@@ -50,7 +51,10 @@ def get_task(name: str):
     if name in task_names():
         return importlib.import_module(f"pipeline.tasks.{name}")
     if is_task_file(name):  # imported as the built-in task modules are: they all import helpers from this package
-        return importlib.import_module("pipeline.tasks._from_file").load_task_file(name)  # paths relative to the working directory: the DVC project
+        from_file = importlib.import_module("pipeline.tasks._from_file")
+        # the DVC project is the working directory; a replay folder's stages run elsewhere and read the checkout's
+        root = "." if from_file.task_path(name).is_file() else CODE_ROOT
+        return from_file.load_task_file(name, root)  # paths relative to the working directory: the DVC project
     raise ConfigError(f"Unknown task {name!r}: use one of {task_names()}, or a task file tasks/<name>.py "
                       f"(drlc task new <name> writes one).")
 
