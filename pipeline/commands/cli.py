@@ -105,10 +105,9 @@ def cmd_critic_serve(args) -> None:
         if drlc_only:
             raise ConfigError(f"drlc critic serve --engine vllm: {', '.join(drlc_only)} set options of drlc's own "
                               f"server (--engine drlc); drop them")
-        raise SystemExit(serve_vllm_forever(args.model_dir, host=args.host, port=args.port,
-                                            served_model_name=args.served_model_name,
-                                            gpu_memory_utilization=args.gpu_memory_utilization,
-                                            max_model_len=args.max_model_len, enforce_eager=args.enforce_eager))
+        serve_vllm_forever(args.model_dir, host=args.host, port=args.port, served_model_name=args.served_model_name,
+                           gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
+                           enforce_eager=args.enforce_eager)  # execs vLLM: does not return
     from pipeline.critic.offline.server import serve_forever
 
     serve_forever(host=args.host, port=args.port, backend=args.backend, model_dir=args.model_dir, latency_s=args.latency,

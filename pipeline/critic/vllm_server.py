@@ -18,6 +18,7 @@ It binds the port only once the model is loaded, so a client started beside it w
 from __future__ import annotations
 
 import importlib.util
+import os
 import socket
 import subprocess
 import sys
@@ -59,10 +60,10 @@ def vllm_command(model_dir: str | Path, *, port: int, host: str = "127.0.0.1", s
 
 
 def serve_vllm_forever(model_dir: str | Path | None, *, host: str = "127.0.0.1", port: int = 8000,
-                       **options) -> int:
-    """Run vLLM's server in the foreground until it exits or Ctrl-C (``drlc critic serve --engine vllm``).
+                       **options) -> None:
+    """Become vLLM's server, in the foreground until Ctrl-C (``drlc critic serve --engine vllm``); never returns.
 
-    Prints, before vLLM's own log, the critic settings that reach it. Returns the server's exit status.
+    Prints, before vLLM's own log, the critic settings that reach it, then replaces this process by vLLM's.
 
     :param options: the keyword arguments of :func:`vllm_command` (not ``port``, ``host``)
     :raises CriticError: no ``model_dir``, or vLLM is not installed
@@ -75,10 +76,7 @@ def serve_vllm_forever(model_dir: str | Path | None, *, host: str = "127.0.0.1",
     print(f"drlc critic serve --engine vllm: {Path(model_dir)} as model {name!r} on http://{host}:{port}/v1 once "
           f"loaded; set critic.endpoint: http://{host}:{port}/v1, critic.model: {name}, critic.server: auto "
           f"(and critic.connect_wait_s: 300 if the run starts before it is up)", flush=True)
-    try:
-        return subprocess.call(command)
-    except KeyboardInterrupt:  # the server got the same Ctrl-C and has stopped
-        return 130
+    os.execv(command[0], command)  # this process becomes the server: Ctrl-C and SIGTERM reach vLLM itself
 
 
 def _free_port() -> int:
