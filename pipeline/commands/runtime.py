@@ -5,7 +5,10 @@ G = generation_batch_size, q query and r mean response tokens, n = max_new_token
 M = mini_batch_size (pipeline/model/throughput.py has the per-call formulas):
 
 - rollout: ceil(B / G) batches, each a prefill forward of G x q tokens and n decoding steps of G
-  sequences at the mean context q + n / 2;
+  sequences at the mean context q + n / 2; with rollout.engine vllm, G = vLLM's max_num_seqs (256 unless
+  rollout.vllm_args sets it: continuous batching takes every request at once), decoding steps split over
+  tensor_parallel_size devices, plus the engine's start (VLLM_START_S) once per rollout stage: each round
+  with per-round stages, once per chunk of run.rounds_per_stage rounds;
 - score: a local scorer model's forward over B x (q + r) tokens (VADER and other lexicons: none);
   calibrated, also the time the task's make_reward takes to build a scorer that reads no model
   (e.g. the fitted toxicity scorer learning score.train_data);
@@ -70,16 +73,28 @@ class RunTime:
         return self.rounds * self.round_s + self.io_s
 
 
+# vLLM's start-up (model load, KV cache, compiled graphs) per engine: measured on this 2-core CPU for SmolLM2-135M
+# (benchmarks/results/vllm_rollouts.json: ~70 s compiled, ~20 s with enforce_eager); on CUDA an assumption
+VLLM_START_S = {"cpu": 70.0, "cpu_eager": 20.0, "cuda": 60.0, "cuda_eager": 30.0}
+
+
 def rollout_s(params: Params, shape: PolicyShape, t: Throughput, query: float) -> float:
-    """Compute seconds of the rollout stage: prefill and memory-bound decoding of every generation batch."""
+    """Compute seconds of the rollout stage: prefill and memory-bound decoding of every generation batch
+    (rollout.engine vllm: vLLM's batches over its tensor-parallel devices, and its start shared by the chunk)."""
     r = params.rollout
+    vllm, devices, start = r.engine == "vllm", 1, 0.0
     batch = min(r.generation_batch_size, r.batch_size)
+    if vllm:
+        batch = min(int(r.vllm_args.get("max_num_seqs") or 256), r.batch_size)
+        devices = int(r.vllm_args.get("tensor_parallel_size") or 1)
+        start = VLLM_START_S[t.kind + ("_eager" if r.vllm_args.get("enforce_eager") else "")]
+        start /= params.run.rounds_per_stage
     batches = math.ceil(r.batch_size / batch)
     weights = shape.params * shape.dtype_bytes
     kv = kv_bytes(shape.layers, shape.hidden, query + r.max_new_tokens / 2, batch, shape.dtype_bytes)
-    step = decode_step_s(t, shape.params, weights, kv, batch, shape.layers)
-    prefill = forward_s(t, shape.params, batch * query, shape.layers)
-    return batches * (prefill + r.max_new_tokens * step)
+    step = decode_step_s(t, shape.params // devices, weights / devices, kv / devices, batch, shape.layers)
+    prefill = forward_s(t, shape.params, batch * query, shape.layers) / devices
+    return start + batches * (prefill + r.max_new_tokens * step)
 
 
 def ppo_s(params: Params, shape: PolicyShape, t: Throughput, tokens_per_response: float) -> float:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from pipeline.core.errors import ConfigError
@@ -108,6 +109,11 @@ class VLLMEngine:
             args.setdefault("max_lora_rank", _lora_rank_bucket(lora_rank))
             args.setdefault("max_loras", 1)
         started = time.perf_counter()
+        # vLLM's CPU worker sets this process's torch threads to 1 and disables torch.set_num_threads; the
+        # trainer of a chunk shares the process, so both are restored and the engine gets 1 thread per call
+        import torch
+
+        self._threads, self._set_threads = torch.get_num_threads(), torch.set_num_threads
         try:
             self.llm = LLM(model=str(model), seed=seed, logprobs_mode=LOGPROBS_MODE, generation_config="vllm",
                            gpu_memory_utilization=gpu_memory_utilization, enable_lora=self.lora, **args)
@@ -115,7 +121,11 @@ class VLLMEngine:
             first = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
             raise ConfigError(f"vLLM could not start for '{policy_dir}' ({first}): check "
                               f"rollout.vllm_gpu_memory_utilization = {gpu_memory_utilization} (on CPU, the share "
-                              "of RAM it reserves: ~0.2 for SmolLM2-135M) and rollout.vllm_args (max_model_len, enforce_eager).") from None
+                              "of RAM it reserves: ~0.2 for SmolLM2-135M) and rollout.vllm_args (max_model_len, "
+                              "enforce_eager).") from None
+        finally:
+            torch.set_num_threads = self._set_threads
+            torch.set_num_threads(self._threads)
         self.start_s = time.perf_counter() - started
         self.adapter = None  # the LoRARequest of the policy being served (None: the weights themselves)
         if self.lora and is_adapter_folder(policy_dir):
@@ -156,9 +166,10 @@ class VLLMEngine:
             save_file({k: v.detach().contiguous().cpu() for k, v in named_tensors}, f"{folder}/model.safetensors")
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
 
-    def sample(self, queries: list[list[int]], *, limits: list[int], seeds: list[int], eos_id: int) -> list[dict]:
+    def sample(self, queries: list[list[int]], *, limits: list[int], seeds: list[int],
+               eos_id: int | None) -> list[dict]:
         """One response per query: request i samples at most limits[i] new tokens with seed seeds[i],
-        temperature 1 over the full distribution, stopping after `eos_id` (kept).
+        temperature 1 over the full distribution, stopping after `eos_id` (kept; None: never stops early).
 
         Returns one dict(response_ids, engine_logprobs) per query, in order: the sampled tokens and vLLM's
         processed log-prob of each.
@@ -167,11 +178,13 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         params = [SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, max_tokens=limit, seed=seed,
-                                 logprobs=0, stop_token_ids=[eos_id], ignore_eos=False, skip_special_tokens=True,
+                                 logprobs=0, stop_token_ids=None if eos_id is None else [eos_id],
+                                 ignore_eos=eos_id is None, skip_special_tokens=True,
                                  detokenize=False)
                   for limit, seed in zip(limits, seeds, strict=True)]
         prompts = [TokensPrompt(prompt_token_ids=list(q)) for q in queries]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.adapter)
+        with self._one_thread():
+            outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.adapter)
         samples = []
         for out in outputs:
             completion = out.outputs[0]
@@ -179,6 +192,19 @@ class VLLMEngine:
             samples.append({"response_ids": ids,
                             "engine_logprobs": [step[token].logprob for token, step in zip(ids, completion.logprobs)]})
         return samples
+
+    @contextmanager
+    def _one_thread(self):
+        """torch at 1 thread while vLLM steps on CPU (measured: 2 threads sample SmolLM2 3-10x slower, spinning
+        OpenMP workers), then the caller's count again."""
+        import torch
+
+        threads = torch.get_num_threads()
+        self._set_threads(1)
+        try:
+            yield
+        finally:
+            self._set_threads(threads)
 
     def close(self) -> None:
         """Free the engine (its memory reservation) and the folder of links."""
