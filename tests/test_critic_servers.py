@@ -230,17 +230,30 @@ def test_a_client_that_sends_nothing_cannot_guess_the_server(cache):
     assert text_only[0].status == "budget"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def refusing_socket() -> socket.socket:
+    """A socket bound to a loopback port and not listening: connections to it are refused, and no other
+    process can take the port meanwhile."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+def listen_late(sock: socket.socket, handler) -> ThreadingHTTPServer:
+    """Start serving on `sock`, the port a client was already refused on."""
+    server = ThreadingHTTPServer(sock.getsockname(), handler, bind_and_activate=False)
+    server.socket.close()
+    server.socket = sock
+    server.server_activate()  # listen(): from here on connections are accepted
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    return server
 
 
 def test_a_server_that_starts_late_is_waited_for(cache, capsys):
-    port = free_port()
+    sock = refusing_socket()
+    port = sock.getsockname()[1]
     handler = type("Late", (_VLLMLike,), {"bodies": []})
     started = []
-    timer = threading.Timer(0.6, lambda: started.append(serve(handler, port)))
+    timer = threading.Timer(0.6, lambda: started.append(listen_late(sock, handler)))
     timer.start()
     try:
         requests, bodies = copy_requests(2)
@@ -252,21 +265,22 @@ def test_a_server_that_starts_late_is_waited_for(cache, capsys):
         timer.join()
         for server in started:
             server.shutdown()
-            server.server_close()
+        sock.close()
     assert [r.status for r in results] == ["ok", "ok"] and 0.5 < waited < 10
     err = capsys.readouterr().err
     assert err.count("waiting up to 20 s") == 1 and "critic.connect_wait_s" in err
 
 
 def test_no_wait_is_the_default_and_a_wait_is_bounded(cache):
-    url = f"http://127.0.0.1:{free_port()}/v1"
-    requests, bodies = copy_requests(1)
-    with pytest.raises(CriticError, match=r"refuses connections .* \(critic.connect_wait_s = 0: no wait\)"):
-        CriticClient(base_url=url, **FAST).run(requests, cache, bodies=bodies)  # auto: asks /v1/models, at once
-    t0 = time.monotonic()
-    with pytest.raises(CriticError, match="after waiting critic.connect_wait_s = 0.6 s") as error:
-        CriticClient(base_url=url, connect_wait_s=0.6, **FAST).run([[{"role": "user", "content": "x"}]], cache)
-    assert 0.5 < time.monotonic() - t0 < 5 and "\n" not in str(error.value)
+    with refusing_socket() as sock:
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+        requests, bodies = copy_requests(1)
+        with pytest.raises(CriticError, match=r"refuses connections .* \(critic.connect_wait_s = 0: no wait\)"):
+            CriticClient(base_url=url, **FAST).run(requests, cache, bodies=bodies)  # auto: asks /v1/models, at once
+        t0 = time.monotonic()
+        with pytest.raises(CriticError, match="after waiting critic.connect_wait_s = 0.6 s") as error:
+            CriticClient(base_url=url, connect_wait_s=0.6, **FAST).run([[{"role": "user", "content": "x"}]], cache)
+        assert 0.5 < time.monotonic() - t0 < 5 and "\n" not in str(error.value)
 
 
 def test_config_refuses_a_server_that_cannot_be_behind_the_endpoint(tmp_path):
