@@ -211,6 +211,16 @@ def test_a_server_ignoring_the_constraint_stops_the_call_in_one_line(cache, vllm
     assert len(handler.bodies) == 4
 
 
+def test_a_server_set_as_drlc_must_be_drlcs_own(cache, vllm_like):
+    """drlc's own server is trusted unchecked, so critic.server: drlc is first checked against GET /v1/models."""
+    url, handler = vllm_like
+    requests, bodies = copy_requests(2)
+    with pytest.raises(CriticError) as error:
+        CriticClient(base_url=url, server="drlc", **FAST).run(requests, cache, bodies=bodies)
+    assert "\n" not in str(error.value) and "models says vllm: set critic.server: auto" in str(error.value)
+    assert handler.bodies == []  # stopped before a request was sent
+
+
 def test_the_threshold_lets_one_odd_answer_in_twenty_pass_and_stops_at_more():
     bodies = [body("copy_words")] * 20 + [{}] * 5  # the last 5 carry no constraint: not counted
     good, bad = ('{"spans": []}', "stop"), (RUNAWAY, "length")

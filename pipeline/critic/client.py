@@ -72,7 +72,8 @@ from tqdm import tqdm
 
 from pipeline.core.cache import MISSING, CriticCache, cache_key
 from pipeline.core.errors import ConfigError, CriticError
-from pipeline.critic.servers import KINDS, body_for, constrained, detected_kind, ignored_constraint, probe
+from pipeline.critic.servers import (KINDS, body_for, constrained, detected_kind, ignored_constraint, kind_from_models,
+                                     probe)
 
 __all__ = ["CriticClient", "CriticResult", "RunStats"]
 
@@ -234,6 +235,7 @@ class CriticClient:
                               f"one of {list(KINDS)}, and connect_wait_s >= 0")
         self.server, self.connect_wait_s = server, connect_wait_s
         self.kind = None if server == "auto" else server  # the server kind, once known (auto: after GET /models)
+        self._confirmed = False  # a drlc kind checked against GET /models (see _confirm)
         self.last_stats = RunStats()
 
     def __repr__(self) -> str:  # never shows the API key
@@ -286,8 +288,8 @@ class CriticClient:
             async with openai.AsyncOpenAI(
                     base_url=self.base_url, api_key=self._api_key, max_retries=0, timeout=self.timeout_s,
                     http_client=openai.DefaultAsyncHttpxClient(verify=_tls_context())) as api:
-                if self.kind is None and any(constrained(body) for body in bodies):
-                    self.kind = await self._detect(api)
+                if any(constrained(body) for body in bodies):
+                    self.kind = await self._detect(api) if self.kind is None else await self._confirm(api)
                 sent = [body_for(self.kind, body) for body in bodies] if self.kind else bodies
                 keys = [self._key(messages, sample_index, body) for messages, body in zip(requests, sent)]
                 unique = dict(zip(keys, zip(requests, sent)))  # first occurrence of each key, in order
@@ -327,6 +329,22 @@ class CriticClient:
                               "batch file), so it cannot ask the endpoint which server it is: set critic.server to "
                               f"the server that answered ({', '.join(KINDS)})")
         return detected_kind(await self._server_ready(api), self.base_url)
+
+    async def _confirm(self, api) -> str:
+        """The server kind, where it is ``drlc``: first checked against its ``GET /models`` (once per client).
+
+        drlc's own server is trusted to honour ``drlc_copy``, so its answers are not checked; another server
+        set as drlc would get a grammar it may ignore, unchecked. A client that sends nothing asks nothing.
+        """
+        if self.kind != "drlc" or self._confirmed or self.max_requests == 0:
+            return self.kind
+        found = kind_from_models(await self._server_ready(api), self.base_url)
+        if found != "drlc":
+            raise CriticError(f"critic.server is drlc (drlc's own server, whose answers are trusted unchecked), but "
+                              f"{self.base_url}/models says {found or 'another server'}: set critic.server: auto, "
+                              f"or to the server it is")
+        self._confirmed = True
+        return self.kind
 
     async def _server_ready(self, api):
         """``GET /models`` once per call, waiting up to ``connect_wait_s`` (:func:`~pipeline.critic.servers.probe`)."""
