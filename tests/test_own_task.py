@@ -349,3 +349,12 @@ def test_commongen_benchmark_pairs_dense_and_sparse_by_prompt():
                                     {"a": 0.5, "b": 0.5, "c": 0.5})
     assert n == 3 and mean == pytest.approx(1 / 12)
     assert se == pytest.approx((((5 / 12) ** 2 + (1 / 12) ** 2 + (4 / 12) ** 2) / 2) ** 0.5 / 3 ** 0.5)
+
+
+def test_task_new_reads_a_params_file_without_comments(project):
+    """A params.yaml that a program wrote (no comment lines, block lists) still gives a profile that loads."""
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert drlc(["task", "new", "concepts"], project).returncode == 0
+    params = load_params(project / "configs/concepts.yaml")
+    assert params.run.run_id == "concepts" and params.critic.prices == raw["critic"]["prices"]

@@ -38,7 +38,8 @@ def test_task_new_runs_two_rounds_and_a_reward_edit_reruns_score_onwards_only(tm
         assert score["env_reward"] == pytest.approx(min(1.0, 4 * sum(w in good for w in words) / max(len(words), 1)))
     annotations = store.read_table(project / "data/annotations/round=0002", "annotations")
     critiqued = [a for a in annotations if a["critiqued"]]
-    assert critiqued and all(a["status"] == "ok" and a["critic_model"] == "drlc-rules" for a in critiqued)
+    assert {a["status"] for a in critiqued} <= {"ok", "none"}  # none: the rule found no span
+    assert any(a["status"] == "ok" for a in critiqued) and {a["critic_model"] for a in critiqued} == {"drlc-rules"}
     eval_metrics = json.loads((project / "metrics/eval.json").read_text())
     assert {"env_reward_mean", "perplexity", "dist_2"} <= set(eval_metrics["round=0002"]["world"])
 

@@ -130,8 +130,9 @@ def write_skeleton(name: str, root: str | Path = ".") -> list[Path]:
                           f"built-in task {TASKS}.")
     root = Path(root)
     profile = profile_for((root / "params.yaml").read_text(encoding="utf-8"), skeleton_changes(name))
+    first, _, rest = profile.partition("\n")
     profile = f"# drlc parameters: task {name} (tasks/{name}.py) on the demo's synthetic review openings, written by " \
-              f"`drlc task new {name}`.\n" + profile.split("\n", 1)[1]
+              f"`drlc task new {name}`.\n" + (rest if first.startswith("#") else profile)  # replaces the demo's title
     files = {root / "tasks" / f"{name}.py": TASK_FILE.format(name=name),
              root / "tasks" / f"{name}.md": TEMPLATE.format(name=name),
              root / "configs" / f"{name}.yaml": profile}
