@@ -105,6 +105,9 @@ def test_copy_answers_that_copy_from_the_response_keep_the_constraint():
     assert breaks_constraint(copy, RUNAWAY, "length")
     assert breaks_constraint(copy, '{"spans": [{"label": "toxic", "text": "clown"}', "stop")  # never closed
     assert breaks_constraint(copy, "Sure! The toxic span is clown.", "stop")
+    blank = spans_json([("toxic", " ")], 8)  # in the copy grammar, refused by the automaton: checked exactly
+    assert not breaks_constraint(body("copy"), blank, "stop") and breaks_constraint(copy, blank, "stop")
+    assert breaks_constraint(body("copy"), blank.replace(", ", ","), "stop")  # not the grammar's layout
 
 
 def test_json_answers_are_checked_against_the_schema():

@@ -176,8 +176,8 @@ def breaks_constraint(body: dict, text: str, finish_reason: str) -> bool:
         state = automaton.start
         for ch in text:
             state = automaton.step(state, ch)
-            if state is None:
-                return True
+            if state is None:  # the automaton also refuses whitespace-only spans, which the grammar allows
+                return not (complete and _copied_exactly(text, copy))
         return complete and not automaton.is_done(state)
     response_format = body.get("response_format")
     if not response_format:
@@ -185,6 +185,31 @@ def breaks_constraint(body: dict, text: str, finish_reason: str) -> bool:
     spans = response_format["json_schema"]["schema"]["properties"]["spans"]
     labels = spans["items"]["properties"]["label"]["enum"]
     return not _SchemaReader(text, labels, spans.get("maxItems")).fits(complete)
+
+
+def _copied_exactly(text: str, copy: dict) -> bool:
+    """A complete ``copy`` answer in the grammar's layout whose every span is copied (whitespace-only ones too)."""
+    from pipeline.critic.grammar import span_bounds
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return False
+    if not isinstance(data, dict) or json.dumps(data, ensure_ascii=False) != text or list(data) != ["spans"]:
+        return False  # json.dumps writes the grammar's one layout: ", " and ": ", characters as json_units
+    source, spans = copy["source"], data["spans"]
+    starts, ends = span_bounds(source, bool(copy.get("words")))
+    starts = set(starts)
+    if not isinstance(spans, list) or len(spans) > int(copy["max_spans"]):
+        return False
+    for span in spans:
+        if not (isinstance(span, dict) and list(span) == ["label", "text"] and span["label"] in copy["labels"]
+                and isinstance(span["text"], str) and span["text"]):
+            return False
+        at = [i for i in range(len(source)) if source.startswith(span["text"], i)]
+        if not any(i in starts and i + len(span["text"]) in ends for i in at):
+            return False
+    return True
 
 
 class _Ended(Exception):
