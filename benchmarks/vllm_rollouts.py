@@ -6,6 +6,7 @@ Run in the `vllm` extra's venv (README, command 3): python -m benchmarks.vllm_ro
    batch of the whole batch) against a VLLMEngine (pipeline/model/vllm_engine.py), the same RealToxicityPrompts
    prompts (BOS + text, as the rollout stage encodes them), temperature 1, no EOS (every response has all its
    tokens), interleaved runs after one untimed warm-up each, engine start excluded (reported apart). Medians.
+   drlc's sampler runs at torch's default thread count and at 1 thread (see tokens_per_s).
 2. the rollout stage's wall time per round at the smol profiles' size (64 prompts x 20 new tokens):
    - alone: a fresh process running one round (`rollout_round`, or `engine_rollout_round`: engine start
      included), timed from outside the process (imports and model load included);
@@ -54,32 +55,47 @@ def loadavg() -> list[float]:
 
 
 def tokens_per_s(policy, engine, tokenizer, repeats: int) -> dict:
-    """Part 1: {"BxN": {drlc: [tok/s...], vllm: [...], medians, ratio}}, interleaved drlc, vllm, drlc, ..."""
+    """Part 1: {"BxN": {arm: [tok/s...], median_<arm>, vllm_over_drlc...}}, the arms interleaved in each repeat.
+
+    Arms: drlc (torch's default threads, 2 here), drlc_1thread (torch at 1 thread: on a machine other jobs
+    oversubscribe, 2 spinning OpenMP threads can lose to 1) and vllm (which runs at 1 thread, as vLLM's CPU
+    worker sets it). One untimed warm-up per arm, at the first size.
+    """
+    import torch
+
     from pipeline.model.sampling import sample_responses
     from pipeline.steps.rollout import encode_query
 
     rows = prompt_rows(max(b for b, _ in SIZES))
+    threads = torch.get_num_threads()
     out = {}
-    for batch, new in SIZES:
+    for size, (batch, new) in enumerate(SIZES):
         queries = [encode_query(tokenizer, r["text"]) for r in rows[:batch]]
 
-        def drlc(seed):
+        def drlc(seed, n_threads=threads):
+            torch.set_num_threads(n_threads)
             sample_responses(policy, queries=queries, eos_id=-1, pad_id=tokenizer.pad_token_id, max_new_tokens=new,
                              seed=seed, batch_size=batch, progress=False)
+            torch.set_num_threads(threads)
 
         def vllm(seed):
             engine.sample(queries, limits=[new] * batch, seeds=[seed * 100_003 + i for i in range(batch)], eos_id=None)
 
-        runs = {"drlc": [], "vllm": []}
-        drlc(0), vllm(0)  # warm-up
+        arms = {"drlc": drlc, "drlc_1thread": lambda seed: drlc(seed, 1), "vllm": vllm}
+        if size == 0:
+            for fn in arms.values():
+                fn(0)  # warm-up
+        runs = {name: [] for name in arms}
         for r in range(repeats):
-            for name, fn in (("drlc", drlc), ("vllm", vllm)):
+            for name, fn in arms.items():
                 started = time.perf_counter()
                 fn(r + 1)
                 runs[name].append(round(batch * new / (time.perf_counter() - started), 1))
-        medians = {k: statistics.median(v) for k, v in runs.items()}
-        out[f"{batch}x{new}"] = {**runs, "median_drlc": medians["drlc"], "median_vllm": medians["vllm"],
-                                 "vllm_over_drlc": round(medians["vllm"] / medians["drlc"], 3), "loadavg": loadavg()}
+        medians = {f"median_{k}": statistics.median(v) for k, v in runs.items()}
+        out[f"{batch}x{new}"] = {**runs, **medians, "loadavg": loadavg(),
+                                 "vllm_over_drlc": round(medians["median_vllm"] / medians["median_drlc"], 3),
+                                 "vllm_over_drlc_1thread": round(medians["median_vllm"]
+                                                                 / medians["median_drlc_1thread"], 3)}
         print(f"{batch}x{new}: {out[f'{batch}x{new}']}", flush=True)
     return out
 
@@ -130,7 +146,7 @@ def in_chunk(policy, engine, tokenizer, rounds: int = 3) -> dict:
     rows = prompt_rows(256)
     kwargs = dict(policy_name="p", run_id="b", seed=0, batch_size=STAGE[0], max_new_tokens=STAGE[1],
                   generation_batch_size=STAGE[0])
-    out = {"vllm_round_s": [], "vllm_update_s": [], "drlc_round_s": [], "loadavg": []}
+    out = {"vllm_round_s": [], "vllm_update_s": [], "loadavg": []}
     generator = torch.Generator().manual_seed(0)
     for round_ in range(1, rounds + 1):
         started = time.perf_counter()
@@ -144,14 +160,20 @@ def in_chunk(policy, engine, tokenizer, rounds: int = 3) -> dict:
         updated = time.perf_counter()
         out["vllm_round_s"].append(round(sampled - started + updated - moved, 2))
         out["vllm_update_s"].append(round(updated - moved, 2))
-        started = time.perf_counter()
-        rollout_with(policy, tokenizer, rows, round_=round_, **kwargs)
-        out["drlc_round_s"].append(round(time.perf_counter() - started, 2))
+        for key, threads in (("drlc_round_s", torch.get_num_threads()), ("drlc_1thread_round_s", 1)):
+            default = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            started = time.perf_counter()
+            rollout_with(policy, tokenizer, rows, round_=round_, **kwargs)
+            out.setdefault(key, []).append(round(time.perf_counter() - started, 2))
+            torch.set_num_threads(default)
         out["loadavg"].append(loadavg())
         print(f"chunk round {round_}: {out}", flush=True)
     out["median_vllm_round_s"] = statistics.median(out["vllm_round_s"])
     out["median_drlc_round_s"] = statistics.median(out["drlc_round_s"])
+    out["median_drlc_1thread_round_s"] = statistics.median(out["drlc_1thread_round_s"])
     out["vllm_over_drlc"] = round(out["median_vllm_round_s"] / out["median_drlc_round_s"], 3)
+    out["vllm_over_drlc_1thread"] = round(out["median_vllm_round_s"] / out["median_drlc_1thread_round_s"], 3)
     return out
 
 

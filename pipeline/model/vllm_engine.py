@@ -81,13 +81,13 @@ class VLLMEngine:
 
     def __init__(self, policy_dir: str | Path, *, gpu_memory_utilization: float, vllm_args: dict | None = None,
                  lora_rank: int = 0, seed: int = 0):
-        missing = vllm_missing()
-        if missing:
-            raise ConfigError(f"rollout.engine = vllm: {missing}, or set rollout.engine: hf.")
         bad = sorted(set(vllm_args or {}) & set(OWN_ARGS))
         if bad:
             raise ConfigError(f"rollout.vllm_args sets {bad}, which drlc sets itself: remove them (use "
                               "rollout.vllm_gpu_memory_utilization for the memory share).")
+        missing = vllm_missing()
+        if missing:
+            raise ConfigError(f"rollout.engine = vllm: {missing}, or set rollout.engine: hf.")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
         from vllm.engine.arg_utils import EngineArgs

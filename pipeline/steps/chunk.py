@@ -137,7 +137,8 @@ def run_rounds(prompt_rows: list[dict], *, params: Params, keys: list[str], crit
         for key in keys:
             round_, part = int(key), f"round={key}"
             rollouts, rollout_metrics = rollout_with(
-                engine or state.policy, state.tokenizer, prompt_rows, policy_name=params.rounds[key].prev, run_id=run.run_id,
+                engine or state.policy, state.tokenizer, prompt_rows, policy_name=params.rounds[key].prev,
+                run_id=run.run_id,
                 round_=round_, seed=run.seed, batch_size=r.batch_size, max_new_tokens=r.max_new_tokens,
                 generation_batch_size=r.generation_batch_size, min_new_tokens=r.min_new_tokens,
                 samples_per_prompt=r.samples_per_prompt)

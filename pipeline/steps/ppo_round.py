@@ -33,7 +33,8 @@ def join_round(rollouts: list[dict], scores: list[dict], annotations: list[dict]
         behaviour_logprobs=[r["behaviour_logprobs"] for r in rollouts],
         env_rewards=[env_rewards[r["rollout_id"]] for r in rollouts],
         intrinsic_rewards=[intrinsic_rewards[r["rollout_id"]] for r in rollouts],
-        engine_logprobs=[r["engine_logprobs"] for r in rollouts] if rollouts and "engine_logprobs" in rollouts[0] else None,
+        engine_logprobs=([r["engine_logprobs"] for r in rollouts]
+                         if rollouts and "engine_logprobs" in rollouts[0] else None),
     )
 
 

@@ -154,8 +154,8 @@ def sample_rollouts(policy, tokenizer, chosen: list[dict], *, policy_name: str, 
 def _engine_rollouts(engine, tokenizer, chosen: list[dict], queries: list[list[int]], *,
                      seeds: list[int], limits: list[int], group: int, policy_name: str, run_id: str,
                      round_: int) -> tuple[list[dict], dict]:
-    """sample_rollouts with an engine (VLLMEngine's `sample` and `device`): one request per row i = p · G + k, seeded batch_seed(seeds[k], p), at most
-    limits[i] new tokens; rows as drlc's sampler writes them plus engine_logprobs (see the module docstring)."""
+    """sample_rollouts with an engine (VLLMEngine's `sample` and `device`): one request per row i = p · G + k,
+    seeded batch_seed(seeds[k], p), at most limits[i] new tokens; rows as drlc's sampler writes them plus engine_logprobs (see the module docstring)."""
     n = len(chosen) * group
     request_seeds = [batch_seed(seeds[i % group], i // group) for i in range(n)]
     started = time.perf_counter()

@@ -83,7 +83,8 @@ def validate_batch(batch: RolloutBatch, params: PPOParams, world_size: int = 1, 
         raise PPOInputError(f"ppo.algorithm = {params.algorithm} needs whole groups of at least 2 responses per "
                             f"prompt, but the batch has {n} rows in groups of {group_size}: set "
                             f"rollout.samples_per_prompt >= 2 dividing rollout.batch_size.")
-    for name in ("query_ids", "behaviour_logprobs", "env_rewards", "intrinsic_rewards"):
+    engine = ("engine_logprobs",) if batch.engine_logprobs is not None else ()
+    for name in ("query_ids", "behaviour_logprobs", "env_rewards", "intrinsic_rewards") + engine:
         if len(getattr(batch, name)) != n:
             rows = len(getattr(batch, name))
             raise PPOInputError(f"RolloutBatch.{name} has {rows} rows but there are {n} responses.")
@@ -102,7 +103,7 @@ def validate_batch(batch: RolloutBatch, params: PPOParams, world_size: int = 1, 
         length = len(batch.response_ids[i])
         if length == 0 or len(batch.query_ids[i]) == 0:
             raise PPOInputError(f"Row {i} has an empty query or response: every row needs both.")
-        for name in ("behaviour_logprobs", "intrinsic_rewards") + (("engine_logprobs",) if batch.engine_logprobs else ()):
+        for name in ("behaviour_logprobs", "intrinsic_rewards") + engine:
             if len(getattr(batch, name)[i]) != length:
                 raise PPOInputError(
                     f"Row {i}: {name} has {len(getattr(batch, name)[i])} values for {length} response tokens."
