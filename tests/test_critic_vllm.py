@@ -15,7 +15,6 @@ import dataclasses
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import pytest
 
 from pipeline.core.config import load_params
 from pipeline.core.errors import CriticError
+from pipeline.critic.server_process import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -63,19 +63,13 @@ def smollm2_dir(tmp_path_factory) -> Path:
     return folder
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def vllm_server(smollm2_dir, tmp_path_factory):
     """(base URL, what the first request saw): vLLM started, and a request sent before it listens."""
     from pipeline.core.cache import CriticCache
     from pipeline.critic.client import CriticClient
 
-    port = _free_port()
+    port = free_port()
     command = [str(Path(sys.executable).parent / "drlc"), "critic", "serve", "--engine", "vllm", "--model-dir",
                str(smollm2_dir), "--port", str(port), "--served-model-name", NAME, "--enforce-eager"]
     url = f"http://127.0.0.1:{port}/v1"

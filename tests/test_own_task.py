@@ -239,7 +239,6 @@ def test_a_record_without_prompt_text_names_the_fix(project):
 
 # -- the rule critic, served by drlc's local server ------------------------------------------------------------------
 def test_the_rules_backend_answers_from_the_files_critic_over_http(project):
-    from pipeline.critic.client import CriticClient  # noqa: F401  (the real client path is in the DVC test)
     from pipeline.critic.offline.server import serve_in_background
     from pipeline.critic.templates import load_template
     import urllib.request

@@ -14,27 +14,17 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
-import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from pipeline.core.errors import CriticError
+from pipeline.critic.server_process import serve_process
 
 __all__ = ["INSTALL_HINT", "serve_llamacpp"]
 
 INSTALL_HINT = "pip install -c constraints.txt -e '.[llamacpp]' (builds llama.cpp, ~15 CPU-minutes)"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextmanager
@@ -49,40 +39,10 @@ def serve_llamacpp(gguf: str | Path, *, threads: int | None = None, n_ctx: int =
     """
     if importlib.util.find_spec("llama_cpp") is None:
         raise CriticError(f"llama.cpp's server is not installed: {INSTALL_HINT}")
-    port = _free_port()
-    with tempfile.TemporaryFile("w+") as log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
-             "--port", str(port), "--n_ctx", str(n_ctx), "--n_threads", str(threads or os.cpu_count() or 1)],
-            stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}/v1"
-        try:
-            _wait_until_up(url, server, log, timeout_s)
-            yield url
-        finally:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
 
+    def command(port: int) -> list[str]:
+        return [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
+                "--port", str(port), "--n_ctx", str(n_ctx), "--n_threads", str(threads or os.cpu_count() or 1)]
 
-def _wait_until_up(url: str, server: subprocess.Popen, log, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise CriticError(f"llama.cpp's server exited with {server.returncode} before answering: {_tail(log)}")
-        try:
-            with urllib.request.urlopen(f"{url}/models", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.25)
-    raise CriticError(f"llama.cpp's server did not answer {url}/models within {timeout_s} s: {_tail(log)}")
-
-
-def _tail(log, chars: int = 600) -> str:
-    log.flush()
-    log.seek(0)
-    return " ".join(log.read()[-chars:].split())
+    with serve_process(command, name="llama.cpp's server", timeout_s=timeout_s, poll_s=0.25) as url:
+        yield url

@@ -19,17 +19,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from pipeline.core.errors import CriticError
+from pipeline.critic.server_process import serve_process
 
 __all__ = ["INSTALL_HINT", "require_vllm", "serve_vllm", "serve_vllm_forever", "vllm_command"]
 
@@ -79,12 +76,6 @@ def serve_vllm_forever(model_dir: str | Path | None, *, host: str = "127.0.0.1",
     os.execv(command[0], command)  # this process becomes the server: Ctrl-C and SIGTERM reach vLLM itself
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def require_vllm(python: str = sys.executable) -> None:
     """Raise CriticError (one line, with the install) unless ``python`` can import vllm."""
     if python == sys.executable:
@@ -104,39 +95,7 @@ def serve_vllm(model_dir: str | Path, *, timeout_s: float = 300.0, **options) ->
     :raises CriticError: vLLM is not installed, or its server exits or does not answer within ``timeout_s``
         (the message ends with its log)
     """
-    port = _free_port()
-    command = vllm_command(model_dir, port=port, **options)
     require_vllm(options.get("python", sys.executable))
-    with tempfile.TemporaryFile("w+") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}/v1"
-        try:
-            _wait_until_up(url, server, log, timeout_s)
-            yield url
-        finally:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
-
-
-def _wait_until_up(url: str, server: subprocess.Popen, log, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise CriticError(f"vLLM's server exited with {server.returncode} before answering: {_tail(log)}")
-        try:
-            with urllib.request.urlopen(f"{url}/models", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise CriticError(f"vLLM's server did not answer {url}/models within {timeout_s} s: {_tail(log)}")
-
-
-def _tail(log, chars: int = 800) -> str:
-    log.flush()
-    log.seek(0)
-    return " ".join(log.read()[-chars:].split())
+    with serve_process(lambda port: vllm_command(model_dir, port=port, **options), name="vLLM's server",
+                       timeout_s=timeout_s) as url:
+        yield url

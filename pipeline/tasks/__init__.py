@@ -35,7 +35,6 @@ import importlib
 from pathlib import Path
 from types import ModuleType
 
-from pipeline.core.code_deps import CODE_ROOT
 from pipeline.core.config import TASKS, Params, is_task_file
 from pipeline.core.errors import ConfigError
 
@@ -53,7 +52,7 @@ def get_task(name: str):
     if is_task_file(name):  # imported as the built-in task modules are: they all import helpers from this package
         from_file = importlib.import_module("pipeline.tasks._from_file")
         # the DVC project is the working directory; a replay folder's stages run elsewhere and read the checkout's
-        root = "." if from_file.task_path(name).is_file() else CODE_ROOT
+        root = "." if from_file.task_path(name).is_file() else Path(__file__).resolve().parents[2]
         return from_file.load_task_file(name, root)  # paths relative to the working directory: the DVC project
     raise ConfigError(f"Unknown task {name!r}: use one of {task_names()}, or a task file tasks/<name>.py "
                       f"(drlc task new <name> writes one).")

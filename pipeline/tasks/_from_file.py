@@ -33,7 +33,6 @@ import json
 import math
 from pathlib import Path
 
-from pipeline.core.config import is_task_file
 from pipeline.core.errors import ConfigError, DataError, RewardError
 from pipeline.core.user_code import file_sha, import_file, where
 
