@@ -9,7 +9,7 @@ GGUF, converted by pipeline/model/gguf.py), and those of one real `dvc repro` of
 - determinism for a seed (same engine twice; and a fresh engine in a new process, through the DVC re-run);
 - vLLM's log-probs against the training model's, computed here by hand;
 - a PPO round and a GRPO round from vLLM rollouts: old log-probs recomputed, gap as computed by hand;
-- a LoRA round on SmolLM2: the base loaded once, the adapters a LoRA request;
+- LoRA rounds on SmolLM2: the base loaded once, each round's adapters a LoRA request (as a chunk hands them over);
 - a chunk: round 2 is sampled from the weights round 1 trained (its log-probs match them, not the base's);
 - a real DVC run, whose forced re-run samples the same rollouts and sends 0 critic requests.
 """
@@ -120,7 +120,7 @@ def test_engine_rollouts_keep_the_table_prompts_lengths_and_groups(tiny_engine, 
         assert len(r["engine_logprobs"]) == len(ids) and r["behaviour_logprobs"] == r["engine_logprobs"]
         assert all(lp <= 0 and math.isfinite(lp) for lp in r["engine_logprobs"])
     assert any(r["response_ids"][-1] == eos for r in rows) and any(len(r["response_ids"]) == 10 for r in rows)
-    assert metrics["device"] == "vllm:cpu" and metrics["response_tokens"] == sum(len(r["response_ids"]) for r in rows)
+    assert (metrics["device"], metrics["engine"]) == ("cpu", "vllm") and metrics["response_tokens"] == sum(len(r["response_ids"]) for r in rows)
 
 
 def test_a_seed_samples_the_same_rollouts_and_another_round_others(tiny_engine, tiny_dir):
@@ -191,35 +191,57 @@ def smol_lora(tmp_path_factory):
     return str(base), str(root / "policy")
 
 
-def test_a_lora_round_on_smollm2_serves_the_adapters_as_a_lora_request(smol_lora, tmp_path):
-    from pipeline.model.policy import load_policy
-    from pipeline.steps.engine_rollout import engine_rollout_round
+def test_lora_rounds_on_smollm2_serve_each_rounds_adapters_as_a_lora_request(smol_lora, tmp_path):
+    """One engine, the base loaded once: round 2 samples the policy's adapters, a LoRA PPO round trains on those
+    rollouts, and (as a chunk hands over each round's policy) round 3 samples the adapters round 2 trained."""
+    from pipeline.model.policy import load_policy, load_tokenizer
+    from pipeline.model.vllm_engine import VLLMEngine
+    from pipeline.steps.chunk import update_engine
+    from pipeline.steps.engine_rollout import adapter_rank
     from pipeline.steps.ppo_round import ppo_round
+    from pipeline.steps.rollout import rollout_with
 
     base_dir, policy_dir = smol_lora
     rollout = RolloutParams(batch_size=8, max_new_tokens=6, generation_batch_size=8, engine="vllm",
                             vllm_gpu_memory_utilization=0.2, vllm_args={**EAGER, "max_model_len": 256})
-    rows, metrics = engine_rollout_round(PROMPTS, policy_dir=policy_dir, policy_name="lora", run_id="t", round_=2,
-                                         seed=0, rollout=rollout)
-    assert metrics["engine_start_s"] > 0
-    queries, responses = [r["query_ids"] for r in rows], [r["response_ids"] for r in rows]
-    engine = [r["engine_logprobs"] for r in rows]
-    policy, _ = load_policy(policy_dir)
-    with_adapters = by_hand_logprobs(policy.lm, queries, responses)
-    with policy.lm.disable_adapter():
-        base_only = by_hand_logprobs(policy.lm, queries, responses)
-    # vLLM sampled from base + adapters (merged nowhere): its log-probs are the adapted model's, not the base's
-    assert max_gap(engine, with_adapters) < 5e-3
-    assert max_gap(engine, base_only) > 10 * max_gap(engine, with_adapters)
-    # and a LoRA PPO round trains on them, from recomputed old log-probs
-    scores = [{"rollout_id": r["rollout_id"], "env_reward": float(i % 2)} for i, r in enumerate(rows)]
-    annotations = [{"rollout_id": r["rollout_id"], "token_rewards": [0.0] * len(r["response_ids"])} for r in rows]
-    steps = ppo_round(rows, scores, annotations, policy_dir=policy_dir, reference_dir=base_dir,
-                      out_dir=str(tmp_path / "round"), params=PPOParams(mini_batch_size=4, ppo_epochs=1),
-                      run_id="t", round_=2, seed=0, base=BaseParams(lora_r=8, lora_alpha=16.0))
-    assert steps[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
-    assert steps[0]["engine_logprob_gap_max"] == pytest.approx(max_gap(engine, with_adapters), abs=1e-4)
-    assert (tmp_path / "round" / "adapter_config.json").is_file()  # still adapters only: nothing merged
+    tokenizer = load_tokenizer(policy_dir)
+
+    def sample(engine, round_):
+        return rollout_with(engine, tokenizer, PROMPTS, policy_name="lora", run_id="t", round_=round_, seed=0,
+                            batch_size=8, max_new_tokens=6, generation_batch_size=8)[0]
+
+    def logprobs(lm, rows):
+        return by_hand_logprobs(lm, [r["query_ids"] for r in rows], [r["response_ids"] for r in rows])
+
+    # the calls engine_rollout_round makes for a LoRA policy folder: its base, its adapters as a request
+    with VLLMEngine.for_rollout(policy_dir, rollout, lora_rank=adapter_rank(policy_dir), seed=0) as engine:
+        assert adapter_rank(policy_dir) == 8 and engine.adapter is not None
+        rows = sample(engine, 2)
+        engine_lp = [r["engine_logprobs"] for r in rows]
+        policy, _ = load_policy(policy_dir)
+        with_adapters = logprobs(policy.lm, rows)
+        with policy.lm.disable_adapter():
+            base_only = logprobs(policy.lm, rows)
+        # vLLM sampled from base + adapters (merged nowhere): its log-probs are the adapted model's, not the base's
+        assert max_gap(engine_lp, with_adapters) < 5e-3
+        assert max_gap(engine_lp, base_only) > 10 * max_gap(engine_lp, with_adapters)
+        # a LoRA PPO round trains on them, from recomputed old log-probs
+        scores = [{"rollout_id": r["rollout_id"], "env_reward": float(i % 2)} for i, r in enumerate(rows)]
+        annotations = [{"rollout_id": r["rollout_id"], "token_rewards": [0.0] * len(r["response_ids"])} for r in rows]
+        steps = ppo_round(rows, scores, annotations, policy_dir=policy_dir, reference_dir=base_dir,
+                          out_dir=str(tmp_path / "round"), run_id="t", round_=2, seed=0,
+                          params=PPOParams(mini_batch_size=4, ppo_epochs=2, learning_rate=1e-2),
+                          base=BaseParams(lora_r=8, lora_alpha=16.0))
+        assert steps[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+        assert steps[0]["engine_logprob_gap_max"] == pytest.approx(max_gap(engine_lp, with_adapters), abs=1e-4)
+        assert (tmp_path / "round" / "adapter_config.json").is_file()  # still adapters only: nothing merged
+        # the next round samples the adapters this round trained, handed over as a chunk does
+        trained, _ = load_policy(tmp_path / "round")
+        update_engine(engine, trained, tmp_path / "served")
+        later = sample(engine, 3)
+        later_lp = [r["engine_logprobs"] for r in later]
+        assert max_gap(later_lp, logprobs(trained.lm, later)) < 5e-3
+        assert max_gap(later_lp, logprobs(policy.lm, later)) > 10 * max_gap(later_lp, logprobs(trained.lm, later))
 
 
 @pytest.fixture(scope="module")

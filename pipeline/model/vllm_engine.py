@@ -141,7 +141,7 @@ class VLLMEngine:
     def device(self) -> str:
         from vllm.platforms import current_platform
 
-        return f"vllm:{current_platform.device_type}"
+        return current_platform.device_type  # "cpu", "cuda": what the rollout metrics' device names
 
     def use_adapter(self, adapter_dir: str | Path) -> None:
         """Serve the LoRA adapters of `adapter_dir` from now on (a new LoRARequest; the base stays loaded)."""

@@ -166,7 +166,8 @@ def _engine_rollouts(engine, tokenizer, chosen: list[dict], queries: list[list[i
     rows = _rows(tokenizer, chosen, queries, samples, seeds=request_seeds, limits=limits, group=group,
                  policy_name=policy_name, run_id=run_id, round_=round_)
     tokens = sum(len(s["response_ids"]) for s in samples)
-    return rows, {"device": engine.device, "processes": 1, "rows": len(rows), "response_tokens": tokens,
+    return rows, {"device": engine.device, "engine": "vllm", "processes": 1, "rows": len(rows),
+                  "response_tokens": tokens,
                   "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else None}
 
 
