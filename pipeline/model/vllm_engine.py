@@ -119,10 +119,14 @@ class VLLMEngine:
                            gpu_memory_utilization=gpu_memory_utilization, enable_lora=self.lora, **args)
         except (ValueError, RuntimeError) as err:
             first = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
-            raise ConfigError(f"vLLM could not start for '{policy_dir}' ({first}): check "
-                              f"rollout.vllm_gpu_memory_utilization = {gpu_memory_utilization} (on CPU, the share "
-                              "of RAM it reserves: ~0.2 for SmolLM2-135M) and rollout.vllm_args (max_model_len, "
-                              "enforce_eager).") from None
+            if self.lora and "LoRA" in first:  # e.g. vLLM's GPT-2 has no LoRA layers
+                fix = f"base.lora_r = {lora_rank} needs LoRA in vLLM: set base.lora_r: 0 or rollout.engine: hf."
+            else:
+                fix = (f"check rollout.vllm_gpu_memory_utilization = {gpu_memory_utilization} (on CPU, the share "
+                       "of RAM it reserves: ~0.2 for SmolLM2-135M) and rollout.vllm_args (max_model_len, "
+                       "enforce_eager).")
+            self._links.cleanup()
+            raise ConfigError(f"vLLM could not start for '{policy_dir}' ({first}): {fix}") from None
         finally:
             torch.set_num_threads = self._set_threads
             torch.set_num_threads(self._threads)
