@@ -175,7 +175,8 @@ BAD_BATCHES = {
     "intrinsic_rewards contains NaN or inf": lambda b: dataclasses.replace(
         b, intrinsic_rewards=b.intrinsic_rewards[:-1] + [[float("inf")] * len(b.response_ids[-1])]),
     "empty": lambda b: RolloutBatch([], [], [], [], []),
-    "not divisible": lambda b: RolloutBatch(*(getattr(b, f.name)[:30] for f in dataclasses.fields(b))),
+    "not divisible": lambda b: RolloutBatch(*(None if getattr(b, f.name) is None else getattr(b, f.name)[:30]
+                                              for f in dataclasses.fields(b))),  # None: engine_logprobs unset
     "env_rewards has 31 rows": lambda b: dataclasses.replace(b, env_rewards=b.env_rewards[:31]),
     "empty query or response": lambda b: dataclasses.replace(
         b, response_ids=[[]] + b.response_ids[1:], behaviour_logprobs=[[]] + b.behaviour_logprobs[1:],
