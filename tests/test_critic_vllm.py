@@ -24,7 +24,7 @@ import pytest
 
 from pipeline.core.config import load_params
 from pipeline.core.errors import CriticError
-from pipeline.critic.server_process import free_port
+from pipeline.critic.server_process import free_port, stop
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -89,12 +89,7 @@ def vllm_server(smollm2_dir, tmp_path_factory):
             assert f"critic.endpoint: {url}, critic.model: {NAME}" in log.read(2000)  # the CLI's settings line
             yield url, first, said.getvalue()
         finally:
-            server.terminate()
-            try:
-                server.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+            stop(server, timeout_s=60)
 
 
 def critic(url: str, tmp_path: Path, **changes):

@@ -145,6 +145,8 @@ def test_check_rewards_passes_good_values_through():
         check_rewards([math.inf], ["a"], who="r")
     with pytest.raises(RewardError, match="returned True"):
         check_rewards([True], ["a"], who="r")
+    with pytest.raises(RewardError, match="returned 1 values for 0 responses: return one float"):
+        check_rewards([1.0], [], who="r")
 
 
 # -- the score stage: one stderr line, exit 2, nothing already written removed --------------------------------------

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 from pipeline.core.errors import CriticError
 
-__all__ = ["free_port", "serve_process"]
+__all__ = ["free_port", "serve_process", "stop"]
 
 
 def free_port() -> int:
@@ -42,12 +42,17 @@ def serve_process(command: Callable[[int], list[str]], *, name: str, timeout_s: 
             _wait_until_up(url, server, log, name=name, timeout_s=timeout_s, poll_s=poll_s)
             yield url
         finally:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+            stop(server)
+
+
+def stop(server: subprocess.Popen, timeout_s: float = 30) -> None:
+    """Terminate `server`, and kill it if it has not exited within `timeout_s`."""
+    server.terminate()
+    try:
+        server.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
 
 
 def _wait_until_up(url: str, server: subprocess.Popen, log, *, name: str, timeout_s: float, poll_s: float) -> None:

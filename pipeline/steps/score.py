@@ -87,7 +87,8 @@ def check_rewards(values, ids: list[str], *, who: str) -> list[float]:
     if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
         raise RewardError(f"{who} returned {type(values).__name__}, not a list of floats (one per response).")
     if len(values) != len(ids):
-        raise RewardError(f"{who} returned {len(values)} values for {len(ids)} responses ({ids[0]} to {ids[-1]}): "
+        span = f" ({ids[0]} to {ids[-1]})" if ids else ""
+        raise RewardError(f"{who} returned {len(values)} values for {len(ids)} responses{span}: "
                           f"return one float per completion, in order.")
     checked = []
     for response_id, value in zip(ids, values):
