@@ -5,7 +5,6 @@ Every check here runs in the test process; tests/test_own_task_dvc.py runs task 
 import json
 import math
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from pipeline.core.config import ScoreParams, WorldParams, load_params
 from pipeline.core.errors import ConfigError, DataError, RewardError
 from pipeline.steps.score import check_rewards, score_round
 from pipeline.tasks import get_task
+from pipeline.tasks._from_file import load_task_file
 
 ROOT = Path(__file__).resolve().parents[1]
 REWARD_LINE = 3  # the line of `return` in GOOD_TASK and its broken variants
@@ -294,11 +294,7 @@ def test_task_new_overwrites_nothing_and_refuses_a_bad_name(project):
 # -- the CommonGen example ------------------------------------------------------------------------------------------
 @pytest.fixture
 def commongen():
-    sys.path.insert(0, str(ROOT / "tasks"))
-    import commongen
-
-    yield commongen
-    sys.path.remove(str(ROOT / "tasks"))
+    return load_task_file("tasks/commongen.py", root=ROOT).module
 
 
 def test_commongen_coverage_counts_inflections(commongen):
