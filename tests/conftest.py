@@ -41,11 +41,24 @@ def _unit_tier_spawns_nothing(request, monkeypatch):
 
 def pytest_configure(config):
     """One DVC cache for the session's test projects (tests/e2e.py restore_base): each task and config
-    pretrains its base once. Export DRLC_TEST_DVC_CACHE=<folder> to keep it across sessions."""
+    pretrains its base once. Export DRLC_TEST_DVC_CACHE=<folder> to keep it across sessions.
+
+    Also builds what a library builds on first use with a child process, before any test's spawn guard is on:
+    matplotlib lists the system fonts with `fc-list` the first time it is imported under a home that has no
+    font cache yet (a new user's machine, CI's fresh home). Built once here, it is read from disk after."""
+    warm_matplotlib_font_cache()
     if not os.environ.get(SHARED_CACHE):
         folder = tempfile.mkdtemp(prefix="drlc-test-dvc-cache-")
         os.environ[SHARED_CACHE] = folder
         config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+
+
+def warm_matplotlib_font_cache() -> None:
+    """Import matplotlib's font manager once (it writes fontlist-*.json under MPLCONFIGDIR, running fc-list)."""
+    try:
+        import matplotlib.font_manager  # noqa: F401  (the import builds the cache)
+    except ImportError:  # matplotlib is in the test extra; without it the plotting tests skip on their own
+        pass
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,6 +1,5 @@
 """rollout.samples_per_prompt: G responses per prompt, each sample index from its own seeded sampler stream."""
-import hashlib
-from importlib.metadata import version
+import random
 
 import pyarrow.parquet as pq
 import pytest
@@ -8,14 +7,11 @@ from conftest import REVIEW_PROMPTS, tiny_review_policy
 
 from pipeline.core import store
 from pipeline.core.seeding import round_seed
-from pipeline.steps.rollout import rollout, sample_seeds
+from pipeline.model.policy import load_policy
+from pipeline.model.sampling import sample_responses
+from pipeline.steps.rollout import encode_query, response_limits, rollout, sample_seeds
 
 PROMPTS = REVIEW_PROMPTS
-# sha256 of the G = 1 rollouts table that run() writes on the tiny review policy (without and with a length range),
-# made by the code of 2aee596, the last commit before group sampling, under the pins of constraints.txt below
-BEFORE_GROUPS = {"plain": ({}, "9254b5b223023d943b812da118bc0738ca1b46a16a1b2ea3cdb3f98922d4e64e"),
-                 "ranged": ({"min_new_tokens": 4}, "0a1c54e3d37a6dd7d61e0e92bdb54716e9dd001603392fba4a4103b73a020c7a")}
-RECORDED_WITH = {"torch": "2.13.0", "pyarrow": "26.0.1", "tokenizers": "0.23.3", "transformers": "5.24.0"}
 
 
 @pytest.fixture(scope="module")
@@ -79,14 +75,26 @@ def test_duckdb_reads_plain_and_grouped_rounds_together(policy_dir, tmp_path):
     assert counts == [(1, 12, 0, None), (2, 12, 12, 1)]
 
 
-def test_one_sample_per_prompt_writes_the_bytes_of_the_table_before_group_sampling(policy_dir, tmp_path):
-    """G = 1 (the default, or set) keeps the rollouts table byte for byte as drlc wrote it before groups existed.
-    The digests depend on the pinned torch / pyarrow / tokenizers / transformers (sampling, Parquet encoding); under
-    other versions the test skips: re-record them by running run() at 2aee596 and at HEAD, which must agree."""
-    installed = {package: version(package).split("+")[0] for package in RECORDED_WITH}
-    if installed != RECORDED_WITH:
-        pytest.skip(f"digests recorded with {RECORDED_WITH}, installed {installed}")
-    for name, (lengths, digest) in BEFORE_GROUPS.items():
+def test_one_sample_per_prompt_samples_as_drlc_did_before_group_sampling(policy_dir, tmp_path):
+    """G = 1 (the default, or set) is the sampler call drlc made before groups existed: the round's prompts picked
+    with round_seed(seed, r, 1), one sample_responses call seeded round_seed(seed, r, 2), each response cut at its
+    limit from round_seed(seed, r, 3). Both paths run here, on this CPU: no digest recorded on another machine."""
+    policy, tokenizer = load_policy(policy_dir)
+    train = [row for row in PROMPTS if row["split"] == "train"]
+    for lengths in ({}, {"min_new_tokens": 4}):
+        chosen = random.Random(round_seed(0, 1, 1)).sample(train, 12)
+        queries = [encode_query(tokenizer, row["text"]) for row in chosen]
+        before = sample_responses(policy, queries=queries, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                                  max_new_tokens=9, seed=round_seed(0, 1, 2), batch_size=4, progress=False)
+        limits = response_limits(12, min_new_tokens=lengths.get("min_new_tokens"), max_new_tokens=9,
+                                 seed=round_seed(0, 1, 3))
+        tables = []
         for group in ({}, {"samples_per_prompt": 1}):
-            written = store.write_table(run(policy_dir, **lengths, **group), "rollouts", tmp_path / name / str(len(group)))
-            assert hashlib.sha256(written.read_bytes()).hexdigest() == digest, (name, group)
+            rows = run(policy_dir, **lengths, **group)
+            assert [r["prompt_id"] for r in rows] == [r["prompt_id"] for r in chosen]
+            assert [r["response_ids"] for r in rows] == [s["response_ids"][:n] for s, n in zip(before, limits)]
+            assert [r["behaviour_logprobs"] for r in rows] == [s["behaviour_logprobs"][:n] for s, n in zip(before, limits)]
+            assert {r["seed"] for r in rows} == {round_seed(0, 1, 2)}
+            written = store.write_table(rows, "rollouts", tmp_path / str(len(lengths)) / str(len(group)))
+            tables.append(written.read_bytes())
+        assert tables[0] == tables[1]  # the default and an explicit G = 1 write the same bytes
