@@ -320,16 +320,6 @@ def test_commongen_critic_marks_concepts_and_filler(commongen):
     assert commongen.critic(query, "dogs playing playing")["filler"] == ["playing"]
 
 
-def test_every_stage_that_runs_a_task_tracks_the_task_folder():
-    """DVC re-runs a stage when tasks/ changes exactly when the stage can import pipeline.tasks (and so run a task)."""
-    from pipeline.core.code_deps import import_closure
-    from test_dvc_deps import dvc_yaml_stages
-
-    for name, (script, deps) in dvc_yaml_stages().items():
-        runs_a_task = "pipeline/tasks/__init__.py" in import_closure(script)
-        assert ("tasks" in deps) == runs_a_task, name
-
-
 def test_a_task_file_is_found_in_the_checkout_from_another_folder(tmp_path, monkeypatch):
     """A replay folder's stages run outside the project: run.task then names the checkout's file."""
     monkeypatch.chdir(tmp_path)

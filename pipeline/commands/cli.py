@@ -34,6 +34,15 @@ def cmd_task_new(args) -> None:
     print(f"run it: cp configs/{args.name}.yaml params.yaml && dvc repro   (docs/own-task.md)")
 
 
+def cmd_task_deps(args) -> None:
+    from pipeline.core.config import load_params
+    from pipeline.tasks._deps import write_task_deps
+
+    deps = write_task_deps(load_params(args.params, args.set))
+    files = deps["code"] + deps["templates"]
+    print(f"dvc.yaml: the task stages depend on {files or 'no file of tasks/ (a built-in task)'}")
+
+
 def cmd_rounds(args) -> None:
     from pipeline.commands.rounds import exp_run_overrides, set_rounds
 
@@ -307,6 +316,11 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("name", help="the task's name: a lowercase identifier")
     new.add_argument("--root", default=".", help="the project folder (default: .)")
     new.set_defaults(func=cmd_task_new)
+    deps = task_sub.add_parser("deps", help="rewrite dvc.yaml's deps on tasks/: run.task's file, the tasks/ modules "
+                                            "it imports and its template, nothing else")
+    deps.add_argument("--params", default="params.yaml")
+    deps.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key")
+    deps.set_defaults(func=cmd_task_deps)
 
     rounds = sub.add_parser("rounds", help="set the number of PPO rounds: rewrite params.yaml's rounds and evaluate.policy")
     rounds.add_argument("n", type=int, help="number of rounds (1 to 9999)")

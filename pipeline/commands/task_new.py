@@ -128,6 +128,7 @@ def write_skeleton(name: str, root: str | Path = ".") -> list[Path]:
     if not NAME.match(name) or name in TASKS:
         raise ConfigError(f"Task name {name!r}: use a lowercase identifier (letters, digits, _) that is not a "
                           f"built-in task {TASKS}.")
+    check_not_shadowing(name)
     root = Path(root)
     profile = profile_for((root / "params.yaml").read_text(encoding="utf-8"), skeleton_changes(name))
     first, _, rest = profile.partition("\n")
@@ -142,4 +143,19 @@ def write_skeleton(name: str, root: str | Path = ".") -> list[Path]:
     for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
+    if (root / "dvc.yaml").is_file():  # the task stages depend on the new files: `cp` the profile and dvc repro
+        from pipeline.core.config import load_params
+        from pipeline.tasks._deps import write_task_deps
+
+        write_task_deps(load_params(root / "configs" / f"{name}.yaml"), root)
     return list(files)
+
+
+def check_not_shadowing(name: str) -> None:
+    """Raise ConfigError when tasks/NAME.py would hide an importable module of that name (`datasets`, `json`):
+    drlc puts tasks/ first on sys.path, so every later `import NAME` in the process would load the task file."""
+    from pipeline.tasks._from_file import shadowed_module
+
+    if shadowed_module(name):
+        raise ConfigError(f"Task name {name!r} is the name of an installed module, which tasks/{name}.py would "
+                          f"shadow for every later import: pick another name (e.g. {name}_task).")

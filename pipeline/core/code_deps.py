@@ -14,10 +14,17 @@ Rules, all static (nothing is imported):
   module holding nothing but a docstring runs no code and is left out;
 - a package that imports its own modules by name at run time (`DYNAMIC_PACKAGES`, e.g.
   `pipeline.tasks.get_task(run.task)`) brings in every module under it.
+
+A user's task file (`run.task: tasks/x.py`) is read the same way by `task_closure`: the file and
+the modules of the project's `tasks/` folder it imports as siblings (drlc puts that folder on
+`sys.path`), transitively; the stages that run it depend on those files and on no other file of
+`tasks/` (pipeline/tasks/_deps.py writes them into dvc.yaml), and `closure_sha` of the same
+list is the reward's version and the rule critic's cache identity.
 """
 from __future__ import annotations
 
 import ast
+import hashlib
 from pathlib import Path
 
 CODE_ROOT = Path(__file__).resolve().parents[2]  # the checkout: holds pipeline/ and stages/
@@ -46,6 +53,58 @@ def import_closure(script: str | Path, *, root: Path = CODE_ROOT) -> list[str]:
             todo.append(_module_names(path, root) | _dynamic_modules(name, root))
     files = (_module_file(name, root) for name in seen)
     return sorted(path.relative_to(root).as_posix() for path in files if _runs_code(path))
+
+
+def task_closure(path: str | Path, *, root: str | Path = ".") -> list[str]:
+    """`path` (a file of root/tasks/) and the files of tasks/ it imports, transitively, as sorted root-relative paths.
+
+    An import counts when its name (or a leading part: `helpers.words`) is a module of tasks/ (a
+    file, or a package's __init__.py and the submodule), as `import x`, `from x import y` or
+    `from tasks.x import y`; any other import (the standard library, installed packages) is not
+    the project's code.
+    """
+    root = Path(root).resolve()
+    folder = root / "tasks"
+    seen: set[Path] = set()
+    todo = [(root / path).resolve()]
+    while todo:
+        file = todo.pop()
+        if file in seen:
+            continue
+        seen.add(file)
+        todo += _task_imports(file, folder)
+    return sorted((p.relative_to(root) if root in p.parents else p).as_posix() for p in seen)
+
+
+def code_sha(path: str | Path, *, root: str | Path = ".") -> str:
+    """closure_sha of task_closure(path): the version of a task file or rule critic with its tasks/ helpers."""
+    return closure_sha(task_closure(path, root=root), root=root)
+
+
+def closure_sha(paths: list[str], *, root: str | Path = ".") -> str:
+    """The first 12 hex digits of the SHA-256 over each path and its bytes: one edit of any file changes it."""
+    digest = hashlib.sha256()
+    for path in sorted(paths):
+        digest.update(path.encode() + b"\0" + (Path(root) / path).read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def _task_imports(file: Path, folder: Path) -> list[Path]:
+    """The files of `folder` (tasks/) that `file` imports, by any dotted name or `from` form."""
+    names = []
+    for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"), filename=str(file))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names += [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+    files = []
+    for name in names:
+        parts = name.split(".")
+        parts = parts[1:] if parts[0] == folder.name else parts
+        for end in range(1, len(parts) + 1):
+            base = folder.joinpath(*parts[:end])
+            files += [p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()]
+    return files
 
 
 def import_graph(*, root: Path = CODE_ROOT) -> dict[str, set[str]]:

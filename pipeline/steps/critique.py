@@ -94,10 +94,10 @@ def critic_model_id(critic: CriticParams) -> str:
         return f"drlc-local:{critic.backend}:{tagger_hash(critic.model_dir)}{seed}"
     if critic.backend == "hf" and critic.model_dir:
         return f"drlc-local:hf:{critic.model_dir}"
-    if critic.backend == "rules":
-        from pipeline.core.user_code import file_sha
+    if critic.backend == "rules":  # the file and the tasks/ helpers it imports: a helper edit misses the cache
+        from pipeline.core.code_deps import code_sha
 
-        return f"drlc-local:rules:{file_sha(critic.model_dir)}"
+        return f"drlc-local:rules:{code_sha(critic.model_dir)}"
     return f"drlc-local:{critic.backend}"
 
 

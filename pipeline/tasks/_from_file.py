@@ -34,7 +34,8 @@ import math
 from pathlib import Path
 
 from pipeline.core.errors import ConfigError, DataError, RewardError
-from pipeline.core.user_code import file_sha, import_file, where
+from pipeline.core.code_deps import code_sha
+from pipeline.core.user_code import import_file, where
 
 TASK_FOLDER = "tasks"  # the project folder DVC tracks as user task code (dvc.yaml)
 TEXT_FIELDS = ("prompt", "text")  # a record's prompt text, first found, when the file has no prompt()
@@ -62,7 +63,25 @@ def load_task_file(spec: str, root: str | Path = ".") -> "FileTask":
     if folder not in path.resolve().parents:
         raise ConfigError(f"'run.task' = {spec!r} lies outside {TASK_FOLDER}/, the folder DVC tracks for the "
                           f"stages that run a task: move it (and the modules it imports) into {TASK_FOLDER}/.")
-    return FileTask(spec, path, import_file(path, key="run.task"))
+    _check_not_shadowing(spec, path)
+    return FileTask(spec, path, import_file(path, key="run.task"), root=Path(root))
+
+
+def _check_not_shadowing(spec: str, path: Path) -> None:
+    """Raise ConfigError when the file's name is an installed module's (tasks/datasets.py): drlc puts tasks/ on
+    sys.path, so a helper's `import datasets` anywhere in the process would get one or the other."""
+    if shadowed_module(path.stem):
+        raise ConfigError(f"'run.task' = {spec!r}: {path.stem!r} is the name of an installed module, which {path} "
+                          f"would shadow for every later import: rename the file (e.g. {path.stem}_task.py).")
+
+
+def shadowed_module(name: str) -> bool:
+    """True when `name` is a built-in, standard-library or installed module (a project's tasks/ folder not counted)."""
+    import importlib.machinery
+    import sys
+
+    path = [p for p in sys.path if Path(p or ".").name != TASK_FOLDER]
+    return name in sys.builtin_module_names or importlib.machinery.PathFinder.find_spec(name, path) is not None
 
 
 class FileTask:
@@ -72,8 +91,8 @@ class FileTask:
     DATA_SCORERS = ()
     EVAL_NEEDS_REFERENCES = False
 
-    def __init__(self, spec: str, path: Path, module) -> None:
-        self.spec, self.path, self.module = spec, path, module
+    def __init__(self, spec: str, path: Path, module, *, root: Path = Path(".")) -> None:
+        self.spec, self.path, self.module, self.root = spec, path, module, root
         self.name = path.stem
         self.LABELS = tuple(getattr(module, "LABELS", ()) or ())
         self.SCORERS = tuple(n for n, f in vars(module).items() if inspect.isfunction(f) and not n.startswith("_")
@@ -196,7 +215,8 @@ class FileReward:
     def __init__(self, task: FileTask, function_name: str) -> None:
         self.task, self.function = task, task.reward_function(function_name)
         self.name = f"{task.name}.{function_name}"
-        self.version = file_sha(task.path)  # an edit of the file shows in every score row
+        # an edit of the file, or of a tasks/ module it imports, shows in every score row
+        self.version = code_sha(task.path, root=task.root)
 
     def score(self, texts: list[str], *, references: list[str], queries: list[str],
               columns: dict[str, list] | None = None) -> list:
