@@ -84,10 +84,13 @@ def test_a_task_file_outside_tasks_is_refused(project):
 
 def test_a_missing_reward_function_names_the_file_and_the_functions_it_has(project):
     spec = write_task(project)
-    with pytest.raises(ConfigError) as error:
+    with pytest.raises(ConfigError, match="'score.scorer' = 'score_me': a task file's reward is 'reward'"):
         get_task(spec).make_reward(ScoreParams(scorer="score_me"))
-    assert "'score.scorer' = 'score_me' is not a function of tasks/mine.py" in str(error.value)
-    assert "['reward']" in str(error.value)
+    write_task(project, GOOD_TASK.replace("def reward", "def score_it") + "def uses(word):\n    return True\n")
+    with pytest.raises(ConfigError) as error:
+        get_task(spec).make_reward(ScoreParams(scorer="reward"))
+    assert "tasks/mine.py declares no reward (its functions: ['score_it', 'uses'])" in str(error.value)
+    assert "REWARDS = [f, g]" in str(error.value)
 
 
 # -- the reward's values: one per response, finite floats, for task files and built-in rewards alike ---------------
@@ -107,12 +110,12 @@ def test_a_task_files_reward_scores_each_response_with_its_prompts_columns(proje
 
 
 @pytest.mark.parametrize("body, needles", [
-    ("    raise KeyError('concept')", ["reward mine.reward", "raised on 4 responses", "mine.py line 3", "KeyError"]),
+    ("    raise KeyError('concept')", ["reward reward raised on 4 responses", "mine.py line 3", "KeyError"]),
     ("    return [1.0] * (len(completions) - 1)", ["returned 3 values for 4 responses", "r0001-00000 to r0001-00003"]),
     ("    return [1.0, float('nan'), 1.0, 1.0]", ["returned nan", "response r0001-00001", "tasks/mine.py"]),
     ("    return [1.0, 'high', 1.0, 1.0]", ["returned 'high' (str)", "response r0001-00001"]),
-    ("    return [1.0, None, 1.0, 1.0]", ["returned None", "response r0001-00001"]),
-    ("    return 1.0", ["returned float, not a list of floats"]),
+    ("    return [1.0, None, 1.0, 1.0]", ["no reward applies to response r0001-00001", "returned None"]),
+    ("    return 1.0", ["returned float, not a list"]),
 ])
 def test_a_bad_reward_is_one_error_naming_the_file_and_the_row(project, body, needles):
     with pytest.raises(RewardError) as error:

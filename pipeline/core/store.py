@@ -146,6 +146,8 @@ def audit_dir(root: str | Path, audit: str) -> Path:
 # (rollout.samples_per_prompt > 1, pipeline/steps/rollout.py); without them a table is byte for byte what it was
 OPTIONAL_COLUMNS: dict[str, list[tuple[str, pa.DataType]]] = {
     "prompts": [("columns", pa.string())],  # a task file's prompt fields other than the text, as JSON
+    # a task file's declared rewards: {name: value (null: does not apply), "name.key": a dict reward's extra number}
+    "scores": [("rewards", pa.map_(pa.string(), pa.float64()))],
     "rollouts": [("group_index", pa.int32()), ("sample_index", pa.int32()),
                  ("engine_logprobs", pa.list_(pa.float32()))],  # rollout.engine vllm: vLLM's log-probs
     # rounds trained on an external engine's rollouts: the old log-prob gap (pipeline/train/trainer.py)

@@ -140,11 +140,17 @@ def score_round(rollout_rows: list[dict], prompt_rows: list[dict] | None, *, tas
                         f"rollout (dvc repro).")
     prompts = [by_id[row["prompt_id"]] for row in rollout_rows]
     texts = [row["response"] for row in rollout_rows]
-    values = []
+    values, terms = [], []
     for start in tqdm(range(0, len(texts), SCORE_CHUNK), desc="score", unit="chunk"):
         chunk = slice(start, start + SCORE_CHUNK)
-        values += check_rewards(reward.score(texts[chunk], **reward_inputs(reward, prompts[chunk], rollout_rows[chunk])),
-                                [row["rollout_id"] for row in rollout_rows[chunk]], who=reward_origin(reward))
+        ids = [row["rollout_id"] for row in rollout_rows[chunk]]
+        inputs = reward_inputs(reward, prompts[chunk], rollout_rows[chunk])
+        if hasattr(reward, "score_terms"):  # a task file's declared rewards: each one's values beside the total
+            totals, parts = reward.score_terms(texts[chunk], ids=ids, queries=inputs["queries"], columns=inputs["columns"])
+            terms += parts
+        else:
+            totals = reward.score(texts[chunk], **inputs)
+        values += check_rewards(totals, ids, who=reward_origin(reward))
     version = reward.version
     if params.normalize and values:
         values, version = z_normalize(values), f"{reward.version}{NORMALIZED_VERSION_SUFFIX}"
@@ -153,6 +159,23 @@ def score_round(rollout_rows: list[dict], prompt_rows: list[dict] | None, *, tas
          "scorer": reward.name, "scorer_version": version}
         for row, value in zip(rollout_rows, values)
     ]
+    if terms:  # the scores table's optional `rewards` map: `drlc sql "SELECT rewards['coverage'] FROM scores"`
+        for row, parts in zip(rows, terms):
+            row["rewards"] = parts
     return rows, {"device": holder_device(reward), "scorer": reward.name,
                   "scorer_heldout": getattr(reward, "heldout", None), "rows": len(rows),
-                  "seconds": time.perf_counter() - started}
+                  "rewards": reward_means(terms), "seconds": time.perf_counter() - started}
+
+
+def reward_means(terms: list[dict]) -> dict[str, dict]:
+    """{name: {"mean": mean over the responses it applies to, "applied": their count}} of each declared reward.
+
+    >>> reward_means([{"a": 1.0, "b": None}, {"a": 0.0, "b": 2.0}])
+    {'a': {'mean': 0.5, 'applied': 2}, 'b': {'mean': 2.0, 'applied': 1}}
+    """
+    names = list(dict.fromkeys(name for row in terms for name in row))
+    means = {}
+    for name in names:
+        values = [row[name] for row in terms if row.get(name) is not None]
+        means[name] = {"mean": sum(values) / len(values) if values else None, "applied": len(values)}
+    return means

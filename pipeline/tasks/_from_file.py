@@ -28,7 +28,6 @@ demo's); else the records of the source, split seeded into train and eval, or, w
 """
 from __future__ import annotations
 
-import inspect
 import json
 import math
 from pathlib import Path
@@ -40,7 +39,6 @@ from pipeline.core.user_code import import_file, where
 TASK_FOLDER = "tasks"  # the project folder DVC tracks as user task code (dvc.yaml)
 TEXT_FIELDS = ("prompt", "text")  # a record's prompt text, first found, when the file has no prompt()
 DEFAULT_SCORER = "reward"
-OPTIONAL_FUNCTIONS = ("prompt", "critic_fields", "critic", "metrics")  # every other function may be a reward
 
 
 def task_path(spec: str, root: str | Path = ".") -> Path:
@@ -95,20 +93,20 @@ class FileTask:
         self.spec, self.path, self.module, self.root = spec, path, module, root
         self.name = path.stem
         self.LABELS = tuple(getattr(module, "LABELS", ()) or ())
-        self.SCORERS = tuple(n for n, f in vars(module).items() if inspect.isfunction(f) and not n.startswith("_")
-                             and f.__module__ == module.__name__ and n not in OPTIONAL_FUNCTIONS)
+        self.SCORERS = (DEFAULT_SCORER,)  # the weighted total of REWARDS, or the function `reward`
         self.critic_fields = getattr(module, "critic_fields", _query_and_response)
 
     def __repr__(self) -> str:
         return f"FileTask({self.spec!r})"
 
-    def reward_function(self, name: str):
-        function = getattr(self.module, name, None)
-        if not callable(function):
-            found = f"its reward functions: {list(self.SCORERS)}" if self.SCORERS else "it defines none"
-            raise ConfigError(f"'score.scorer' = {name!r} is not a function of {self.path} ({found}): define "
-                              f"def {name}(prompts, completions, **columns) there, or set score.scorer.")
-        return function
+    def reward_function(self, name: str) -> list:
+        """The file's declared rewards (pipeline/tasks/_rewards.py Reward) for `score.scorer` = "reward"."""
+        from pipeline.tasks._rewards import declared_rewards
+
+        if name != DEFAULT_SCORER:
+            raise ConfigError(f"'score.scorer' = {name!r}: a task file's reward is {DEFAULT_SCORER!r} (the weighted "
+                              f"total of its REWARDS, or its function reward): set score.scorer: {DEFAULT_SCORER}.")
+        return declared_rewards(self.module, self.path)
 
     # -- the task interface ------------------------------------------------------------------------
     def build(self, world, *, seed: int) -> tuple[list[str], dict[str, list[dict]]]:
@@ -158,7 +156,7 @@ class FileTask:
         return {"text": row[key], "reference": str(columns.get("reference") or ""), "columns": encoded}
 
     def make_reward(self, score) -> "FileReward":
-        return FileReward(self, score.scorer or DEFAULT_SCORER)
+        return FileReward(self, score.scorer or DEFAULT_SCORER, getattr(score, "settings", None))
 
     def reward_range(self, score) -> tuple[float | None, float | None]:
         low, high = getattr(self.module, "RANGE", (None, None))
@@ -207,25 +205,38 @@ def columns_of(prompt_rows: list[dict]) -> dict[str, list]:
 
 
 class FileReward:
-    """The reward function of a task file, called on batches as a built-in reward's ``score``."""
+    """The task file's rewards, called on batches as a built-in reward's ``score``: their weighted total.
+
+    ``score`` returns the totals; ``score_terms`` also each reward's own values (and a dict reward's
+    extra numbers), which the score stage stores beside the total (the scores table's ``rewards``).
+    """
 
     needs_queries = True
     needs_columns = True
 
-    def __init__(self, task: FileTask, function_name: str) -> None:
-        self.task, self.function = task, task.reward_function(function_name)
-        self.name = f"{task.name}.{function_name}"
+    def __init__(self, task: FileTask, scorer: str, settings: dict | None = None) -> None:
+        self.task, self.rewards, self.settings = task, task.reward_function(scorer), dict(settings or {})
+        self.name = f"{task.name}.{scorer}"
         # an edit of the file, or of a tasks/ module it imports, shows in every score row
         self.version = code_sha(task.path, root=task.root)
 
     def score(self, texts: list[str], *, references: list[str], queries: list[str],
-              columns: dict[str, list] | None = None) -> list:
-        columns = dict(columns or {})
-        try:
-            return self.function(list(queries), list(texts), **columns)
-        except Exception as error:
-            raise RewardError(f"reward {self.name} raised on {len(texts)} responses{where(error, self.task.path)}: "
-                              f"{type(error).__name__}: {error}") from error
+              columns: dict[str, list] | None = None) -> list[float]:
+        ids = [f"#{i}" for i in range(len(texts))]
+        return self.score_terms(texts, ids=ids, queries=queries, columns=columns)[0]
+
+    def score_terms(self, texts: list[str], *, ids: list[str], queries: list[str],
+                    columns: dict[str, list] | None = None) -> tuple[list[float], list[dict[str, float | None]]]:
+        """(weighted totals, per response {reward name: value or None, "name.key": a dict reward's extra number}).
+
+        Each reward's None (does not apply) is left out of that response's total, as TRL does; a
+        response no reward applies to raises RewardError naming it. ``async def`` rewards run concurrently.
+        """
+        from pipeline.tasks._rewards import call_rewards, weighted_totals
+
+        values = call_rewards(self.rewards, list(queries), list(texts), dict(columns or {}), path=self.task.path,
+                              settings=self.settings)
+        return weighted_totals(self.rewards, values, ids=ids, who=f"reward {self.name} ({self.task.path})")
 
 
 class FileEvaluator:
