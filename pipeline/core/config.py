@@ -214,6 +214,8 @@ class ScoreParams:
     rate_limit_per_s: float = 1.0  # perspective: requests per second
     cache_dir: str = "cache/scores"  # perspective: content-hashed answer cache
     normalize: bool = False  # z-normalise each round's rewards as one batch (the paper's TL;DR reward model)
+    # a task file's own settings, passed to each reward that names them (docs/own-task.md); `dvc exp run -S` sweeps them
+    settings: dict[str, bool | int | float | str | None] = field(default_factory=dict)
 
     checks = {
         "scale": (_positive, "> 0"),

@@ -156,7 +156,7 @@ class FileTask:
         return {"text": row[key], "reference": str(columns.get("reference") or ""), "columns": encoded}
 
     def make_reward(self, score) -> "FileReward":
-        return FileReward(self, score.scorer or DEFAULT_SCORER, getattr(score, "settings", None))
+        return FileReward(self, score.scorer or DEFAULT_SCORER, score.settings)
 
     def reward_range(self, score) -> tuple[float | None, float | None]:
         low, high = getattr(self.module, "RANGE", (None, None))
