@@ -17,6 +17,7 @@ from pipeline.evaluate.naive_bayes import check_classifier_data
 from pipeline.model.folders import check_base_model, check_eval_models
 from pipeline.steps.preflight import check_inputs
 from pipeline.steps.score import check_score_model
+from pipeline.tasks import check_reward_inputs
 from pipeline.tasks._deps import check_task_deps
 
 
@@ -24,6 +25,7 @@ def check_run_inputs(params: Params, root: str | Path = ".") -> Params:
     """Raise the first DrlcError of any input the run reads; returns params when all are fine."""
     check_inputs(params, root)
     check_task_deps(params, root)
+    check_reward_inputs(params)
     for check in (check_data_files, check_base_model, check_score_model, check_eval_models, check_classifier_data):
         check(params)
     return params

@@ -1,4 +1,4 @@
-"""Evaluation prompt sets: the world's eval prompts or DExperts-format JSONL files.
+"""Evaluation prompt sets: the world's eval prompts or DExperts-format JSONL files (a task file: its own reader).
 
 A DExperts prompts file has one JSON object per line with the prompt under `prompt.text`
 (e.g. `{"prompt": {"text": "God never intended to"}, ...}`); other fields are ignored. A set
@@ -46,9 +46,13 @@ def read_dexperts_prompts(path: str | Path, n_prompts: int | None = None) -> lis
     return rows
 
 
-def load_prompt_sets(sources: list[str], world_rows: list[dict], n_prompts: int | None) -> dict[str, list[dict]]:
-    """{set name: rows {prompt_id, text[, reference]}} for each source ('world' or a JSONL path), in order.
+def load_prompt_sets(sources: list[str], world_rows: list[dict], n_prompts: int | None,
+                     read=None) -> dict[str, list[dict]]:
+    """{set name: rows {prompt_id, text[, reference, columns]}} for each source ('world' or a file), in order.
 
+    read: the task's reader of a prompts file, (source, n_prompts) -> rows, when it has one: a task
+    file's eval prompts go through its prompt() as its training prompts do, with the same columns
+    (pipeline/tasks/_from_file.py); None reads DExperts JSONL.
     Raises: DataError if two sources share a name or the world has no eval prompts.
     """
     sets: dict[str, list[dict]] = {}
@@ -65,5 +69,5 @@ def load_prompt_sets(sources: list[str], world_rows: list[dict], n_prompts: int 
                 raise DataError("The prompts table has no 'eval' rows: re-run the prepare stage.")
             sets[name] = rows[:n_prompts]
         else:
-            sets[name] = read_dexperts_prompts(source, n_prompts)
+            sets[name] = read(source, n_prompts) if read is not None else read_dexperts_prompts(source, n_prompts)
     return sets

@@ -105,8 +105,8 @@ def evaluate_models(prompt_rows: list[dict], *, base_dir: str, policy_dir: str, 
     Raises: DataError for a bad prompts or classifier file (before any model is loaded).
     """
     started = time.perf_counter()
-    sets = load_prompt_sets(params.prompts, prompt_rows, params.n_prompts)
-    task_module = get_task(task)
+    task_module = get_task(task)  # a task file reads its eval prompt files through its prompt(), with their columns
+    sets = load_prompt_sets(params.prompts, prompt_rows, params.n_prompts, getattr(task_module, "eval_prompt_rows", None))
     reward = place(task_module.make_reward(score or ScoreParams()), device)
     evaluator = task_module.make_evaluator(params, reward, seed=seed)
     place(getattr(evaluator, "reward_model", None), device)  # summarization's own RM (the others have no model)

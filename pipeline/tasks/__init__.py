@@ -104,3 +104,11 @@ def prefix_prompt_splits(make_prefixes, world, *, seed: int) -> dict[str, list[d
                 n, seed=split_seed, min_words=world.prefix_min_words, max_words=world.prefix_max_words)]
             for split, n, split_seed in (("train", world.n_train_prompts, seed + 1),
                                          ("eval", world.n_eval_prompts, seed + 2))}
+
+
+def check_reward_inputs(params: Params) -> None:
+    """`drlc check`: a task file's rewards get every argument they name from each prompt source (training and
+    evaluation prompts alike, both through its prompt()); a built-in task has nothing to check."""
+    task = get_task(params.run.task)
+    if hasattr(task, "check_reward_inputs"):
+        task.check_reward_inputs(params)

@@ -39,6 +39,8 @@ from pipeline.core.user_code import import_file, where
 TASK_FOLDER = "tasks"  # the project folder DVC tracks as user task code (dvc.yaml)
 TEXT_FIELDS = ("prompt", "text")  # a record's prompt text, first found, when the file has no prompt()
 DEFAULT_SCORER = "reward"
+WORLD_OPENING = "The film"  # a record of the synthetic world (world.source: world) for `drlc check`'s columns
+CHECK_SAMPLE = 64  # records of each prompt source that `drlc check` reads for the columns the rewards need
 
 
 def task_path(spec: str, root: str | Path = ".") -> Path:
@@ -131,6 +133,16 @@ class FileTask:
         corpus = [" ".join(t.split()) for t in [r["text"] for r in rows] + [r["reference"] for r in rows] if t.strip()]
         return corpus[:world.n_reviews], splits
 
+    def eval_prompt_rows(self, source: str, n_prompts: int | None = None) -> list[dict]:
+        """Rows {prompt_id, text, reference, columns} of an evaluation prompts file (evaluate.prompts), built by the
+        file's prompt() as the training prompts are: the same text and the same columns reach the reward."""
+        from pipeline.data.local import read_records
+
+        records = read_records(source)[:n_prompts]
+        if not records:
+            raise DataError(f"Prompts file '{source}' (evaluate.prompts) has no prompts.")
+        return [{"prompt_id": str(i), **self._prompt_row(record, i, source)} for i, record in enumerate(records)]
+
     def _prompt_row(self, record: dict, index: int, source: str) -> dict:
         """A prompts-table row {text, reference, columns (JSON)} from one source record."""
         make = getattr(self.module, "prompt", None)
@@ -144,6 +156,8 @@ class FileTask:
             if not isinstance(row, dict):
                 raise DataError(f"prompt() of {self.path} returned {type(row).__name__} for record {index} of "
                                 f"{source}: return a dict {{'prompt': text, **columns}}.")
+        if make is None and isinstance(row.get("prompt"), dict) and isinstance(row["prompt"].get("text"), str):
+            row = {**row, "prompt": row["prompt"]["text"]}  # a DExperts record: {"prompt": {"text": ...}}
         key = next((k for k in TEXT_FIELDS if isinstance(row.get(k), str)), None)
         if key is None:
             raise DataError(f"Record {index} of {source} has no prompt text (a string field {list(TEXT_FIELDS)}; "
@@ -154,6 +168,27 @@ class FileTask:
         except TypeError as error:
             raise DataError(f"Record {index} of {source}: its columns must be JSON values ({error}).") from error
         return {"text": row[key], "reference": str(columns.get("reference") or ""), "columns": encoded}
+
+    def check_reward_inputs(self, params, sample: int = CHECK_SAMPLE) -> None:
+        """Raise ConfigError when a reward names an argument (no default) that neither score.settings nor the
+        columns of every prompt source supply: the training prompts and each evaluation set, read through
+        prompt() as the stages read them (the first `sample` records of each)."""
+        world = params.world
+        sources = {"world.source": world.source, "world.eval_source": world.eval_source,
+                   **{f"evaluate.prompts[{i}]": s for i, s in enumerate(params.evaluate.prompts) if s != "world"}}
+        for key, source in sources.items():
+            if not source:
+                continue
+            # the synthetic world's openings are {"text": opening} records, as build() passes them to prompt()
+            rows = [self._prompt_row({"text": WORLD_OPENING}, 0, source)] if source == "world" \
+                else self.eval_prompt_rows(source, sample)
+            columns = {name for row in rows for name in json.loads(row["columns"])}
+            for reward in self.reward_function(params.score.scorer):
+                missing = sorted(reward.required() - columns - set(params.score.settings))
+                if missing:
+                    raise ConfigError(f"Reward {reward.name} of {self.path} reads {missing}, which the prompts of "
+                                      f"'{key}' = {source!r} lack (their columns: {sorted(columns)}): return it from "
+                                      f"prompt(record) for every source, set it in score.settings, or give it a default.")
 
     def make_reward(self, score) -> "FileReward":
         return FileReward(self, score.scorer or DEFAULT_SCORER, score.settings)

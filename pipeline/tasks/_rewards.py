@@ -38,6 +38,12 @@ class Reward:
     function: object
     weight: float
 
+    def required(self) -> set[str]:
+        """The keyword parameters it names without a default (a column or a setting it cannot do without)."""
+        parameters = list(inspect.signature(self.function).parameters.values())[2:]
+        return {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                and p.default is p.empty}
+
     def arguments(self) -> tuple[set[str], bool]:
         """(the keyword parameters it names beyond prompts and completions, whether it takes **kwargs)."""
         parameters = list(inspect.signature(self.function).parameters.values())
