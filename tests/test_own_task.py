@@ -304,9 +304,26 @@ def test_commongen_coverage_counts_inflections(commongen):
     concepts = ["field", "look", "stand"]
     completions = ["A man stood in a field, looking up.", "The fields look green.", "Nothing here.",
                    "stand stand stand\nfield look"]  # only the first line is the sentence
-    assert commongen.reward([""] * 4, completions, [concepts] * 4) == [1.0, 2 / 3, 0.0, 1 / 3]
+    assert commongen.coverage([""] * 4, completions, [concepts] * 4) == [1.0, 2 / 3, 0.0, 1 / 3]
     assert commongen.metrics([""] * 4, completions, [concepts] * 4) == {
         "coverage": pytest.approx((1 + 2 / 3 + 0 + 1 / 3) / 4), "all_concepts": 0.25}
+
+
+def test_commongen_declares_coverage_and_brevity_and_by_default_its_total_is_coverage():
+    profile = load_params(ROOT / "configs/commongen.yaml")
+    assert profile.score.settings == {"max_words": 16, "brevity_weight": 0.0}
+    reward = load_task_file("tasks/commongen.py", root=ROOT).make_reward(profile.score)
+    assert [(r.name, r.weight) for r in reward.rewards] == [("coverage", 1.0), ("brevity", 0.0)]
+    completions = ["A man stood in a field, looking up.", " ".join(["field"] * 24) + " look stand", "Nothing."]
+    totals, terms = reward.score_terms(completions, ids=["a", "b", "c"], queries=[""] * 3,
+                                       columns={"concepts": [["field", "look", "stand"]] * 3})
+    assert totals == [1.0, 1.0, 0.0]  # brevity at weight 0: today's coverage reward exactly
+    # brevity: 8 words -> 1; 26 words -> 2 - 26/16 = 0.375; 1 word -> 1
+    assert [t["brevity"] for t in terms] == [1.0, 2 - 26 / 16, 1.0]
+    swept = load_params(ROOT / "configs/commongen.yaml", ["score.settings.brevity_weight=0.5"]).score
+    assert load_task_file("tasks/commongen.py", root=ROOT).make_reward(swept).score_terms(
+        completions[1:2], ids=["b"], queries=[""], columns={"concepts": [["field", "look", "stand"]]})[0] == \
+        [1.0 + 0.5 * (2 - 26 / 16)]
 
 
 def test_commongen_prompts_from_train_lines_and_dev_rows(commongen):

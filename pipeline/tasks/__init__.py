@@ -73,7 +73,7 @@ def check_params(params: Params) -> Params:
     task = get_task(params.run.task)
     scorer = params.score.scorer
     if hasattr(task, "reward_function"):
-        task.reward_function(scorer)  # a task file: the function must exist (its error names the file)
+        task.reward_function(scorer, params.score.settings)  # a task file: its rewards must exist (errors name the file)
     if scorer not in task.SCORERS:
         raise ConfigError(f"'score.scorer' = {scorer!r} is not a scorer of task "
                           f"{params.run.task!r}: use one of {task.SCORERS}.")

@@ -101,14 +101,15 @@ class FileTask:
     def __repr__(self) -> str:
         return f"FileTask({self.spec!r})"
 
-    def reward_function(self, name: str) -> list:
-        """The file's declared rewards (pipeline/tasks/_rewards.py Reward) for `score.scorer` = "reward"."""
+    def reward_function(self, name: str, settings: dict | None = None) -> list:
+        """The file's declared rewards (pipeline/tasks/_rewards.py Reward) for `score.scorer` = "reward", weighted
+        with `settings` (score.settings) where REWARD_WEIGHTS names one."""
         from pipeline.tasks._rewards import declared_rewards
 
         if name != DEFAULT_SCORER:
             raise ConfigError(f"'score.scorer' = {name!r}: a task file's reward is {DEFAULT_SCORER!r} (the weighted "
                               f"total of its REWARDS, or its function reward): set score.scorer: {DEFAULT_SCORER}.")
-        return declared_rewards(self.module, self.path)
+        return declared_rewards(self.module, self.path, settings)
 
     # -- the task interface ------------------------------------------------------------------------
     def build(self, world, *, seed: int) -> tuple[list[str], dict[str, list[dict]]]:
@@ -183,7 +184,7 @@ class FileTask:
             rows = [self._prompt_row({"text": WORLD_OPENING}, 0, source)] if source == "world" \
                 else self.eval_prompt_rows(source, sample)
             columns = {name for row in rows for name in json.loads(row["columns"])}
-            for reward in self.reward_function(params.score.scorer):
+            for reward in self.reward_function(params.score.scorer, params.score.settings):
                 missing = sorted(reward.required() - columns - set(params.score.settings))
                 if missing:
                     raise ConfigError(f"Reward {reward.name} of {self.path} reads {missing}, which the prompts of "
@@ -250,7 +251,7 @@ class FileReward:
     needs_columns = True
 
     def __init__(self, task: FileTask, scorer: str, settings: dict | None = None) -> None:
-        self.task, self.rewards, self.settings = task, task.reward_function(scorer), dict(settings or {})
+        self.task, self.rewards, self.settings = task, task.reward_function(scorer, settings), dict(settings or {})
         self.name = f"{task.name}.{scorer}"
         # an edit of the file, or of a tasks/ module it imports, shows in every score row
         self.version = code_sha(task.path, root=task.root)

@@ -3,7 +3,7 @@
 The file names its rewards (TRL's ``reward_funcs`` and ``reward_weights``)::
 
     REWARDS = [coverage, brevity]     # functions or callable objects, here or imported from a tasks/ helper
-    REWARD_WEIGHTS = [1.0, 0.5]       # optional: 1.0 each
+    REWARD_WEIGHTS = [1.0, "brevity_weight"]  # optional (1.0 each); a name: that key of score.settings
 
 or defines one function ``reward`` (then ``REWARDS = [reward]``). Nothing else of the file is a
 reward. Each is called on a batch as ``f(prompts, completions, **columns)``; one that names its
@@ -51,8 +51,9 @@ class Reward:
         return named, any(p.kind is p.VAR_KEYWORD for p in parameters)
 
 
-def declared_rewards(module, path: Path) -> list[Reward]:
-    """The file's REWARDS with their REWARD_WEIGHTS, or its function `reward`; ConfigError naming the fix."""
+def declared_rewards(module, path: Path, settings: dict | None = None) -> list[Reward]:
+    """The file's REWARDS with their REWARD_WEIGHTS (a name read from `settings`: score.settings), or its function
+    `reward`; ConfigError naming the fix."""
     functions = getattr(module, "REWARDS", None)
     if functions is None:
         function = getattr(module, "reward", None)
@@ -65,9 +66,15 @@ def declared_rewards(module, path: Path) -> list[Reward]:
         raise ConfigError(f"REWARDS of {path} = {functions!r}: give a non-empty list of functions "
                           f"f(prompts, completions, **columns).")
     weights = getattr(module, "REWARD_WEIGHTS", None) or [1.0] * len(functions)
-    if len(weights) != len(functions) or not all(_is_number(w) for w in weights):
-        raise ConfigError(f"REWARD_WEIGHTS of {path} = {weights!r}: give one number per reward of REWARDS "
-                          f"({len(functions)}).")
+    if len(weights) != len(functions) or not all(_is_number(w) or isinstance(w, str) for w in weights):
+        raise ConfigError(f"REWARD_WEIGHTS of {path} = {weights!r}: give one number (or score.settings key) per "
+                          f"reward of REWARDS ({len(functions)}).")
+    settings = dict(settings or {})
+    unset = [w for w in weights if isinstance(w, str) and not _is_number(settings.get(w))]
+    if unset:
+        raise ConfigError(f"REWARD_WEIGHTS of {path} names {unset[0]!r}, but 'score.settings.{unset[0]}' = "
+                          f"{settings.get(unset[0])!r}: set it to a number in params.yaml (score.settings).")
+    weights = [settings[w] if isinstance(w, str) else w for w in weights]
     names = [getattr(f, "__name__", type(f).__name__) for f in functions]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
