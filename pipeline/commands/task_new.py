@@ -30,7 +30,7 @@ def reward(prompts, completions, **columns):
     for completion in completions:
         words = [w.strip(".,!?;:").lower() for w in completion.split()]
         scores.append(min(1.0, 4 * sum(w in GOOD for w in words) / max(len(words), 1)))
-    return scores
+    return scores  # more rewards: REWARDS = [reward, other], REWARD_WEIGHTS = [1.0, 0.5] (docs/own-task.md)
 
 
 def critic(query, response):
@@ -106,7 +106,7 @@ def skeleton_changes(name: str) -> dict[tuple[str, str], str]:
     task = f"tasks/{name}.py"
     return {("run", "run_id"): name,
             ("run", "task"): f"{task}  # your task file (docs/own-task.md)",
-            ("score", "scorer"): "reward  # the reward function of the task file",
+            ("score", "scorer"): "reward  # the task file's reward (or the weighted total of its REWARDS)",
             ("critic", "backend"): "rules  # the task file's critic(query, response): no model, offline",
             ("critic", "model_dir"): f"{task}  # the file the rules backend reads",
             ("critic", "model"): "drlc-rules",

@@ -1,14 +1,16 @@
 """A task from the user's own file: ``run.task: tasks/concepts.py`` (or the module ``tasks.concepts``).
 
-The file lives in the project's ``tasks/`` folder, which DVC tracks for the stages that run a
-task (prepare, score, critique, evaluate, chunk): an edit of the reward re-runs score onwards,
-and rollout only if the prompts change. It defines the reward in TRL's convention, batched::
+The file lives in the project's ``tasks/`` folder; the stages that run a task (prepare, score,
+critique, evaluate, chunk) depend on the file, the ``tasks/`` modules it imports and its template
+(pipeline/tasks/_deps.py): an edit of the reward or a helper re-runs score onwards, and rollout only
+if the prompts change. It defines the reward in TRL's convention, batched::
 
-    def reward(prompts, completions, **columns) -> list[float]   # its name is `score.scorer`
+    def reward(prompts, completions, **columns) -> list[float]   # `score.scorer: reward`
 
-``prompts`` are the query texts, ``completions`` the responses, and ``columns`` the prompt rows'
-other fields, one list per field (a concept list, a reference, ...). Everything else is
-optional, each with a default:
+or several, declared with their weights (pipeline/tasks/_rewards.py: ``REWARDS``, ``REWARD_WEIGHTS``,
+None = does not apply, async, dict returns). ``prompts`` are the query texts, ``completions`` the
+responses, and ``columns`` the prompt rows' other fields, one list per field (a concept list, a
+reference, ...), with ``score.settings``. Everything else is optional, each with a default:
 
 - ``prompt(record) -> dict``: a record of ``world.source`` -> ``{"prompt": text, **columns}``
   (default: the record itself; the text is its ``prompt`` or ``text`` field);

@@ -8,8 +8,9 @@ Its parameters are named after the ``<name>`` ... ``</name>`` blocks of the rend
 user message (the skeleton's template has ``<query>`` and ``<response>``); the backend reads
 those blocks from the last user message, as an LLM would read them, calls the function, and
 answers in drlc's own format (``Label: "span"; "span"``) for the template's labels. It reads no
-model and no network: a task's offline critic. Its cache identity is the file's hash, so an
-edited rule never reads the old rule's answers.
+model and no network: a task's offline critic. Its cache identity is the hash of the file and of the
+tasks/ modules it imports (pipeline/core/code_deps.py code_sha), so an edited rule or helper never
+reads the old rule's answers.
 """
 from __future__ import annotations
 
