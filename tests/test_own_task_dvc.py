@@ -52,3 +52,35 @@ def test_task_new_runs_two_rounds_and_a_reward_edit_reruns_score_onwards_only(tm
     assert "Running stage 'score@0001'" in again and "Running stage 'ppo@0001'" in again
     rescored = store.read_table(project / "data/scores/round=0001", "scores")
     assert {s["scorer_version"] for s in rescored} != {s["scorer_version"] for s in scores}
+
+
+def test_a_helper_edit_reruns_score_and_critique_and_misses_the_rule_cache_and_other_tasks_files_rerun_nothing(tmp_path):
+    """The deps follow the code (pipeline/tasks/_deps.py): a helper module the task file imports is a dep of the
+    stages that run the task and part of the rule critic's cache identity; a file of tasks/ that neither the task
+    nor its template is (CommonGen's template) is no dep at all."""
+    project = make_project(tmp_path, tiny_params(n_rounds=1))
+    run([sys.executable, "-m", "pipeline", "task", "new", "concepts"], project)
+    (project / "tasks/concepts_words.py").write_text('GOOD = {"great", "good", "best", "love", "fun"}\n')
+    task_file = project / "tasks/concepts.py"
+    text = task_file.read_text()
+    task_file.write_text("from concepts_words import GOOD\n" + text[text.index("RANGE"):].replace(
+        text[text.index("GOOD = "):text.index("\n", text.index("GOOD = ")) + 1], ""))
+    profile = shrunk(yaml.safe_load((project / "configs/concepts.yaml").read_text()), tiny_params(n_rounds=1))
+    (project / "params.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
+    deps = run([sys.executable, "-m", "pipeline", "task", "deps"], project).stdout
+    assert "tasks/concepts_words.py" in deps and "commongen" not in deps, deps
+    dvc(["repro"], project)
+    first = store.read_table(project / "data/annotations/round=0001", "annotations")
+    assert any(a["critiqued"] for a in first)
+
+    (project / "tasks/concepts_words.py").write_text('GOOD = {"great", "good", "best", "love", "fun", "the"}\n')
+    again = dvc(["repro"], project).stdout
+    assert "Stage 'rollout@0001' didn't change, skipping" in again, again
+    assert "Running stage 'score@0001'" in again and "Running stage 'critique@0001'" in again, again
+    critiqued = [a for a in store.read_table(project / "data/annotations/round=0001", "annotations") if a["critiqued"]]
+    assert critiqued and not any(a["cache_hit"] for a in critiqued)  # the helper is in the rule critic's identity
+
+    (project / "tasks/commongen.md").write_text((project / "tasks/commongen.md").read_text() + "\nedited\n")
+    (project / "tasks/commongen.py").write_text("# edited\n")
+    status = dvc(["status"], project).stdout
+    assert "Data and pipelines are up to date" in status, status

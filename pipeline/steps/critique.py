@@ -57,7 +57,9 @@ def critic_endpoint(critic: CriticParams, base_dir: str | None = None, device=No
     the local hf backend's model runs (server_stats()["device"] reads it back from its parameters).
     labels: the template's labels, which a tagger backend's model must tag.
     """
-    if critic.endpoint == "local":
+    if critic.endpoint == "local" and critic.backend == "rules":  # in process (RuleClient): no server
+        yield None, (lambda: {})
+    elif critic.endpoint == "local":
         tagger = critic.backend in ("tagger", "random_spans", "rules")  # the backends that write the template's labels
         model_dir = critic_model_dir(critic, base_dir) if tagger or critic.backend == "hf" else None
         options = {"device": device} if critic.backend == "hf" else {}
@@ -161,12 +163,30 @@ class CriticSession:
         rows = scored_rows(rollout_rows, score_rows)
         if not self.critic.enabled:
             annotations, stats = [skipped_row(row) for row in rows], RunStats()
+        elif self.critic.endpoint == "local" and self.critic.backend == "rules":
+            annotations, stats = self._critique_by_rules(rows)
         else:
             client = critic_client(self.critic, self.base_url, template_sha=self.template.sha256)
             annotations, stats = critique_round(rows, client=client, cache=self.cache, template=self.template,
                                                 fields=self.fields, tokenizer=self.tokenizer, critic=self.critic)
         annotations = [dict(a, run_id=run_id, round=round_) for a in annotations]
         return annotations, {**summarize(annotations, stats), "device": self.server_stats().get("device")}
+
+
+    def _critique_by_rules(self, rows: list[dict]) -> tuple[list[dict], RunStats]:
+        """critic.backend rules: the file's critic() on each critiqued row in this process (RuleClient), its
+        answers JSON spans (any character) cached under the keys the HTTP client would use."""
+        import dataclasses
+
+        from pipeline.critic.annotate import critiqued_indices
+        from pipeline.critic.offline.rules import RuleClient
+
+        critic = dataclasses.replace(self.critic, answer_format="json")
+        keys = critic_client(critic, None, template_sha=self.template.sha256).key_for
+        chosen = [rows[i] for i in critiqued_indices(rows, threshold=critic.threshold)]
+        client = RuleClient(critic.model_dir, labels=self.template.labels, rows=chosen, keys=keys)
+        return critique_round(rows, client=client, cache=self.cache, template=self.template, fields=self.fields,
+                              tokenizer=self.tokenizer, critic=critic)
 
 
 @contextlib.contextmanager

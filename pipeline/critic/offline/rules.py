@@ -55,3 +55,68 @@ class RuleBackend:
         if not isinstance(spans, dict):
             raise CriticError(f"{self.path}: {FUNCTION}() returned {type(spans).__name__}, not {{label: [span, ...]}}.")
         return format_answer(self.labels, [(label, span) for label, items in spans.items() for span in items])
+
+
+class RuleClient:
+    """``critic.backend: rules`` in the critique stage's own process: the file's critic() called on each row.
+
+    It stands where the HTTP client stands (``run(requests, cache)`` -> one CriticResult per request,
+    ``model``, ``last_stats``), for the rows the requests were rendered from (`rows`, in the same order),
+    and answers from the row itself, not from the rendered template: critic(query, response, ...)
+    gets each parameter it names from the row. Its answers are JSON spans (``critic.answer_format``
+    json), so a span may hold any character. Each answer is cached under the key the HTTP client
+    would use (`keys`: its ``key_for``), so the cache and the annotations table are as before; a
+    critic() that raises stops the stage with one CriticError naming the file and line.
+    """
+
+    model = "drlc-rules"
+
+    def __init__(self, path: str | Path, *, labels: tuple[str, ...], rows: list[dict], keys) -> None:
+        self.backend = RuleBackend(path, labels=labels)
+        self.rows, self.keys = rows, keys
+        from pipeline.critic.client import RunStats
+
+        self.last_stats = RunStats()
+
+    def run(self, requests: list[list[dict]], cache, *, sample_index: int = 0, progress: bool = False,
+            bodies: list[dict] | None = None) -> list:
+        from pipeline.critic.client import CriticResult, RunStats
+
+        if len(requests) != len(self.rows):
+            raise CriticError(f"rules critic: {len(requests)} requests for {len(self.rows)} rows (a drlc bug).")
+        self.last_stats, results = RunStats(), []
+        for row, messages, body in zip(self.rows, requests, bodies or [{}] * len(requests)):
+            key = self.keys(messages, sample_index, body)
+            cached = cache.get(key)
+            if isinstance(cached, dict):
+                self.last_stats.cache_hits += 1
+                results.append(CriticResult("ok", key, cache_hit=True, raw_text=cached["raw_text"],
+                                            finish_reason="stop", model=self.model))
+                continue
+            text = self.answer(row)
+            cache.put(key, {"raw_text": text, "finish_reason": "stop", "model": self.model, "latency_s": 0.0,
+                            "usage": {"prompt_tokens": 0, "completion_tokens": 0}, "system_fingerprint": None})
+            results.append(CriticResult("ok", key, raw_text=text, finish_reason="stop", model=self.model,
+                                        attempts=1))
+        return results
+
+    def answer(self, row: dict) -> str:
+        """The JSON answer {"spans": [{label, text}, ...]} of critic() on one row."""
+        import json
+
+        from pipeline.core.user_code import where
+
+        missing = [p for p in self.backend.parameters if p not in row]
+        if missing:
+            raise CriticError(f"{self.backend.path}: {FUNCTION}() reads {missing}, which a scored rollout row lacks "
+                              f"(it has {sorted(row)}).")
+        try:
+            spans = self.backend.function(**{p: row[p] for p in self.backend.parameters})
+        except Exception as error:
+            raise CriticError(f"{FUNCTION}() of {self.backend.path} raised on response {row.get('rollout_id')}"
+                              f"{where(error, self.backend.path)}: {type(error).__name__}: {error}") from error
+        if not isinstance(spans, dict) or not all(isinstance(v, (list, tuple)) for v in spans.values()):
+            raise CriticError(f"{self.backend.path}: {FUNCTION}() returned {type(spans).__name__}, not "
+                              f"{{label: [span, ...]}}.")
+        return json.dumps({"spans": [{"label": label, "text": str(span)} for label, items in spans.items()
+                                     for span in items]}, ensure_ascii=False)
