@@ -28,7 +28,7 @@ def critic(query, response):  # concept words are good; a word said twice, and t
     used = [w for w in words if any(uses(w, c) for c in concepts)]
     repeats = [w for i, w in enumerate(words) if len(w) > 3 and w not in used and w.lower() in map(str.lower, words[:i])]
     return {"concept": list(dict.fromkeys(used)),
-            "filler": list(dict.fromkeys(repeats)) + ([rest.strip()] if rest.strip() and '"' not in rest else [])}
+            "filler": list(dict.fromkeys(repeats)) + ([rest.strip()] if rest.strip() else [])}
 
 
 def metrics(prompts, completions, concepts):
