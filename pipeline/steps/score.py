@@ -35,7 +35,9 @@ def scorer_device(score: ScoreParams, *, task: str, setting: str):
     """Where the scorer's model runs: `setting` (run.device) resolved for a scorer that loads score.model (the
     task's MODEL_SCORERS); None for one without a model (VADER, lexicon, ROUGE, Perspective, fitted), whose
     stage then never imports torch."""
-    return resolve_device(setting) if score.scorer in get_task(task).MODEL_SCORERS else None
+    task_ = get_task(task)  # a task file whose rewards load MODELS runs them there too
+    return resolve_device(setting) if score.scorer in task_.MODEL_SCORERS or getattr(task_, "LOADS_MODELS", False) \
+        else None
 
 
 def population_std(values: list[float]) -> float:

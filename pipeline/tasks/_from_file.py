@@ -98,6 +98,7 @@ class FileTask:
         self.name = path.stem
         self.LABELS = tuple(getattr(module, "LABELS", ()) or ())
         self.SCORERS = (DEFAULT_SCORER,)  # the weighted total of REWARDS, or the function `reward`
+        self.LOADS_MODELS = bool(getattr(module, "MODELS", None))  # its rewards run models on run.device
         self.critic_fields = getattr(module, "critic_fields", _query_and_response)
 
     def __repr__(self) -> str:
@@ -187,7 +188,8 @@ class FileTask:
                 else self.eval_prompt_rows(source, sample)
             columns = {name for row in rows for name in json.loads(row["columns"])}
             for reward in self.reward_function(params.score.scorer, params.score.settings):
-                missing = sorted(reward.required() - columns - set(params.score.settings))
+                missing = sorted(reward.required() - columns - set(params.score.settings)
+                                 - set(getattr(self.module, "MODELS", None) or {}))
                 if missing:
                     raise ConfigError(f"Reward {reward.name} of {self.path} reads {missing}, which the prompts of "
                                       f"'{key}' = {source!r} lack (their columns: {sorted(columns)}): return it from "
@@ -257,6 +259,13 @@ class FileReward:
         self.name = f"{task.name}.{scorer}"
         # an edit of the file, or of a tasks/ module it imports, shows in every score row
         self.version = code_sha(task.path, root=task.root)
+        self.models = LoadedModels(task, self)
+        self.device = None  # where its MODELS were loaded (holder_device); None until one is
+
+    def to(self, device) -> "FileReward":
+        """Where its MODELS load (the stage's run.device); nothing loads here (place() calls this)."""
+        self.models.device = device
+        return self
 
     def score(self, texts: list[str], *, references: list[str], queries: list[str],
               columns: dict[str, list] | None = None) -> list[float]:
@@ -273,8 +282,32 @@ class FileReward:
         from pipeline.tasks._rewards import call_rewards, weighted_totals
 
         values = call_rewards(self.rewards, list(queries), list(texts), dict(columns or {}), path=self.task.path,
-                              settings=self.settings)
+                              settings=self.settings, models=self.models)
         return weighted_totals(self.rewards, values, ids=ids, who=f"reward {self.name} ({self.task.path})")
+
+
+class LoadedModels:
+    """The file's MODELS ({name: loader(device)}) as a mapping that calls each loader once, on first use."""
+
+    def __init__(self, task: FileTask, reward: FileReward) -> None:
+        self.task, self.reward, self.device, self.loaded = task, reward, None, {}
+        self.loaders = getattr(task.module, "MODELS", None) or {}
+        if not isinstance(self.loaders, dict) or not all(callable(f) for f in self.loaders.values()):
+            raise ConfigError(f"MODELS of {task.path} = {self.loaders!r}: give {{name: loader}}, each loader a "
+                              f"function of the device returning the model (def load(device): ...).")
+
+    def __contains__(self, name) -> bool:
+        return name in self.loaders
+
+    def __getitem__(self, name: str):
+        if name not in self.loaded:
+            try:
+                self.loaded[name] = self.loaders[name](self.device if self.device is not None else "cpu")
+            except Exception as error:
+                raise RewardError(f"MODELS[{name!r}] of {self.task.path} failed to load{where(error, self.task.path)}: "
+                                  f"{type(error).__name__}: {error}") from error
+            self.reward.device = str(self.device if self.device is not None else "cpu")
+        return self.loaded[name]
 
 
 class FileEvaluator:

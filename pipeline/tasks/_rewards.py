@@ -17,6 +17,14 @@ parameters gets just those (a prompt column, or a setting of ``score.settings``)
   beside it as ``<reward>.<key>`` (the scores table's ``rewards`` map).
 
 ``async def`` rewards (and rewards that return an awaitable) run concurrently, in one event loop.
+
+A reward that needs a model names it as a parameter, and the file says how to load it::
+
+    MODELS = {"judge": load_judge}    # def load_judge(device): import transformers ...; return the model
+
+drlc calls the loader once per stage, with ``run.device`` resolved, the first time a reward that
+names ``judge`` scores: only the stages that score (score, evaluate, chunk) load it, and importing
+the file (prepare, critique) loads nothing.
 """
 from __future__ import annotations
 
@@ -83,13 +91,14 @@ def declared_rewards(module, path: Path, settings: dict | None = None) -> list[R
 
 
 def call_rewards(rewards: list[Reward], prompts: list[str], completions: list[str], columns: dict[str, list], *,
-                 path: Path, settings: dict | None = None) -> dict[str, list]:
-    """{reward name: what it returned} for one batch; async rewards awaited together."""
-    settings = dict(settings or {})
+                 path: Path, settings: dict | None = None, models=None) -> dict[str, list]:
+    """{reward name: what it returned} for one batch; async rewards awaited together. models: the file's MODELS
+    as a mapping that loads each on first use (a reward gets the ones it names)."""
+    settings, models = dict(settings or {}), models if models is not None else {}
     results, pending = {}, {}
     for reward in rewards:
         try:
-            value = reward.function(prompts, completions, **_inputs(reward, columns, settings, path))
+            value = reward.function(prompts, completions, **_inputs(reward, columns, settings, models, path))
         except RewardError:
             raise
         except Exception as error:
@@ -106,17 +115,18 @@ def call_rewards(rewards: list[Reward], prompts: list[str], completions: list[st
     return {reward.name: results[reward.name] for reward in rewards}
 
 
-def _inputs(reward: Reward, columns: dict[str, list], settings: dict, path: Path) -> dict:
-    """The keyword arguments of `reward`: every column and setting (**kwargs), else the ones it names."""
-    available = {**columns, **settings}
+def _inputs(reward: Reward, columns: dict[str, list], settings: dict, models, path: Path) -> dict:
+    """The keyword arguments of `reward`: every column and setting (**kwargs), else the ones it names; and each
+    model of MODELS it names (loaded on first use)."""
     named, takes_all = reward.arguments()
+    available = {**columns, **settings, **{name: models[name] for name in named if name in models}}
     if takes_all:
         return available
     missing = sorted(named - set(available))
     if missing:
         raise RewardError(f"reward {reward.name} ({path}) reads {missing}, which neither the prompts' columns "
-                          f"{sorted(columns)} nor score.settings {sorted(settings)} supply: return them from "
-                          f"prompt(record), set them in score.settings, or give the parameter a default.")
+                          f"{sorted(columns)} nor score.settings {sorted(settings)} nor MODELS supply: return them "
+                          f"from prompt(record), set them in score.settings, or give the parameter a default.")
     return {name: available[name] for name in named if name in available}
 
 
