@@ -13,7 +13,7 @@ from pipeline.core.config import load_params
 from pipeline.core.errors import ConfigError
 from pipeline.steps.critique import critic_model_id
 from pipeline.tasks import get_task
-from pipeline.tasks._deps import check_task_deps, task_deps, with_task_deps, write_task_deps
+from pipeline.tasks._deps import sync_task_deps, task_deps, with_task_deps, write_task_deps
 from test_dvc_deps import dvc_yaml_stages
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,7 +90,7 @@ def test_dvc_yaml_gets_the_closure_in_the_stages_that_run_a_task_and_the_templat
         runs_a_task = "pipeline/tasks/__init__.py" in import_closure(script)
         reads_templates = "prompts" in stage_deps
         assert on_tasks == (CLOSURE if runs_a_task else []) + (["tasks/mine.md"] if reads_templates else []), name
-    check_task_deps(load_params(project / "params.yaml"), project)  # what was written passes the check
+    assert sync_task_deps(load_params(project / "params.yaml"), project) is None  # up to date: nothing to change
 
 
 def test_a_built_in_task_depends_on_no_file_of_tasks_and_the_checkout_says_so():
@@ -100,17 +100,19 @@ def test_a_built_in_task_depends_on_no_file_of_tasks_and_the_checkout_says_so():
     assert task_deps(load_params(ROOT / "params.yaml"), ROOT) == {"code": [], "templates": []}
 
 
-def test_drlc_check_refuses_a_dvc_yaml_whose_task_deps_are_stale_in_one_line(project):
+def test_drlc_check_and_drlc_task_deps_bring_stale_task_deps_up_to_date_in_one_line(project):
     write_task_deps(load_params(project / "params.yaml"), project)
     (project / "tasks/mine.py").write_text(TASK.replace("import json\n", "import json\nimport unused\n"))
     result = drlc(["check"], project)
-    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert "tasks/unused.py" in result.stderr and "drlc task deps" in result.stderr
-    fixed = drlc(["task", "deps"], project)
-    assert fixed.returncode == 0 and "tasks/unused.py" in fixed.stdout, fixed.stderr
-    with pytest.raises(ConfigError, match="run `drlc task deps`"):
-        check_task_deps(load_params(project / "params.yaml", ["run.task=tasks/other.py", "critic.model_dir=tasks/other.py"]),
-                        project)
+    assert result.returncode == 0, result.stderr
+    notice = [line for line in result.stdout.splitlines() if line.startswith("dvc.yaml:")]
+    assert len(notice) == 1 and "tasks/unused.py" in notice[0] and "(were [" in notice[0], result.stdout
+    assert "tasks/unused.py" in (project / "dvc.yaml").read_text()
+    assert "dvc.yaml:" not in drlc(["check"], project).stdout  # once up to date, nothing to say
+    other = drlc(["task", "deps", "--set", "run.task=tasks/other.py", "--set", "critic.model_dir=tasks/other.py"],
+                 project)
+    assert other.returncode == 0 and "['tasks/other.py', 'tasks/mine.md']" in other.stdout, other.stderr
+    assert "tasks/unused.py" not in (project / "dvc.yaml").read_text()
 
 
 # -- a task name that would shadow an installed module ---------------------------------------------------------------
@@ -122,3 +124,16 @@ def test_a_task_name_that_shadows_an_installed_module_is_refused(project, name):
     (project / "tasks" / f"{name}.py").write_text((project / "tasks/other.py").read_text())
     with pytest.raises(ConfigError, match=f"'run.task' = 'tasks/{name}.py': '{name}' is the name of an installed"):
         get_task(f"tasks/{name}.py")
+
+
+def test_a_stage_under_dvc_repro_brings_stale_task_deps_up_to_date(project, monkeypatch, capsys):
+    from pipeline.tasks import check_params
+
+    params = load_params(project / "params.yaml")
+    before = (project / "dvc.yaml").read_text()
+    check_params(params)  # outside DVC (no DVC_ROOT): dvc.yaml is left alone
+    assert (project / "dvc.yaml").read_text() == before
+    monkeypatch.setenv("DVC_ROOT", str(project))
+    check_params(params)
+    assert "dvc.yaml: the stages that run 'tasks/mine.py' now depend on" in capsys.readouterr().err
+    assert sync_task_deps(params, project) is None and "tasks/stems.py" in (project / "dvc.yaml").read_text()

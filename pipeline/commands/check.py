@@ -18,13 +18,16 @@ from pipeline.model.folders import check_base_model, check_eval_models
 from pipeline.steps.preflight import check_inputs
 from pipeline.steps.score import check_score_model
 from pipeline.tasks import check_reward_inputs
-from pipeline.tasks._deps import check_task_deps
+from pipeline.tasks._deps import sync_task_deps
 
 
 def check_run_inputs(params: Params, root: str | Path = ".") -> Params:
-    """Raise the first DrlcError of any input the run reads; returns params when all are fine."""
+    """Raise the first DrlcError of any input the run reads; returns params when all are fine. dvc.yaml's deps on
+    tasks/ are brought up to date on the way (pipeline/tasks/_deps.py), with one printed line when they change."""
     check_inputs(params, root)
-    check_task_deps(params, root)
+    changed = sync_task_deps(params, root)
+    if changed:
+        print(changed)
     check_reward_inputs(params)
     for check in (check_data_files, check_base_model, check_score_model, check_eval_models, check_classifier_data):
         check(params)

@@ -32,6 +32,8 @@ presents:
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -72,6 +74,12 @@ def check_params(params: Params) -> Params:
     """
     task = get_task(params.run.task)
     scorer = params.score.scorer
+    if os.environ.get("DVC_ROOT"):  # a stage under dvc repro: its deps on tasks/ follow the files it runs
+        from pipeline.tasks._deps import sync_task_deps
+
+        changed = sync_task_deps(params, os.environ["DVC_ROOT"])
+        if changed:
+            print(changed, file=sys.stderr)
     if hasattr(task, "reward_function"):
         task.reward_function(scorer, params.score.settings)  # a task file: its rewards must exist (errors name the file)
     if scorer not in task.SCORERS:

@@ -2,7 +2,9 @@
 
 DVC re-runs a stage when a dep changes, and dvc.yaml lists deps literally (templating cannot
 splice a list into `deps`), so the files of `tasks/` a run reads are written into dvc.yaml by
-`drlc task deps` (and by `drlc task new`), and `drlc check` refuses a dvc.yaml whose lines differ:
+`drlc task deps` (and by `drlc task new`), and `drlc check` and every stage that runs a task under
+`dvc repro` (DVC_ROOT set; pipeline.tasks.check_params) bring them up to date and say so in one line
+(a stage's own run then used the files as they are; DVC sees the new deps from the next run on):
 
 - after each `- pipeline/tasks` dep (the stages that run a task): run.task's import closure in
   tasks/ (pipeline/core/code_deps.py), and the rule critic's (`critic.backend: rules`) when that
@@ -32,9 +34,7 @@ def task_deps(params, root: str | Path = ".") -> dict[str, list[str]]:
     root = Path(root)
     code: set[str] = set()
     if is_task_file(params.run.task):
-        from pipeline.tasks._from_file import task_path
-
-        path = task_path(params.run.task, root)
+        path = _task_file(params, root)
         if not path.is_file():
             raise ConfigError(f"'run.task' = {params.run.task!r}: no file {path}; write one with `drlc task new NAME`.")
         code.update(task_closure(path.relative_to(root), root=root))
@@ -67,15 +67,23 @@ def write_task_deps(params, root: str | Path = ".") -> dict[str, list[str]]:
     return deps
 
 
-def check_task_deps(params, root: str | Path = ".") -> None:
-    """Raise ConfigError when root/dvc.yaml's tasks/ deps differ from what `params` runs (no dvc.yaml: nothing)."""
+def sync_task_deps(params, root: str | Path = ".") -> str | None:
+    """Bring root/dvc.yaml's tasks/ deps up to date for `params`; returns the one line saying what changed, or None
+    when nothing did (no dvc.yaml, a replay folder running the checkout's task file, or deps already right)."""
     path = Path(root) / "dvc.yaml"
-    if not path.is_file():
-        return
+    if not path.is_file() or (is_task_file(params.run.task) and not _task_file(params, root).is_file()):
+        return None
     text = path.read_text(encoding="utf-8")
-    if with_task_deps(text, task_deps(params, root)) != text:
-        listed = sorted({line.split("- ", 1)[1].split()[0] for line in text.splitlines() if _TASK_LINE.match(line)})
-        wanted = task_deps(params, root)
-        raise ConfigError(f"dvc.yaml's deps on tasks/ are {listed}, but run.task {params.run.task!r} runs "
-                          f"{wanted['code'] + wanted['templates']}: run `drlc task deps` to rewrite them, so an "
-                          f"edit re-runs exactly the stages it changes.")
+    deps = task_deps(params, root)
+    if with_task_deps(text, deps) == text:
+        return None
+    listed = sorted({line.split("- ", 1)[1].split()[0] for line in text.splitlines() if _TASK_LINE.match(line)})
+    path.write_text(with_task_deps(text, deps), encoding="utf-8")
+    return (f"dvc.yaml: the stages that run {params.run.task!r} now depend on {deps['code'] + deps['templates']} "
+            f"(were {listed}); a later edit of these files re-runs them (drlc task deps does this by hand).")
+
+
+def _task_file(params, root: str | Path) -> Path:
+    from pipeline.tasks._from_file import task_path
+
+    return task_path(params.run.task, root)
