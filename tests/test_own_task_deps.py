@@ -137,3 +137,8 @@ def test_a_stage_under_dvc_repro_brings_stale_task_deps_up_to_date(project, monk
     check_params(params)
     assert "dvc.yaml: the stages that run 'tasks/mine.py' now depend on" in capsys.readouterr().err
     assert sync_task_deps(params, project) is None and "tasks/stems.py" in (project / "dvc.yaml").read_text()
+
+
+def test_commongens_stages_depend_on_its_file_its_helper_and_its_template():
+    assert task_deps(load_params(ROOT / "configs/commongen.yaml"), ROOT) == {
+        "code": ["tasks/commongen.py", "tasks/commongen_words.py"], "templates": ["tasks/commongen.md"]}

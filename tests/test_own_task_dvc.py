@@ -84,3 +84,57 @@ def test_a_helper_edit_reruns_score_and_critique_and_misses_the_rule_cache_and_o
     (project / "tasks/commongen.py").write_text("# edited\n")
     status = dvc(["status"], project).stdout
     assert "Data and pipelines are up to date" in status, status
+
+
+NEW_USERS_TASK = '''"""Two rewards as a new user writes them: one that applies to some prompts only, one async; a helper module."""
+import asyncio
+from words_helper import GOOD
+LABELS = ("good", "bad")
+
+
+def positive(prompts, completions, bonus):  # None: this reward does not apply to prompts that end in "was"
+    return [None if p.rstrip().endswith("was") else bonus * sum(w in GOOD for w in c.lower().split())
+            for p, c in zip(prompts, completions)]
+
+
+async def short(prompts, completions):
+    await asyncio.sleep(0)
+    return [{"score": 1.0 if len(c.split()) <= 8 else 0.0, "words": len(c.split())} for c in completions]
+
+
+REWARDS, REWARD_WEIGHTS = [positive, short], [1.0, 0.5]
+
+
+def critic(query, response):
+    return {"good": [w for w in response.split() if w.lower() in GOOD], "bad": []}
+'''
+
+
+def test_a_new_users_task_with_two_rewards_runs_and_a_swept_setting_reruns_score_onwards(tmp_path):
+    project = make_project(tmp_path, tiny_params(n_rounds=1))
+    run([sys.executable, "-m", "pipeline", "task", "new", "mine"], project)
+    (project / "tasks/words_helper.py").write_text('GOOD = {"good", "great", "fun", "best"}\n')
+    (project / "tasks/mine.py").write_text(NEW_USERS_TASK)
+    profile = shrunk(yaml.safe_load((project / "configs/mine.yaml").read_text()), tiny_params(n_rounds=1))
+    profile["score"]["settings"] = {"bonus": 1.0}
+    (project / "params.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
+    run(["git", "add", "-A"], project)
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "mine"], project)
+    first = dvc(["repro"], project)
+    assert "now depend on ['tasks/mine.py', 'tasks/words_helper.py', 'tasks/mine.md']" in first.stderr, first.stderr
+    rollouts = {r["rollout_id"]: r for r in store.read_table(project / "data/rollouts/round=0001", "rollouts")}
+    for score in store.read_table(project / "data/scores/round=0001", "scores"):  # the total, by hand
+        rollout, parts = rollouts[score["rollout_id"]], dict(score["rewards"])
+        words = rollout["response"].split()
+        good = sum(w in {"good", "great", "fun", "best"} for w in rollout["response"].lower().split())
+        positive = None if rollout["query"].rstrip().endswith("was") else float(good)
+        short = 1.0 if len(words) <= 8 else 0.0
+        assert parts == {"positive": positive, "short": short, "short.words": float(len(words))}
+        assert score["env_reward"] == pytest.approx((positive or 0.0) + 0.5 * short)
+    logged = json.loads((project / "metrics/score/round=0001.json").read_text())["rewards"]
+    assert set(logged) == {"positive", "short", "short.words"} and logged["short"]["applied"] == len(rollouts)
+
+    dvc(["repro"], project)  # once more for the deps the first run wrote into dvc.yaml; then nothing is stale
+    assert "Data and pipelines are up to date" in dvc(["status"], project).stdout
+    swept = dvc(["exp", "run", "-S", "score.settings.bonus=2.0"], project).stdout
+    assert "Stage 'rollout@0001' didn't change, skipping" in swept and "Running stage 'score@0001'" in swept, swept
