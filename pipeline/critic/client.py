@@ -72,6 +72,7 @@ from tqdm import tqdm
 
 from pipeline.core.cache import MISSING, CriticCache, cache_key
 from pipeline.core.errors import ConfigError, CriticError
+from pipeline.critic.structured import bounded_body
 from pipeline.critic.servers import (KINDS, body_for, constrained, detected_kind, ignored_constraint, kind_from_models,
                                      probe)
 
@@ -247,7 +248,11 @@ class CriticClient:
         The key holds the body as sent to :attr:`kind`; before ``auto`` has found the server, the
         canonical body as drlc's and llama.cpp's servers take it.
         """
-        return self._key(messages, sample_index, body_for(self.kind or "drlc", body or {}))
+        return self._key(messages, sample_index, body_for(self.kind or "drlc", self._bounded(body or {})))
+
+    def _bounded(self, body: dict) -> dict:
+        """``body`` bounded so its longest constrained answer closes within ``max_tokens`` (structured.bounded_body)."""
+        return bounded_body(body, self.sampling.get("max_tokens"))
 
     def _key(self, messages: list[dict], sample_index: int, sent: dict) -> str:
         return cache_key(model=self.model_id, messages=messages, template_sha=self.template_sha,
@@ -283,6 +288,7 @@ class CriticClient:
         bodies = [{}] * len(requests) if bodies is None else bodies
         if len(bodies) != len(requests):
             raise ConfigError(f"CriticClient.run got {len(bodies)} bodies for {len(requests)} requests")
+        bodies = [self._bounded(body) for body in bodies]
         bar = None
         try:
             async with openai.AsyncOpenAI(

@@ -76,10 +76,12 @@ def _literal(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r") + '"'
 
 
-def copy_grammar(source: str, labels, *, max_spans: int, words: bool = False) -> str:
+def copy_grammar(source: str, labels, *, max_spans: int, words: bool = False, max_span_bytes: int | None = None) -> str:
     """GBNF for a ``copy`` answer: at most ``max_spans`` spans, each labelled and a substring of ``source``.
 
     :param words: spans start and end at word edges (``copy_words``, :func:`span_bounds`)
+    :param max_span_bytes: most UTF-8 bytes of one span's JSON-escaped text (the answer bound,
+        :func:`pipeline.critic.structured.answer_bound`); None: any length (the chained rules below)
     :raises ConfigError: on no labels or ``max_spans < 1``
     """
     labels = [str(label) for label in labels]
@@ -97,6 +99,15 @@ def copy_grammar(source: str, labels, *, max_spans: int, words: bool = False) ->
     if max_spans == 1:
         rules[0] = f"root ::= {_literal(OPEN)} ( {_literal(CLOSE)} | item {_literal(CLOSE)} )"
     rules.append("label ::= " + " | ".join(_literal(label) for label in labels))
+    if max_span_bytes is not None:
+        spans = {i: rule for i in starts if (rule := _bounded_span(units, i, ends, max_span_bytes))}
+        if not spans:  # no span fits the bound: only the empty answer
+            return f"root ::= {_literal(OPEN + CLOSE)}\n"
+        rules.append("text ::= " + " | ".join(f"s{i}" for i in spans))
+        rules += [f"s{i} ::= {rule}" for i, rule in spans.items()]
+        grammar = "\n".join(rules) + "\n"
+        check_gbnf(grammar)
+        return grammar
     rules.append("text ::= " + " | ".join(f"s{i}" for i in starts))
     last = max(ends)
     for i in range(starts[0], last):  # s_i: the span from character i on, to an end
@@ -105,6 +116,32 @@ def copy_grammar(source: str, labels, *, max_spans: int, words: bool = False) ->
     grammar = "\n".join(rules) + "\n"
     check_gbnf(grammar)
     return grammar
+
+
+def _bounded_span(units: list[str], start: int, ends: set[int], limit: int) -> str:
+    """GBNF body of the spans from character ``start`` that end at an end within ``limit`` bytes ("" if none).
+
+    One nested expression, innermost last: each unit is followed by the rest, optional where a span may end.
+
+    >>> _bounded_span(list("abc"), 0, {1, 3}, 2)
+    '"a"'
+    >>> _bounded_span(list("abc"), 0, {1, 3}, 3)
+    '"a" ( "b" ( "c" ) )?'
+    """
+    size, last, j = 0, None, start
+    while j < len(units):
+        size += len(units[j].encode())
+        if size > limit:
+            break
+        j += 1
+        if j in ends:
+            last = j
+    if last is None:
+        return ""
+    body = _literal(units[last - 1])
+    for k in range(last - 2, start - 1, -1):
+        body = f"{_literal(units[k])} ( {body} )" + ("?" if k + 1 in ends else "")
+    return body
 
 
 def check_gbnf(grammar: str) -> None:

@@ -76,13 +76,20 @@ def body_for(kind: str, body: dict) -> dict:
     if kind == "vllm":
         if grammar is not None:
             return rest | {"structured_outputs": {"grammar": grammar}}
-        return rest | {"structured_outputs": {"json": response_format["json_schema"]["schema"]}}
+        schema = response_format["json_schema"]["schema"]
+        bound = {"disable_any_whitespace": True} if _bounded(schema) else {}  # no free spacing: the bound holds
+        return rest | {"structured_outputs": {"json": schema} | bound}
     if grammar is not None:
         if kind == "openai":
             raise ConfigError("critic.server openai takes no grammar (critic.answer_format copy/copy_words): use "
                               "critic.answer_format: json, or a vllm, sglang or llama.cpp server")
         return rest | {"ebnf": grammar}  # sglang
     return rest | {"response_format": response_format}  # sglang, openai: json as OpenAI's response_format
+
+
+def _bounded(schema: dict) -> bool:
+    """Whether drlc's span schema carries the answer bound (a span text ``maxLength``)."""
+    return "maxLength" in schema["properties"]["spans"]["items"]["properties"]["text"]
 
 
 def kind_from_models(payload: object, base_url: str = "") -> str | None:
@@ -172,7 +179,8 @@ def breaks_constraint(body: dict, text: str, finish_reason: str) -> bool:
     if copy is not None:
         from pipeline.critic.offline.constrained import SpanAutomaton
 
-        automaton = SpanAutomaton(copy["labels"], int(copy["max_spans"]), copy["source"], bool(copy.get("words")))
+        automaton = SpanAutomaton(copy["labels"], int(copy["max_spans"]), copy["source"], bool(copy.get("words")),
+                                  copy.get("max_span_bytes"))
         state = automaton.start
         for ch in text:
             state = automaton.step(state, ch)
@@ -182,9 +190,10 @@ def breaks_constraint(body: dict, text: str, finish_reason: str) -> bool:
     response_format = body.get("response_format")
     if not response_format:
         return False
-    spans = response_format["json_schema"]["schema"]["properties"]["spans"]
-    labels = spans["items"]["properties"]["label"]["enum"]
-    return not _SchemaReader(text, labels, spans.get("maxItems")).fits(complete)
+    from pipeline.critic.structured import schema_bound
+
+    labels, max_items, max_chars = schema_bound(response_format)
+    return not _SchemaReader(text, labels, max_items, max_chars).fits(complete)
 
 
 def _copied_exactly(text: str, copy: dict) -> bool:
@@ -197,7 +206,7 @@ def _copied_exactly(text: str, copy: dict) -> bool:
         return False
     if not isinstance(data, dict) or json.dumps(data, ensure_ascii=False) != text or list(data) != ["spans"]:
         return False  # json.dumps writes the grammar's one layout: ", " and ": ", characters as json_units
-    source, spans = copy["source"], data["spans"]
+    source, spans, limit = copy["source"], data["spans"], copy.get("max_span_bytes")
     starts, ends = span_bounds(source, bool(copy.get("words")))
     starts = set(starts)
     if not isinstance(spans, list) or len(spans) > int(copy["max_spans"]):
@@ -205,6 +214,8 @@ def _copied_exactly(text: str, copy: dict) -> bool:
     for span in spans:
         if not (isinstance(span, dict) and list(span) == ["label", "text"] and span["label"] in copy["labels"]
                 and isinstance(span["text"], str) and span["text"]):
+            return False
+        if limit is not None and len(json.dumps(span["text"], ensure_ascii=False).encode()) - 2 > limit:
             return False
         at = [i for i in range(len(source)) if source.startswith(span["text"], i)]
         if not any(i in starts and i + len(span["text"]) in ends for i in at):
@@ -222,8 +233,8 @@ class _SchemaReader:
     :meth:`fits` says whether the text is such an answer (``complete``) or a prefix of one (cut off).
     """
 
-    def __init__(self, text: str, labels, max_items: int | None) -> None:
-        self.text, self.i, self.labels, self.max_items = text, 0, set(labels), max_items
+    def __init__(self, text: str, labels, max_items: int | None, max_chars: int | None = None) -> None:
+        self.text, self.i, self.labels, self.max_items, self.max_chars = text, 0, set(labels), max_items, max_chars
 
     def fits(self, complete: bool) -> bool:
         try:
@@ -297,6 +308,8 @@ class _SchemaReader:
             value = self._string()
             if key == "label" and value not in self.labels:
                 raise ValueError(f"label {value!r}")
+            if key == "text" and self.max_chars is not None and not 1 <= len(value) <= self.max_chars:
+                raise ValueError(f"text of {len(value)} characters")
             seen.append(key)
         self._literal("}")
 

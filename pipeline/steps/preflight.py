@@ -44,6 +44,10 @@ def check_critic(params: Params, root: str | Path = ".") -> Params:
         raise ConfigError(f"'critic.template' = {params.critic.template!r} has labels {undeclared} that "
                           f"{task.path} does not declare (LABELS = {list(task.LABELS)}): add them to LABELS, "
                           f"or fix the template's front matter.")
+    if params.critic.answer_format != "text":  # the longest constrained answer must close within max_tokens
+        from pipeline.critic.structured import answer_bound
+
+        answer_bound(template.labels, params.critic.max_tokens)
     unknown = sorted(set(params.critic.rewards) - set(template.labels))
     if unknown:
         raise ConfigError(

@@ -31,6 +31,7 @@ needs no compile step.
 from __future__ import annotations
 
 import json
+import re
 
 from pipeline.core.errors import CriticError
 from pipeline.critic.grammar import CLOSE, ITEM_CLOSE, ITEM_MID, ITEM_OPEN, OPEN, SEPARATOR, json_units, span_bounds
@@ -47,13 +48,16 @@ class SpanAutomaton:
     :param labels: the span labels
     :param max_spans: most spans
     :param source: the text spans are copied from, or None for free span texts
+    :param max_span_bytes: most UTF-8 bytes of a copied span's JSON-escaped text, or most characters of
+        a free one (the answer bound, :func:`pipeline.critic.structured.answer_bound`); None: any length
     """
 
-    def __init__(self, labels, max_spans: int, source: str | None = None, words: bool = False) -> None:
+    def __init__(self, labels, max_spans: int, source: str | None = None, words: bool = False,
+                 max_span_bytes: int | None = None) -> None:
         if not labels or max_spans < 1:
             raise CriticError(f"a span constraint needs labels and max_spans >= 1, got {labels!r} and {max_spans}")
         self.labels, self.max_spans, self.source = tuple(str(x) for x in labels), max_spans, source
-        self.words = words
+        self.words, self.max_span_bytes = words, max_span_bytes
         if source is not None:
             units = json_units(source)
             self.escaped = "".join(units)
@@ -68,6 +72,11 @@ class SpanAutomaton:
             for j, ch in enumerate(self.escaped):
                 self.positions.setdefault(ch, set()).add(j)
             self.boundaries = frozenset(offsets)
+            self.to_end = _bytes_to_end(self.escaped, self.ends)
+            blank = [not unit.strip() or unit in ("\\n", "\\t", "\\r") for unit in units for _ in unit]
+            self.to_text = _bytes_to_text(self.escaped, blank, self.to_end)
+            if max_span_bytes is not None:  # a start from which no span with text fits the bound is none
+                self.starts = frozenset(j for j in self.starts if self.to_text[j] <= max_span_bytes)
 
     @property
     def start(self) -> tuple:
@@ -108,19 +117,61 @@ class SpanAutomaton:
             _, spans, typed = state
             if ch == '"' and (typed.strip() or closing):
                 return ("lit", ((ITEM_CLOSE, "after"),), 1, spans + 1)
-            return None if closing or ch in '"\\' or ord(ch) < 0x20 else ("free", spans, typed + ch)
+            if closing or ch in '"\\' or ord(ch) < 0x20 or self._too_long(len(typed) + 1):
+                return None
+            return ("free", spans, typed + ch)
         if kind == "copy":
             _, ends, typed, spans = state
             may_end = ends <= self.boundaries and bool(ends & self.ends) and _has_text(typed)
             if may_end and (ch == '"' or closing):
                 return ("lit", ((ITEM_CLOSE, "after"),), 1, spans + 1) if ch == '"' else None
             moved = frozenset(j + 1 for j in ends & self.positions.get(ch, set()) if j < self.last_end)
+            if self.max_span_bytes is not None:  # keep the positions from which an end is within the bound
+                size, rest = len((typed + ch).encode()), self.to_end if _typed_text(typed + ch) else self.to_text
+                moved = frozenset(j for j in moved if size + rest[j] <= self.max_span_bytes)
             return ("copy", moved, typed + ch, spans) if moved else None
         return None  # "done": only the end of the sequence
+
+    def _too_long(self, size: int) -> bool:
+        """Whether a span text of ``size`` (bytes copied, characters free) passes the bound."""
+        return self.max_span_bytes is not None and size > self.max_span_bytes
 
     @staticmethod
     def is_done(state: tuple) -> bool:
         return state[0] == "done"
+
+
+def _bytes_to_end(escaped: str, ends: frozenset) -> list[float]:
+    """Per offset of ``escaped`` (and its end), the UTF-8 bytes to the nearest span end at or after it (inf: none).
+
+    >>> _bytes_to_end("ab c", frozenset({2, 4}))
+    [2, 1, 0, 1, 0]
+    """
+    out, nearest = [float("inf")] * (len(escaped) + 1), None
+    for j in range(len(escaped), -1, -1):
+        if j in ends:
+            nearest, cost = j, 0
+        elif nearest is not None:
+            cost += len(escaped[j].encode())
+        out[j] = cost if nearest is not None else float("inf")
+    return out
+
+
+def _bytes_to_text(escaped: str, blank: list[bool], to_end: list[float]) -> list[float]:
+    """Per offset of ``escaped``, the UTF-8 bytes to the nearest span end with a non-blank character on the way.
+
+    >>> _bytes_to_text(" ab", [True, False, False], _bytes_to_end(" ab", frozenset({1, 2, 3})))
+    [2, 1, 1, inf]
+    """
+    out = [float("inf")] * (len(escaped) + 1)
+    for j in range(len(escaped) - 1, -1, -1):
+        out[j] = len(escaped[j].encode()) + (to_end[j + 1] if not blank[j] else out[j + 1])
+    return out
+
+
+def _typed_text(escaped: str) -> bool:
+    """Whether a JSON-escaped span prefix (maybe cut inside an escape) already holds a non-blank character."""
+    return bool(re.sub(r"\\[ntr]|\\$", "", escaped).strip())
 
 
 def _has_text(escaped: str) -> bool:
@@ -233,19 +284,22 @@ def constraint_for(request: dict) -> SpanAutomaton | None:
     copy = request.get("drlc_copy")
     if copy is not None:
         if not (isinstance(copy, dict) and isinstance(copy.get("source"), str) and copy.get("labels")
-                and isinstance(copy.get("max_spans"), int) and isinstance(copy.get("words", False), bool)):
-            raise CriticError("drlc_copy must be {source: str, labels: [str], max_spans: int, words: bool (optional)}")
-        return SpanAutomaton(copy["labels"], copy["max_spans"], copy["source"], words=copy.get("words", False))
+                and isinstance(copy.get("max_spans"), int) and isinstance(copy.get("words", False), bool)
+                and isinstance(copy.get("max_span_bytes", 1), int)):
+            raise CriticError("drlc_copy must be {source: str, labels: [str], max_spans: int, words: bool "
+                              "(optional), max_span_bytes: int (optional)}")
+        return SpanAutomaton(copy["labels"], copy["max_spans"], copy["source"], words=copy.get("words", False),
+                             max_span_bytes=copy.get("max_span_bytes"))
     if request.get("grammar") is not None:
         raise CriticError("drlc's hf backend does not read GBNF grammars; send drlc_copy (critic.answer_format: copy)")
     response_format = request.get("response_format")
     if response_format is None or response_format.get("type") == "text":
         return None
+    from pipeline.critic.structured import schema_bound
+
     try:
-        schema = response_format["json_schema"]["schema"]
-        spans = schema["properties"]["spans"]
-        labels = spans["items"]["properties"]["label"]["enum"]
-        return SpanAutomaton(labels, int(spans.get("maxItems", 8)))
+        labels, max_spans, max_chars = schema_bound(response_format)
+        return SpanAutomaton(labels, max_spans, max_span_bytes=max_chars)
     except (KeyError, TypeError) as error:
         raise CriticError(f"drlc's hf backend honours only drlc's span json_schema response_format "
                           f"(critic.answer_format: json), not this one (missing {error})") from None
