@@ -330,11 +330,17 @@ class PPOParams:
     algorithm: str = "ppo"
     loss_type: str = "grpo"  # grpo only: TRL's "grpo", "dr_grpo" (no std, constant normaliser) or "dapo"
     dense_weight: float = 1.0  # grpo, rloo: weight of the critic's per-token term; 0 = the plain algorithm
+    # rollout.engine vllm only (rollouts with engine_logprobs): truncated importance sampling of the engine's
+    # log-probs against the trainer's old ones, weight min(exp(old − engine), cap); null = off (docs/ppo.md)
+    engine_is_cap: float | None = 2.0
+    engine_gap_max: float = 1.0  # a round whose mean |old − engine| log-prob gap (nats) is above this stops
 
     checks = {
         "algorithm": (lambda x: x in ALGORITHMS, f"one of {ALGORITHMS}"),
         "loss_type": (lambda x: x in LOSS_TYPES, f"one of {LOSS_TYPES}"),
         "dense_weight": (lambda x: x >= 0, ">= 0"),
+        "engine_is_cap": (lambda x: x >= 1, ">= 1 or null"),
+        "engine_gap_max": (_positive, "> 0"),
         "num_shared_layers": (lambda x: x >= 0, ">= 0 or null"),
         "mixed_precision": (lambda x: x in ("fp32", "bf16"), "one of ('fp32', 'bf16')"),
         "learning_rate": (_positive, "> 0"),

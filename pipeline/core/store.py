@@ -150,8 +150,10 @@ OPTIONAL_COLUMNS: dict[str, list[tuple[str, pa.DataType]]] = {
     "scores": [("rewards", pa.map_(pa.string(), pa.float64()))],
     "rollouts": [("group_index", pa.int32()), ("sample_index", pa.int32()),
                  ("engine_logprobs", pa.list_(pa.float32()))],  # rollout.engine vllm: vLLM's log-probs
-    # rounds trained on an external engine's rollouts: the old log-prob gap (pipeline/train/trainer.py)
-    "ppo_steps": [("engine_logprob_gap_max", pa.float64()), ("engine_logprob_gap_mean", pa.float64())],
+    # rounds trained on an external engine's rollouts: the old log-prob gap and, with ppo.engine_is_cap, the
+    # truncated importance-sampling weights' share capped and mean (pipeline/train/trainer.py engine_correction)
+    "ppo_steps": [("engine_logprob_gap_max", pa.float64()), ("engine_logprob_gap_mean", pa.float64()),
+                  ("is_capped_share", pa.float64()), ("is_weight_mean", pa.float64())],
 }
 
 

@@ -186,7 +186,8 @@ def kl_reward_rows(rollouts: list[dict], per_token: list, *, params: PPOParams, 
             for r, values in zip(rollouts, per_token, strict=True)]
 
 
-ENGINE_GAPS = ("engine_logprob_gap_max", "engine_logprob_gap_mean")  # rounds on an external engine's rollouts
+# rounds on an external engine's rollouts: the gap, and the truncated importance-sampling weights (ppo.engine_is_cap)
+ENGINE_GAPS = ("engine_logprob_gap_max", "engine_logprob_gap_mean", "is_capped_share", "is_weight_mean")
 SUMMARY_MEANS = ("policy_loss", "value_loss", "approx_kl", "policy_kl", "clipfrac", "entropy", "kl", "kl_coef")
 
 

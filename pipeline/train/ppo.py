@@ -207,12 +207,16 @@ def policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     cliprange: float,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate policy loss.
 
     logratio = logprobs − old_logprobs, ratio = exp(logratio)
     pg_losses = −A · ratio,  pg_losses2 = −A · clip(ratio, 1 − cliprange, 1 + cliprange)
     pg_loss = masked_mean(max(pg_losses, pg_losses2))
+    is_weights: (B, T) truncated importance-sampling weights of an external engine's rollouts
+    (:func:`truncated_is_weights`): pg_loss = masked_mean(w · max(pg_losses, pg_losses2)); None = no weights,
+    the line above unchanged.
     stats: clipfrac = masked_mean(pg_losses2 > pg_losses),
            approx_kl = masked_mean((ratio − 1) − logratio)   (k3, ≥ 0),
            policy_kl = masked_mean(old_logprobs − logprobs)   (k1),
@@ -223,7 +227,10 @@ def policy_loss(
     ratio = torch.exp(logratio)  # (B, T)
     pg_losses = -advantages * ratio  # (B, T)
     pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)  # (B, T)
-    pg_loss = masked_mean(torch.max(pg_losses, pg_losses2), mask)
+    per_token = torch.max(pg_losses, pg_losses2)  # (B, T)
+    if is_weights is not None:
+        per_token = per_token * is_weights  # (B, T)
+    pg_loss = masked_mean(per_token, mask)
     with torch.no_grad():
         stats = {
             "clipfrac": masked_mean(torch.gt(pg_losses2, pg_losses).float(), mask).item(),
@@ -232,6 +239,28 @@ def policy_loss(
             "ratio_mean": masked_mean(ratio, mask).item(),
         }
     return pg_loss, stats
+
+
+def truncated_is_weights(*, old_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor,
+                         cap: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """Truncated importance sampling (TIS) of an external engine's rollouts against the trainer's old log-probs.
+
+    The engine (vLLM) sampled from its own numbers μ, the loss assumes the trainer's π_old; each token's
+    policy-gradient loss is reweighted by
+        w_t = min(exp(old_t − engine_t), cap)   (π_old / μ, truncated at `cap`; detached)
+    stats: is_capped_share = masked_mean(exp(old − engine) > cap), is_weight_mean = masked_mean(w).
+    old_logprobs, engine_logprobs, mask: (B, T). Returns (w (B, T), 0 outside the mask; stats).
+    Raises ValueError for cap <= 0 or a mask that is not 0/1.
+    """
+    if not cap > 0:
+        raise ValueError(f"truncated_is_weights: cap must be > 0, got {cap}.")
+    check_mask(mask)
+    with torch.no_grad():
+        ratio = torch.exp(old_logprobs.float() - engine_logprobs.float())  # (B, T)
+        weights = torch.clamp(ratio, max=cap) * mask  # (B, T)
+        stats = {"is_capped_share": masked_mean((ratio > cap).float(), mask).item(),
+                 "is_weight_mean": masked_mean(weights, mask).item()}
+    return weights.detach(), stats
 
 
 def value_loss(

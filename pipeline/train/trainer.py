@@ -45,6 +45,7 @@ from pipeline.train.ppo import (
     scale_scores,
     token_kl_rewards,
     total_rewards,
+    truncated_is_weights,
     value_loss,
 )
 from pipeline.train.value_free import GROUP_ALGORITHMS, value_free_advantages, value_free_loss
@@ -176,6 +177,29 @@ def engine_logprob_gap(*, old_logprobs: torch.Tensor, engine_logprobs: torch.Ten
     return {"engine_logprob_gap_max": gap.max().item(), "engine_logprob_gap_mean": (gap.sum() / mask.sum()).item()}
 
 
+def engine_correction(params: PPOParams, *, old_logprobs: torch.Tensor, engine_logprobs: torch.Tensor,
+                      mask: torch.Tensor, tensors: dict) -> dict:
+    """The engine/trainer gap of an external engine's rollouts, checked and corrected (docs/ppo.md).
+
+    Stats: engine_logprob_gap_max / _mean (:func:`engine_logprob_gap`); with ppo.engine_is_cap set, the truncated
+    importance-sampling weights (pipeline/train/ppo.py truncated_is_weights) go into tensors["is_weights"], which
+    the losses multiply, and their is_capped_share, is_weight_mean join the stats. All (B, T).
+    Raises PPOInputError when the mean gap is above ppo.engine_gap_max (the engine samples another model).
+    """
+    stats = engine_logprob_gap(old_logprobs=old_logprobs, engine_logprobs=engine_logprobs, mask=mask)
+    if stats["engine_logprob_gap_mean"] > params.engine_gap_max:
+        raise PPOInputError(
+            f"The rollout engine's log-probs are {stats['engine_logprob_gap_mean']:.4g} nats from the trainer's on "
+            f"average (max {stats['engine_logprob_gap_max']:.4g}), above ppo.engine_gap_max = {params.engine_gap_max}:"
+            " the engine samples another model or precision than the trainer; check rollout.vllm_args dtype and "
+            "ppo.mixed_precision, or raise ppo.engine_gap_max.")
+    if params.engine_is_cap is None:
+        return stats
+    tensors["is_weights"], is_stats = truncated_is_weights(old_logprobs=old_logprobs, engine_logprobs=engine_logprobs,
+                                                           mask=mask, cap=params.engine_is_cap)
+    return {**stats, **is_stats}
+
+
 def make_optimizer(policy: PolicyWithValueHead, learning_rate: float) -> torch.optim.Adam:
     """Adam over the policy's trainable parameters (a list, never a one-shot iterator), as TRL.
 
@@ -263,8 +287,8 @@ def train_round(
         "behaviour_logprob_gap": behaviour_gap,
     }
     if batch.engine_logprobs is not None:
-        round_stats.update(engine_logprob_gap(old_logprobs=old_logprobs, mask=mask,
-                                              engine_logprobs=_padded(batch.engine_logprobs, width, mask.device)))
+        round_stats.update(engine_correction(params, old_logprobs=old_logprobs, mask=mask, tensors=tensors,
+                                             engine_logprobs=_padded(batch.engine_logprobs, width, mask.device)))
     # ppo_epochs of shuffled minibatches, one optimizer step per backward batch
     generator = torch.Generator().manual_seed(seed)  # same seed in every process: same minibatches
     policy.eval()  # dropout off in the loss pass too: see the module docstring
@@ -357,8 +381,10 @@ def _minibatch_loss(policy, batch, tensors, mb, params: PPOParams, width, dp) ->
     )
     logprobs, vpreds = forward.logprobs, forward.values  # (b, T) each, fp32
     mask = tensors["mask"][rows]  # (b, T)
+    weights = tensors["is_weights"][rows] if "is_weights" in tensors else None  # (b, T) or None (no engine)
     pg_loss, pg_stats = policy_loss(logprobs=logprobs, old_logprobs=tensors["old_logprobs"][rows],
-                                    advantages=tensors["advantages"][rows], mask=mask, cliprange=params.cliprange)
+                                    advantages=tensors["advantages"][rows], mask=mask, cliprange=params.cliprange,
+                                    is_weights=weights)
     vf_loss, vf_clipfrac = value_loss(vpreds=vpreds, old_values=tensors["old_values"][rows],
                                       returns=tensors["returns"][rows], mask=mask,
                                       cliprange_value=params.cliprange_value)
@@ -382,7 +408,8 @@ def _value_free_minibatch_loss(policy, batch, tensors, mb, params: PPOParams, wi
         pad_id=PAD_ID, width=width, mixed_precision=params.mixed_precision, with_entropy=True,
     )
     mask, all_mask = tensors["mask"][rows], tensors["mask"][mb]  # (b, T), (mb, T)
-    mine = {key: tensors[key][rows] for key in ("old_logprobs", "ref_logprobs", "advantages", "sequence_advantages")}
+    mine = {key: tensors[key][rows] for key in ("old_logprobs", "ref_logprobs", "advantages", "sequence_advantages",
+                                                 "is_weights") if key in tensors}
     tokens = all_mask.sum().item()
     if params.algorithm == "grpo" and params.loss_type == "dapo":  # one token mean over the optimizer step,
         tokens = tensors["step_tokens"] / params.gradient_accumulation_steps  # once the caller divides by the steps

@@ -57,16 +57,19 @@ def value_free_loss(params: PPOParams, *, logprobs: torch.Tensor, tensors: dict[
     logprobs (b, T) with grad; tensors: this process's rows of old_logprobs, ref_logprobs, advantages (b, T) and
     sequence_advantages (b,); rows: responses in the whole minibatch; tokens: response tokens in it (for dapo:
     in the whole optimizer step divided by ppo.gradient_accumulation_steps, so the step is TRL's one token mean).
+    tensors["is_weights"] (b, T), when present (an external engine's rollouts, ppo.engine_is_cap): the truncated
+    importance-sampling weights each per-token loss is multiplied by (RLOO's sequence-level outcome loss is not).
     """
     eps = params.cliprange
     if params.algorithm == "grpo":
         per_token = clipped_token_loss(logprobs=logprobs, old_logprobs=tensors["old_logprobs"],
                                        advantages=tensors["advantages"], epsilon_low=eps, epsilon_high=eps,
                                        ref_logprobs=tensors["ref_logprobs"], beta=kl_coef)  # (b, T)
-        return aggregate_loss(per_token, mask, loss_type=params.loss_type, rows=rows, tokens=tokens,
-                              max_completion_length=max_completion_length)
-    per_token = clipped_token_loss(logprobs=logprobs, old_logprobs=tensors["old_logprobs"],
-                                   advantages=tensors["advantages"], epsilon_low=eps, epsilon_high=eps)  # (b, T)
+        return aggregate_loss(_weighted(per_token, tensors), mask, loss_type=params.loss_type, rows=rows,
+                              tokens=tokens, max_completion_length=max_completion_length)
+    per_token = _weighted(clipped_token_loss(logprobs=logprobs, old_logprobs=tensors["old_logprobs"],
+                                             advantages=tensors["advantages"], epsilon_low=eps,
+                                             epsilon_high=eps), tensors)  # (b, T)
     if params.algorithm == "reinforce_pp":  # a token mean over the minibatch, as PPO's policy loss
         return (per_token * mask).sum() / tokens
     # rloo: TRL's sequence-level loss on the outcome, plus the dense term's token loss per response (grpo's mean)
@@ -75,3 +78,9 @@ def value_free_loss(params: PPOParams, *, logprobs: torch.Tensor, tensors: dict[
     dense = aggregate_loss(per_token, mask, loss_type="grpo", rows=rows, tokens=tokens,
                            max_completion_length=max_completion_length)
     return outcome.sum() / rows + dense
+
+
+def _weighted(per_token: torch.Tensor, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    """per_token · tensors["is_weights"] when an engine's rollouts are corrected, else per_token itself. (b, T)."""
+    weights = tensors.get("is_weights")
+    return per_token if weights is None else per_token * weights
