@@ -12,13 +12,15 @@ from pipeline.evaluate.naive_bayes import check_classifier_data
 from pipeline.model.folders import check_eval_models
 from pipeline.parallel.shard import Shard
 from pipeline.steps import stage
-from pipeline.steps.evaluate import evaluate_models
+from pipeline.steps.evaluate import curve_rounds, evaluate_curve, evaluate_models
 from pipeline.tasks import check_params
 
 
 def main():
     parser = stage.parser(__doc__, "prompts", "base", "policy", "data", "metrics", "curves", "out", "samples")
     parser.add_argument("--stage-metrics", help="JSON of the stage itself: device, samples, seconds")
+    parser.add_argument("--eval-curve", help="JSON of the held-out eval every evaluate.every rounds (a DVC plot)")
+    parser.add_argument("--models", default="models", help="the folder of the round=NNNN policies (the eval curve)")
     args = parser.parse_args()
     params = stage.start(args, check_params, check_eval_prompts, check_eval_models, check_classifier_data)
     device, shard = resolve_device(params.run.device), Shard.from_environment()
@@ -29,6 +31,11 @@ def main():
         seed=params.run.seed, params=params.evaluate, task=params.run.task, score=params.score, device=device,
         shard=shard,
     )
+    curve = [] if not args.eval_curve else evaluate_curve(
+        store.read_table(args.prompts, "prompts"), base_dir=args.base, models_dir=args.models,
+        rounds=curve_rounds(params.evaluate, params.rounds, params.chunks, params.switch), seed=params.run.seed, params=params.evaluate, task=params.run.task,
+        score=params.score, device=device, shard=shard,
+        known={0: metrics["base"], int(policy_name.split("=")[1]): metrics[policy_name]})
     shard.close()
     if not shard.is_main:
         return  # every process holds the same results; one writes them
@@ -36,6 +43,8 @@ def main():
     store.write_table(samples, "eval_samples", args.samples)
     stage.write_json(metrics, args.metrics)
     stage.write_json({"rounds": round_curves(args.data)}, args.curves)
+    if args.eval_curve:
+        stage.write_json({"rounds": curve}, args.eval_curve)
     if args.stage_metrics:
         stage.write_json(info, args.stage_metrics)
 

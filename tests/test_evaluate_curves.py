@@ -37,6 +37,7 @@ def build(root, schema=ANNOTATIONS):
         write_table([_row(SCHEMAS["scores"], round=r, rollout_id=f"{r}-{i}", env_reward=e)
                      for i, (e, *_) in enumerate(items)], "scores", partition_dir(root, "scores", r))
         rows = [_row(schema, round=r, rollout_id=f"{r}-{i}", critiqued=c, cache_hit=h, token_rewards=t, cost_usd=cost,
+                     prompt_tokens=10 * (i + 1), completion_tokens=3,  # counted as critic_tokens when sent
                      **({"attempts": n} if "attempts" in schema.names else {}))
                 for i, (_, c, h, n, t, cost) in enumerate(items)]
         write_annotations(rows, schema, partition_dir(root, "annotations", r))
@@ -51,10 +52,10 @@ def test_round_curves_by_hand(tmp_path):
     assert set(first) == {"round", *CURVE_COLUMNS}
     assert first == pytest.approx({"round": 1, "env_reward_mean": -0.25, "intrinsic_reward_sum": (-0.5 + 0.5) / 2,
                                    "kl": 0.2, "kl_coef": 0.2, "critiqued": 2, "critic_requests": 2, "cache_hits": 1,
-                                   "cache_hit_rate": 0.5, "critic_cost_usd": 0.3, "critic_cost_usd_total": 0.3})
+                                   "cache_hit_rate": 0.5, "critic_tokens": 23, "critic_cost_usd": 0.3, "critic_cost_usd_total": 0.3})
     assert second == pytest.approx({"round": 2, "env_reward_mean": 1.0, "intrinsic_reward_sum": (0.0 + 1.0) / 2,
                                     "kl": 0.4, "kl_coef": 0.2, "critiqued": 1, "critic_requests": 1, "cache_hits": 0,
-                                    "cache_hit_rate": 0.0, "critic_cost_usd": 0.4, "critic_cost_usd_total": 0.7})
+                                    "cache_hit_rate": 0.0, "critic_tokens": 23, "critic_cost_usd": 0.4, "critic_cost_usd_total": 0.7})
 
 
 def test_annotations_without_attempts_are_an_error_not_zero_requests(tmp_path):

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from pipeline.commands.estimate import add_estimate_parser
+from pipeline.commands.study import add_study_parser
 from pipeline.core.config import CRITIC_BACKENDS
 from pipeline.core.errors import ConfigError, DrlcError
 from pipeline.critic.offline.lexicon import LAYOUTS
@@ -360,6 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.set_defaults(func=cmd_replay)
 
     add_estimate_parser(sub)
+    add_study_parser(sub)
 
     report = sub.add_parser("report", help="compare finished runs: Markdown table + PNG of curves")
     report.add_argument("runs", nargs="+", help="run folders (each with metrics/eval.json and metrics/rounds.json)")

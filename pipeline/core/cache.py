@@ -39,6 +39,34 @@ import diskcache
 
 from pipeline.core.errors import CacheError, StoreError
 
+EXPERIMENT_COPIES = (".dvc", "tmp", "exps")  # where DVC runs queued and --temp experiments: <project>/.dvc/tmp/exps/...
+
+
+def shared_directory(directory: str | Path, cwd: str | Path | None = None) -> Path:
+    """The cache folder a relative ``directory`` names: the workspace's, also inside a DVC experiment copy.
+
+    A queued (or ``--temp``) experiment runs in a copy of the project under ``<project>/.dvc/tmp/exps/``
+    that lacks git-ignored folders such as ``cache/critic``; there a relative directory is resolved against
+    ``<project>``, so every experiment, arm and seed reads and writes the workspace's one cache. Elsewhere,
+    and for an absolute directory, it is returned as given.
+
+    >>> str(shared_directory("cache/critic", "/p/.dvc/tmp/exps/tmpab12"))
+    '/p/cache/critic'
+    >>> str(shared_directory("cache/critic", "/p/.dvc/tmp/exps/standalone/tmpcd34"))
+    '/p/cache/critic'
+    >>> str(shared_directory("cache/critic", "/p")), str(shared_directory("/abs/c", "/p/.dvc/tmp/exps/t"))
+    ('cache/critic', '/abs/c')
+    """
+    path = Path(directory)
+    if path.is_absolute():
+        return path
+    parts = Path(cwd if cwd is not None else Path.cwd()).parts
+    n = len(EXPERIMENT_COPIES)
+    for i in range(len(parts) - n, 0, -1):
+        if parts[i:i + n] == EXPERIMENT_COPIES:
+            return Path(*parts[:i]) / path
+    return path
+
 __all__ = ["SCHEMA_VERSION", "MISSING", "cache_key", "CriticCache", "export_parquet", "import_parquet"]
 
 SCHEMA_VERSION = 2
@@ -152,7 +180,7 @@ class CriticCache:
     """
 
     def __init__(self, directory: str | Path) -> None:
-        self.directory = Path(directory)
+        self.directory = shared_directory(directory)
         try:
             self._store = diskcache.Cache(str(self.directory), eviction_policy="none", size_limit=_SIZE_LIMIT)
             self._store.set(("drlc", "probe"), 1, retry=True)  # fail now, before any API call

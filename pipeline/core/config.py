@@ -32,6 +32,7 @@ def is_task_file(task: str) -> bool:
 
 
 ALIGNMENTS = ("exact", "substring")  # critic.alignment: the modes of pipeline/critic/align.py
+PLACEMENTS = ("tokens", "summed", "random")  # critic.placement: the span rewards on their tokens, summed on the last, at random words
 ROLLOUT_ENGINES = ("hf", "vllm")  # rollout.engine: drlc's sampler, vLLM (pipeline/model/vllm_engine.py)
 ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce_pp")  # ppo.algorithm; all but "ppo" are value-free
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")  # ppo.loss_type (TRL GRPOConfig.loss_type)
@@ -248,6 +249,7 @@ class CriticParams:
     rewards: dict[str, float] = field(default_factory=lambda: {"positive": 0.5, "negative": -0.5})
     alignment: str = "exact"  # one of ALIGNMENTS
     zero_mean: bool = False  # subtract each critiqued response's mean token reward (sum 0: no reward scale added)
+    placement: str = "tokens"  # one of PLACEMENTS (pipeline/critic/annotate.py): where the span rewards go
     cache_dir: str = "cache/critic"
     cache_namespace: str = ""  # part of every cache key: separates caches; "" = shared by all runs
     max_concurrency: int = 8
@@ -274,6 +276,7 @@ class CriticParams:
         "prices": (lambda x: all(len(v) == 2 and min(v) >= 0 for v in x.values()),
                    "a mapping of model -> [usd_per_1m_prompt_tokens, usd_per_1m_completion_tokens] >= 0"),
         "alignment": (lambda x: x in ALIGNMENTS, f"one of {ALIGNMENTS}"),
+        "placement": (lambda x: x in PLACEMENTS, f"one of {PLACEMENTS}"),
         "backend": (lambda x: x in CRITIC_BACKENDS, f"one of {CRITIC_BACKENDS}"),
         "max_concurrency": (_positive, "> 0"),
         "timeout_s": (_positive, "> 0"),
@@ -383,9 +386,13 @@ class EvaluateParams:
     fluency_model: str = "base"  # "base" = the run's base model, or a local HF causal-LM folder
     reward_model: str | None = None  # summarization: a reward-model folder for RM score and win rate
     instruction: str | None = None  # text put before every prompt (the paper's few-shot prompting baseline)
+    every: int = 1  # held-out eval curve: every K-th round's policy (and the last), metrics/eval_rounds.json; 0 = off
+    curve_samples: int = 1  # samples per prompt of the curve's points (the final eval keeps samples_per_prompt)
 
     checks = {
         "prompts": (lambda x: len(x) > 0, "a non-empty list of 'world' or JSONL paths"),
+        "every": (lambda x: x >= 0, ">= 0 (0 = no eval curve)"),
+        "curve_samples": (_positive, "> 0"),
         "n_prompts": (_positive, "> 0 or null"),
         "samples_per_prompt": (_positive, "> 0"),
         "max_new_tokens": (_positive, "> 0"),

@@ -28,6 +28,14 @@ With ``zero_mean`` (``critic.zero_mean``) each critiqued response's aligned intr
 get their own mean subtracted, so they sum to zero: the critic then moves credit between a
 response's tokens without adding or removing reward in total. It is post-processing of the
 cached answer, so cache keys do not depend on it and a replay can switch it.
+
+``placement`` (``critic.placement``, :func:`placed_rewards`) says where a response's span rewards go,
+also after the cache (the same answers serve every placement, so a study's arms share one cache):
+``tokens`` on the tokens the spans cover (drlc); ``summed`` all of them summed onto the response's last
+token, i.e. added to the env reward there, which is what a TRL or verl user gets from the same critic;
+``random`` the same spans (count, labels, word lengths) moved to random words of the response
+(:mod:`pipeline.critic.offline.random_spans`, seeded by the response text): the control that keeps the
+critic's reward amount and removes *which* tokens it marks, for any critic backend.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ from pipeline.critic.structured import read_structured, shape_requests
 from pipeline.critic.vote import majority, vote_spans
 
 __all__ = ["ANNOTATION_FIELDS", "STATUSES", "ReadAnswer", "annotate_round", "critiqued_indices", "fields_for",
-           "read_answer", "response_fields", "round_requests", "sampled_results", "zero_mean_rewards"]
+           "placed_rewards", "read_answer", "summed_rewards", "response_fields", "round_requests", "sampled_results", "zero_mean_rewards"]
 
 ANNOTATION_FIELDS = (
     "rollout_id", "critiqued", "status", "cache_key", "cache_hit", "critic_model", "template_sha",
@@ -175,8 +183,50 @@ def read_answer(raw_text: str, *, labels, leading_label: str | None, response: s
     return ReadAnswer("no_match", items, [], dropped, error)
 
 
+def summed_rewards(intrinsic_rewards: list[float]) -> list[float]:
+    """The response's token rewards summed onto its last token (placement ``summed``).
+
+    >>> summed_rewards([0.5, 0.0, -0.5, 0.5])
+    [0.0, 0.0, 0.0, 0.5]
+    """
+    if not intrinsic_rewards:
+        return []
+    return [0.0] * (len(intrinsic_rewards) - 1) + [float(sum(intrinsic_rewards))]
+
+
+def _apart(located: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+    """The located spans in text order with any span that overlaps an earlier one left out."""
+    kept, end = [], -1
+    for label, start, stop in sorted(located, key=lambda span: (span[1], span[2])):
+        if start >= end:
+            kept.append((label, start, stop))
+            end = stop
+    return kept
+
+
+def placed_rewards(row: dict, spans: list[dict], intrinsic_rewards: list[float], *, placement: str, tokenizer,
+                   rewards: dict[str, float]) -> tuple[list[dict], list[float]]:
+    """(spans, token rewards) of one answered response after ``critic.placement`` (see the module docstring).
+
+    ``random`` moves the located spans (overlapping ones counted once) with
+    :func:`~pipeline.critic.offline.random_spans.random_spans` and aligns them where they land (mode exact).
+    """
+    if placement == "summed":
+        return spans, summed_rewards(intrinsic_rewards)
+    if placement == "random":
+        from pipeline.critic.offline.random_spans import random_spans
+
+        located = _apart([(s["label"], s["start"], s["end"]) for s in spans if s["start"] >= 0])
+        moved = random_spans(row["response"], located)
+        aligned = align_located(response_text=row["response"], response_ids=list(row["response_ids"]),
+                                tokenizer=tokenizer, located=moved, rewards=rewards, mode="exact")
+        return [dict(span) for span in aligned.spans], [float(r) for r in aligned.intrinsic_rewards]
+    return spans, intrinsic_rewards
+
+
 def _critiqued_row(row: dict, result: CriticResult, *, template, tokenizer, rewards, alignment,
-                   requested_model: str, zero_mean: bool = False, fields=None, answer_format: str = "text") -> dict:
+                   requested_model: str, zero_mean: bool = False, fields=None, answer_format: str = "text",
+                   placement: str = "tokens") -> dict:
     """Build the annotation of one critiqued rollout from its critic result."""
     out = skipped_row(row) | {
         "critiqued": True, "status": result.status, "cache_key": result.cache_key,
@@ -198,10 +248,12 @@ def _critiqued_row(row: dict, result: CriticResult, *, template, tokenizer, rewa
         spans=read.kept, rewards=rewards, mode=alignment,
     )
     assert len(aligned.intrinsic_rewards) == len(row["response_ids"]), "align_spans must return one reward per token"
-    intrinsic_rewards = [float(r) for r in aligned.intrinsic_rewards]
+    spans, intrinsic_rewards = placed_rewards(row, [dict(span) for span in aligned.spans],
+                                              [float(r) for r in aligned.intrinsic_rewards], placement=placement,
+                                              tokenizer=tokenizer, rewards=rewards)
     if zero_mean:
         intrinsic_rewards = zero_mean_rewards(intrinsic_rewards)
-    return out | {"spans": [dict(span) for span in aligned.spans], "token_rewards": intrinsic_rewards}
+    return out | {"spans": spans, "token_rewards": intrinsic_rewards}
 
 
 def sampled_results(client, requests, bodies, cache, *, samples: int, progress: bool) -> list[list[CriticResult]]:
@@ -221,7 +273,8 @@ def sampled_results(client, requests, bodies, cache, *, samples: int, progress: 
 
 
 def _voted_row(row: dict, results: list[CriticResult], *, template, tokenizer, rewards, alignment,
-               requested_model: str, zero_mean: bool, fields, answer_format: str, vote_min: int) -> dict:
+               requested_model: str, zero_mean: bool, fields, answer_format: str, vote_min: int,
+               placement: str = "tokens") -> dict:
     """The annotation of a response critiqued ``len(results)`` times: its spans are the voted characters.
 
     ``raw_text`` is the JSON list of every sample's answer, ``cache_key`` their keys joined by
@@ -254,11 +307,12 @@ def _voted_row(row: dict, results: list[CriticResult], *, template, tokenizer, r
         return out | {"status": status, "error": error}
     aligned = align_located(response_text=row["response"], response_ids=list(row["response_ids"]),
                             tokenizer=tokenizer, located=voted, rewards=rewards, mode=alignment)
-    intrinsic_rewards = [float(r) for r in aligned.intrinsic_rewards]
+    spans, intrinsic_rewards = placed_rewards(row, [dict(span) for span in aligned.spans],
+                                              [float(r) for r in aligned.intrinsic_rewards], placement=placement,
+                                              tokenizer=tokenizer, rewards=rewards)
     if zero_mean:
         intrinsic_rewards = zero_mean_rewards(intrinsic_rewards)
-    return out | {"status": "ok", "error": "", "spans": [dict(span) for span in aligned.spans],
-                  "token_rewards": intrinsic_rewards}
+    return out | {"status": "ok", "error": "", "spans": spans, "token_rewards": intrinsic_rewards}
 
 
 def _union(lists) -> list[dict]:
@@ -283,7 +337,8 @@ def _other_texts(row: dict, fields) -> dict[str, str]:
 def annotate_round(rows: list[dict], *, template, tokenizer, client: CriticClient, cache: CriticCache,
                    threshold: float, rewards: dict[str, float], alignment: str,
                    progress: bool = True, fields=None, zero_mean: bool = False,
-                   answer_format: str = "text", samples: int = 1, vote_min: int | None = None) -> list[dict]:
+                   answer_format: str = "text", samples: int = 1, vote_min: int | None = None,
+                   placement: str = "tokens") -> list[dict]:
     """Critique the low-reward rollouts of one round and return one annotation per rollout.
 
     A row is critiqued when ``env_reward <= threshold``; its request is the template
@@ -308,6 +363,7 @@ def annotate_round(rows: list[dict], *, template, tokenizer, client: CriticClien
     :param samples: ``critic.samples``: answers per critiqued response (sample indices 0..k-1, each cached
         on its own, each sent with ``seed`` = its index); more than one are voted (:func:`_voted_row`)
     :param vote_min: ``critic.vote_min``: answers that must mark a character (None: a majority)
+    :param placement: ``critic.placement``: tokens, summed or random (:func:`placed_rewards`)
     :return: dicts with exactly the keys in ``ANNOTATION_FIELDS``, in input order
     :raises DataError: if a row lacks a rollout field
     """
@@ -322,12 +378,13 @@ def annotate_round(rows: list[dict], *, template, tokenizer, client: CriticClien
             annotations[i] = _voted_row(rows[i], results, template=template, tokenizer=tokenizer, rewards=rewards,
                                         alignment=alignment, requested_model=client.model, zero_mean=zero_mean,
                                         fields=fields, answer_format=answer_format,
-                                        vote_min=vote_min or majority(samples))
+                                        vote_min=vote_min or majority(samples), placement=placement)
         return annotations
     shaped = {"bodies": bodies} if any(bodies) else {}  # text: today's call (a stand-in client may lack bodies)
     results = client.run(requests, cache, progress=progress, **shaped) if requests else []
     for i, result in zip(chosen, results):
         annotations[i] = _critiqued_row(rows[i], result, template=template, tokenizer=tokenizer,
                                         rewards=rewards, alignment=alignment, requested_model=client.model,
-                                        zero_mean=zero_mean, fields=fields, answer_format=answer_format)
+                                        zero_mean=zero_mean, fields=fields, answer_format=answer_format,
+                                        placement=placement)
     return annotations

@@ -3,7 +3,7 @@
 Each name is defined once in docs/metrics.md. Per round (CURVE_COLUMNS): env_reward_mean
 (scores), intrinsic_reward_sum, kl and kl_coef (ppo_steps: what the trainer used), critiqued,
 critic_requests (the annotations' `attempts`: HTTP attempts actually sent, 0 for a cache hit),
-cache_hits, cache_hit_rate, critic_cost_usd and critic_cost_usd_total (annotations).
+cache_hits, cache_hit_rate, critic_tokens, critic_cost_usd and critic_cost_usd_total (annotations).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pipeline.core.errors import DataError
 from pipeline.core.store import connect
 
 CURVE_COLUMNS = ["env_reward_mean", "intrinsic_reward_sum", "kl", "kl_coef", "critiqued", "critic_requests",
-                 "cache_hits", "cache_hit_rate", "critic_cost_usd", "critic_cost_usd_total"]
+                 "cache_hits", "cache_hit_rate", "critic_tokens", "critic_cost_usd", "critic_cost_usd_total"]
 
 CURVES_SQL = """
 WITH per_round AS (
@@ -22,6 +22,8 @@ WITH per_round AS (
            sum(a.critiqued::INT)                                    AS critiqued,
            sum(a.attempts)                                          AS critic_requests,
            sum((a.critiqued AND coalesce(a.cache_hit, false))::INT) AS cache_hits,
+           sum(CASE WHEN a.attempts > 0 THEN coalesce(a.prompt_tokens, 0) + coalesce(a.completion_tokens, 0)
+                    ELSE 0 END)                                     AS critic_tokens,
            coalesce(sum(a.cost_usd), 0.0)                           AS critic_cost_usd
     FROM scores s JOIN annotations a USING (round, rollout_id)
     GROUP BY s.round
@@ -31,7 +33,7 @@ WITH per_round AS (
 )
 SELECT r.round, r.env_reward_mean, p.intrinsic_reward_sum, p.kl, p.kl_coef, r.critiqued, r.critic_requests,
        r.cache_hits, coalesce(r.cache_hits / nullif(r.critiqued, 0), 0.0) AS cache_hit_rate,
-       r.critic_cost_usd, sum(r.critic_cost_usd) OVER (ORDER BY r.round) AS critic_cost_usd_total
+       r.critic_tokens, r.critic_cost_usd, sum(r.critic_cost_usd) OVER (ORDER BY r.round) AS critic_cost_usd_total
 FROM per_round r JOIN ppo p USING (round)
 ORDER BY r.round
 """

@@ -222,7 +222,7 @@ def critique_round(rows: list[dict], *, client, cache: CriticCache, template, fi
         rows, template=template, fields=fields, tokenizer=tokenizer, client=client, cache=cache,
         threshold=critic.threshold, rewards=dict(critic.rewards), alignment=critic.alignment,
         zero_mean=critic.zero_mean, progress=progress, answer_format=critic.answer_format,
-        samples=critic.samples, vote_min=critic.vote_min,
+        samples=critic.samples, vote_min=critic.vote_min, placement=critic.placement,
     )
     check_budget(annotations, critic, error=budget_error)
     check_health(annotations, max_error_rate=critic.max_error_rate)

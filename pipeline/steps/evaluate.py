@@ -134,3 +134,56 @@ def evaluate_models(prompt_rows: list[dict], *, base_dir: str, policy_dir: str, 
     info = {"device": module_device(lm), "processes": (shard or Shard()).world_size, "samples": len(sample_rows),
             "seconds": time.perf_counter() - started}
     return eval_rows, sample_rows, metrics, info
+
+
+def curve_rounds(evaluate: EvaluateParams, rounds: dict, chunks: dict, switch: dict) -> list[int]:
+    """The rounds on the held-out eval curve: 0 (the base), every ``evaluate.every``-th round that has a policy
+    folder (each of `rounds`; each of `chunks`' last; a switch-over's two sides) and the evaluated policy's."""
+    final = int(evaluate.policy.split("=")[1])
+    if evaluate.every == 0:
+        return []
+    ends = {int(k) for k in rounds} | {int(c.last) for c in chunks.values()}
+    ends |= {int(k) for k in switch} | {int(s.last) for s in switch.values()}
+    return [0] + sorted(r for r in ends | {final} if r <= final and (r % evaluate.every == 0 or r == final))
+
+
+def curve_point(round_: int, by_set: dict) -> dict:
+    """{"round", "<set>/<metric>": value} of one policy's {set: {metric: value}} (n_samples left out)."""
+    return {"round": round_, **{f"{s}/{m}": float(v) for s, values in by_set.items() for m, v in values.items()
+                                if m != "n_samples"}}
+
+
+def evaluate_curve(prompt_rows: list[dict], *, base_dir: str, models_dir: str, rounds: list[int], seed: int,
+                   params: EvaluateParams, task: str, score: ScoreParams, device="cpu",
+                   shard: Shard | None = None, known: dict[int, dict] | None = None) -> list[dict]:
+    """The held-out eval curve: per round, {"round", "<set>/<metric>": value} of that round's policy
+    (models_dir/round=NNNN; round 0 = base_dir) on the eval prompt sets, ``evaluate.curve_samples``
+    samples per prompt, the same seed for every round (so rounds differ only by their policy).
+
+    known: {round: {set: {metric: value}}} already measured (the stage passes the final eval's base and
+    policy, so the curve ends exactly at metrics/eval.json's numbers); those rounds are not sampled again.
+    """
+    from dataclasses import replace
+    from pathlib import Path
+
+    known = known or {}
+    points = {r: curve_point(r, known[r]) for r in rounds if r in known}
+    rounds = [r for r in rounds if r not in known]
+    if not rounds:
+        return [points[r] for r in sorted(points)]
+    e = replace(params, samples_per_prompt=params.curve_samples)
+    task_module = get_task(task)
+    sets = load_prompt_sets(e.prompts, prompt_rows, e.n_prompts, getattr(task_module, "eval_prompt_rows", None))
+    reward = place(task_module.make_reward(score), device)
+    evaluator = task_module.make_evaluator(e, reward, seed=seed)
+    place(getattr(evaluator, "reward_model", None), device)
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    base_lm = AutoModelForCausalLM.from_pretrained(base_dir).to(device)
+    fluency = FluencyLM(e.fluency_model, base_lm, device)
+    for round_ in rounds:
+        lm = base_lm if round_ == 0 else AutoModelForCausalLM.from_pretrained(
+            Path(models_dir) / f"round={round_:04d}").to(device)
+        points[round_] = curve_point(round_, {
+            set_name: _score_set(lm, tokenizer, prompts, e=e, seed=seed, evaluator=evaluator, reward=reward,
+                                 fluency=fluency, shard=shard)[0] for set_name, prompts in sets.items()})
+    return [points[r] for r in sorted(points)]

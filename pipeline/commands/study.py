@@ -1,0 +1,231 @@
+"""`drlc study`: does the critic pay on my task? Arms × seeds as DVC experiments, and the report.
+
+From the project's params.yaml (any task, task files included) every (arm, seed) is queued with
+``dvc exp run --queue -n <arm>-s<seed> -S run.seed=<seed> -S <the arm's overrides>``, run with
+``dvc exp run --run-all -j N`` and read back with ``dvc exp show --json`` (params, metrics/eval.json) and
+``git show <rev>:metrics/...`` (the per-round curves, which are DVC plots). An experiment that has
+finished under its name is collected, not run again: re-running the command resumes, and a new seed
+runs only that seed. The arms are params overrides in a YAML file (configs/study/arms.yaml; copy it
+and pass --arms-file). ``score.scale: matched`` (sparse_scaled) is a second phase: k is computed from
+the finished sparse and dense experiments of the same seeds. Queued experiments share the workspace's
+critic cache (pipeline/core/cache.py ``shared_directory``). The report: pipeline/studies/study_report.py.
+Docs: docs/study.md.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from pipeline.core.errors import ConfigError, DataError
+
+ARMS_FILE = Path(__file__).resolve().parents[2] / "configs" / "study" / "arms.yaml"
+MATCHED = "matched"  # score.scale: matched = sparse_scaled's k, from the finished sparse and dense arms
+DEFAULT_ARMS = ("sparse", "dense", "summed", "random", "sparse_scaled")
+EXP_COPIES = (".dvc/tmp/exps", ".dvc/tmp/exps/standalone")  # DVC 3: queued, and `--temp`, experiment copies
+
+
+def load_arms(path: str | Path = ARMS_FILE) -> dict[str, dict]:
+    """{arm: {dotted params key: value}} from an arms file; ConfigError naming a bad entry."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"arms file {str(path)!r} not found: pass --arms-file FILE (start from {ARMS_FILE})")
+    arms = yaml.safe_load(path.read_text()) or {}
+    for name, settings in arms.items() if isinstance(arms, dict) else [(None, None)]:
+        if not isinstance(settings, dict) or not all(isinstance(k, str) and "." in k for k in settings):
+            raise ConfigError(f"{path}: arm {name!r} must map dotted params keys to values "
+                              "(e.g. critic.enabled: false)")
+    return arms
+
+
+def pick_arms(arms: dict[str, dict], names: list[str]) -> dict[str, dict]:
+    """The named arms, in the given order; ConfigError for an unknown one or a matched scale without both refs."""
+    unknown = [n for n in names if n not in arms]
+    if unknown:
+        raise ConfigError(f"unknown arm(s) {unknown}; the arms file has {list(arms)} (add yours to a copy of it)")
+    picked = {n: arms[n] for n in names}
+    if any(s.get("score.scale") == MATCHED for s in picked.values()) and not {"sparse", "dense"} <= set(picked):
+        raise ConfigError("an arm with score.scale: matched needs the sparse and dense arms in --arms too")
+    return picked
+
+
+def exp_name(arm: str, seed: int) -> str:
+    return f"{arm}-s{seed}"
+
+
+def hydra_value(value) -> str:
+    """A params value in Hydra's override grammar (what `dvc exp run -S` parses): JSON, except that a
+    mapping's keys are bare (Hydra rejects quoted keys)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key}: {hydra_value(item)}" for key, item in value.items()) + "}"
+    return json.dumps(value)
+
+
+def set_prefix(value) -> str:
+    """'++' for a mapping with keys: Hydra's struct mode cannot add a key with a plain override."""
+    return "++" if isinstance(value, dict) and value else ""
+
+
+def overrides(seed: int, settings: dict, extra: list[str]) -> list[str]:
+    """The -S values of one experiment: its seed, its arm's settings, then extra (e.g. the rounds)."""
+    return ([f"run.seed={seed}"] + [f"{set_prefix(v)}{k}={hydra_value(v)}" for k, v in settings.items()]
+            + list(extra))
+
+
+def queue_command(arm: str, seed: int, settings: dict, extra: list[str]) -> list[str]:
+    """`dvc exp run --queue -n <arm>-s<seed> -S ...` of one experiment."""
+    return ["dvc", "exp", "run", "--queue", "-n", exp_name(arm, seed),
+            *[part for s in overrides(seed, settings, extra) for part in ("-S", s)]]
+
+
+def dvc(project: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run `python -m dvc ARGS` in project (this interpreter's DVC); DataError with its stderr on failure."""
+    result = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=project, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise DataError(f"`dvc {' '.join(args)[:200]}` failed in {project} ({result.returncode}): "
+                        f"{result.stderr.strip()[-1500:]}")
+    return result
+
+
+def finished_experiments(shown: list[dict]) -> dict[str, dict]:
+    """{name: {"rev", "params", "metrics"}} of `dvc exp show --json`'s experiments that have a commit (done)."""
+    found = {}
+    for commit in shown:
+        for exp in commit.get("experiments") or []:
+            data = (exp.get("revs") or [{}])[0].get("data") or {}
+            if exp.get("name") and len(data.get("rev") or "") == 40:  # a commit sha, not "workspace" (running)
+                found[exp["name"]] = {
+                    "rev": data["rev"], "params": data["params"]["params.yaml"]["data"],
+                    "metrics": {path: m.get("data", {}) for path, m in (data.get("metrics") or {}).items()}}
+    return found
+
+
+def existing(project: Path) -> dict[str, dict]:
+    return finished_experiments(json.loads(dvc(project, "exp", "show", "--json").stdout or "[]"))
+
+
+def link_shared(project: Path) -> None:
+    """Make ``../shared`` (profiles' data paths such as ``../shared/data/commongen``) resolve inside DVC's
+    experiment copies, which run two or three folders deeper: ``<copies>/shared`` links to the real one."""
+    shared = project.parent / "shared"
+    for folder in EXP_COPIES if shared.is_dir() else ():
+        link = project / folder / "shared"
+        if not link.exists():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(shared.resolve(), target_is_directory=True)
+
+
+def run_queued(project: Path, commands: list[list[str]], *, jobs: int, dry_run: bool) -> None:
+    """Queue the commands and run them with `jobs` workers; DataError naming the experiments that failed."""
+    for cmd in commands:
+        print("$", shlex.join(cmd), flush=True)
+        if not dry_run:
+            dvc(project, *cmd[1:])
+    if not commands:
+        return
+    print(f"$ dvc exp run --run-all -j {jobs}", flush=True)
+    if dry_run:
+        return
+    try:
+        dvc(project, "exp", "run", "--run-all", "-j", str(jobs), check=False)
+    finally:  # the queue's workers otherwise stay up idle
+        dvc(project, "queue", "stop", check=False)
+    status = dvc(project, "queue", "status", check=False).stdout
+    failed = [line.split()[1] for line in status.splitlines() if " Failed" in line]
+    if failed:
+        raise DataError(f"experiments failed: {failed}; read `dvc queue logs <name>` in {project}, fix, and run "
+                        "the same command again (finished experiments are kept)")
+
+
+def run_phase(project: Path, todo: list[tuple[str, int]], settings_of, extra: list[str], *, jobs: int,
+              dry_run: bool) -> int:
+    """Queue and run every (arm, seed) of todo not finished yet; returns how many ran."""
+    done = {} if dry_run else existing(project)
+    if not dry_run:
+        link_shared(project)
+        dvc(project, "queue", "remove", "--queued", "--failed", check=False)  # left by an interrupted run
+    new = [(arm, seed) for arm, seed in todo if exp_name(arm, seed) not in done]
+    run_queued(project, [queue_command(arm, seed, settings_of(arm, seed), extra) for arm, seed in new],
+               jobs=jobs, dry_run=dry_run)
+    return len(new)
+
+
+def collect(project: Path, todo: list[tuple[str, int]]) -> dict[str, list[dict]]:
+    """{arm: [run record per seed]} of the finished experiments of todo; DataError naming any missing."""
+    from pipeline.studies.study_report import run_record
+
+    done = existing(project)
+    missing = [exp_name(a, s) for a, s in todo if exp_name(a, s) not in done]
+    if missing:
+        raise DataError(f"experiments {missing} are missing in {project}: see `dvc queue status`, then run the "
+                        "same command again")
+    by_arm: dict[str, list[dict]] = {}
+    for arm, seed in todo:
+        by_arm.setdefault(arm, []).append(run_record(project, done[exp_name(arm, seed)], arm, seed))
+    return by_arm
+
+
+def study(project: Path, *, arms: dict[str, dict], seeds: list[int], jobs: int = 1, rounds: int | None = None,
+          out: Path | None = None, dry_run: bool = False, metric: str | None = None) -> dict | None:
+    """Run (or resume) the grid and write the report into out (report.json, report.md, curves.png).
+
+    Returns the report, or None for a dry run (which prints the dvc commands only)."""
+    from pipeline.commands.rounds import exp_run_overrides
+    from pipeline.studies.study_report import build_report, markdown, matched_scale, plot_curves
+
+    project = project.resolve()
+    extra = [] if rounds is None else exp_run_overrides(rounds)
+    first = [(a, s) for a in arms for s in seeds if arms[a].get("score.scale") != MATCHED]
+    second = [(a, s) for a in arms for s in seeds if arms[a].get("score.scale") == MATCHED]
+    ran = run_phase(project, first, lambda a, s: arms[a], extra, jobs=jobs, dry_run=dry_run)
+    k = None
+    if second:
+        if dry_run:
+            k = "<k>"
+        else:
+            refs = collect(project, [(a, s) for a in ("sparse", "dense") for s in seeds])
+            k = matched_scale(refs["dense"], refs["sparse"])
+            print(f"score.scale matched: k = {k:.4f}", flush=True)
+        scaled = {a: {**arms[a], "score.scale": k} for a, _ in second}
+        ran += run_phase(project, second, lambda a, s: scaled[a], extra, jobs=jobs, dry_run=dry_run)
+    if dry_run:
+        return None
+    by_arm = collect(project, first + second)
+    report = build_report(by_arm, metric=metric, k=k, settings=arms) | {
+        "project": str(project), "seeds": seeds, "rounds": rounds, "experiments_run": ran}
+    out = (out or project / "study").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    text = markdown(report, f"drlc study: {', '.join(arms)} × seeds {seeds}")
+    (out / "report.md").write_text(text)
+    plot_curves(by_arm, report["metric"], out / "curves.png")
+    print(text + f"\nran {ran} experiment(s); report in {out}/report.md, report.json, curves.png", flush=True)
+    return report
+
+
+def cmd_study(args) -> None:
+    arms = pick_arms(load_arms(args.arms_file), args.arms)
+    if args.jobs < 1:
+        raise ConfigError(f"-j {args.jobs}: give at least 1 worker")
+    study(Path(args.project), arms=arms, seeds=args.seeds, jobs=args.jobs, rounds=args.rounds, out=args.out,
+          dry_run=args.dry_run, metric=args.metric)
+
+
+def add_study_parser(sub) -> None:
+    parser = sub.add_parser("study", help="does the critic pay? arms x seeds as DVC experiments, and the report")
+    parser.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS),
+                        help=f"arms of the arms file, in run order (default: {' '.join(DEFAULT_ARMS)})")
+    parser.add_argument("--arms-file", default=str(ARMS_FILE), help="YAML of {arm: {params key: value}}")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="experiments run at once (dvc queue workers)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per experiment (default: params.yaml's)")
+    parser.add_argument("--metric", default=None, help="the eval metric of the headline, e.g. world/coverage "
+                        "(default: the task's first own metric)")
+    parser.add_argument("--out", type=Path, default=None, help="report folder (default: <project>/study)")
+    parser.add_argument("--project", default=".", help="the drlc project (a git repo with a commit)")
+    parser.add_argument("--dry-run", action="store_true", help="print the dvc commands only")
+    parser.set_defaults(func=cmd_study)

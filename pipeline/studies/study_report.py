@@ -1,0 +1,185 @@
+"""`drlc study`'s report, from the experiments alone: eval metrics per arm with 95 % intervals over seeds,
+differences paired by seed, episodes to reach sparse's final score, KL to the base, the critic's bill,
+a PNG of the eval curves, JSON and Markdown.
+
+Inputs are run records (:func:`run_record`): what ``dvc exp show`` shows of one experiment (params,
+metrics/eval.json) and what it holds as plots (metrics/rounds.json: the training curves;
+metrics/eval_rounds.json: the held-out eval every ``evaluate.every`` rounds). Env-reward numbers are
+divided by the experiment's ``score.scale``, so sparse_scaled is read in the task's units.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from pipeline.studies.paired import first_reaching, interval, paired_difference, seed_mean_points
+
+GENERIC = ("env_reward_mean", "perplexity", "dist_1", "dist_2", "dist_3", "n_samples")  # not the task's own
+PAIRS = (("dense", "sparse"), ("dense", "summed"), ("dense", "random"), ("dense", "sparse_scaled"),
+         ("grpo_dense", "grpo_sparse"))
+CRITIC_KEYS = ("critic_requests", "cache_hits", "critic_tokens", "critic_cost_usd")
+
+
+def git_json(project: Path, rev: str, path: str) -> dict | None:
+    """The JSON file `path` as committed in `rev` (None if the experiment has none)."""
+    shown = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=project, capture_output=True, text=True)
+    return json.loads(shown.stdout) if shown.returncode == 0 and shown.stdout.strip() else None
+
+
+def _unscaled(metric: str, value: float, scale: float) -> float:
+    return value / scale if metric.endswith("env_reward_mean") else value
+
+
+def final_eval(metrics: dict, scale: float) -> dict[str, float]:
+    """{"<set>/<metric>": value} of the trained policy in metrics/eval.json ({policy: {set: {metric}}})."""
+    trained = [sets for policy, sets in metrics.items() if policy != "base"]
+    return {f"{s}/{m}": _unscaled(m, v, scale) for sets in trained for s, values in sets.items()
+            for m, v in values.items() if isinstance(v, (int, float)) and m != "n_samples"}
+
+
+def run_record(project: Path, exp: dict, arm: str, seed: int) -> dict:
+    """One finished experiment in the report's terms."""
+    params = exp["params"]
+    scale = float(params["score"]["scale"])
+    rounds = (git_json(project, exp["rev"], "metrics/rounds.json") or {}).get("rounds", [])
+    curve = (git_json(project, exp["rev"], "metrics/eval_rounds.json") or {}).get("rounds", [])
+    return {
+        "arm": arm, "seed": seed, "rev": exp["rev"], "scale": scale,
+        "rollouts_per_round": int(params["rollout"]["batch_size"]),
+        "eval": final_eval(exp["metrics"].get("metrics/eval.json", {}), scale),
+        "eval_curve": [{k: _unscaled(k, v, scale) if k != "round" else v for k, v in point.items()}
+                       for point in curve],
+        "kl_end": rounds[-1]["kl"] if rounds else None,
+        "env_reward": [r["env_reward_mean"] / scale for r in rounds],
+        "total_reward": [r["env_reward_mean"] + r["intrinsic_reward_sum"] for r in rounds],
+        "critic": {key: sum(r.get(key) or 0 for r in rounds) for key in CRITIC_KEYS},
+    }
+
+
+def matched_scale(dense: list[dict], sparse: list[dict]) -> float:
+    """sparse_scaled's k: dense's mean total reward per response over sparse's mean env reward (every round
+    and seed of both). Raises ValueError when sparse's mean is not positive (no scale can match it)."""
+    dense_mean = _mean([v for run in dense for v in run["total_reward"]])
+    sparse_mean = _mean([v for run in sparse for v in run["env_reward"]])
+    if not sparse_mean > 0 or not dense_mean > 0:
+        raise ValueError(f"score.scale matched: dense's mean total reward {dense_mean:.4g} / sparse's mean env "
+                         f"reward {sparse_mean:.4g} is no positive scale; drop sparse_scaled from --arms")
+    return dense_mean / sparse_mean
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def headline_metric(by_arm: dict[str, list[dict]]) -> str:
+    """The task's first own eval metric (CommonGen: world/coverage), else the eval env reward."""
+    names = [m for runs in by_arm.values() for run in runs for m in run["eval"]]
+    own = [m for m in names if m.split("/")[-1] not in GENERIC]
+    return own[0] if own else next((m for m in names if m.endswith("env_reward_mean")), names[0])
+
+
+def curve_points(run: dict, metric: str) -> list[tuple[int, float]]:
+    """(episodes, value) of a run's eval curve: round r is r × rollouts per round (round 0 = the base)."""
+    return [(p["round"] * run["rollouts_per_round"], p[metric]) for p in run["eval_curve"] if metric in p]
+
+
+def arm_summary(runs: list[dict], metric: str, target: float | None) -> dict:
+    metrics = sorted({m for run in runs for m in run["eval"]})
+    curve = seed_mean_points([curve_points(run, metric) for run in runs])
+    kls = [run["kl_end"] for run in runs if run["kl_end"] is not None]
+    return {
+        "seeds": [run["seed"] for run in runs],
+        "eval": {m: interval([run["eval"][m] for run in runs if m in run["eval"]]) for m in metrics},
+        "kl_end": interval(kls) if kls else None,
+        "episodes_to_target": None if target is None else first_reaching(curve, target),
+        "curve": curve,
+        "critic": {key: sum(run["critic"][key] for run in runs) for key in CRITIC_KEYS},
+    }
+
+
+def build_report(by_arm: dict[str, list[dict]], *, metric: str | None = None, k: float | None = None,
+                 settings: dict | None = None) -> dict:
+    """The report's numbers (JSON-ready): per arm, paired differences, the target and its metric."""
+    metric = metric or headline_metric(by_arm)
+    sparse_curve = seed_mean_points([curve_points(r, metric) for r in by_arm.get("sparse", [])])
+    target = sparse_curve[-1][1] if sparse_curve else None
+    arms = {arm: arm_summary(runs, metric, target) for arm, runs in by_arm.items()}
+    differences = {}
+    for a, b in PAIRS:
+        if a in by_arm and b in by_arm:
+            per_seed = [{run["seed"]: run["eval"] for run in by_arm[arm]} for arm in (a, b)]
+            shared = sorted({m for ev in per_seed[0].values() for m in ev})
+            differences[f"{a}-{b}"] = {m: paired_difference({s: e[m] for s, e in per_seed[0].items() if m in e},
+                                                            {s: e[m] for s, e in per_seed[1].items() if m in e})
+                                       for m in shared}
+    return {"metric": metric, "target": target, "target_note": "sparse's seed-mean eval curve at its last point",
+            "scale_k": k, "arms": arms, "differences": differences, "settings": settings or {}}
+
+
+def _ci(v: dict | None, digits: int = 3) -> str:
+    if v is None:
+        return "-"
+    if v["half"] is None:
+        return f"{v['mean']:.{digits}f} (1 seed)"
+    return f"{v['mean']:.{digits}f} ± {v['half']:.{digits}f}"
+
+
+def markdown(report: dict, title: str) -> str:
+    """The report as Markdown: the per-arm table, the paired differences, the critic's bill."""
+    metric, arms = report["metric"], report["arms"]
+    shown = [metric] + sorted({m for a in arms.values() for m in a["eval"]} - {metric})
+    lines = [f"## {title}", "",
+             f"Eval metric: **{metric}**; ± = half-width of the 95 % t interval over seeds. Target = "
+             + ("-" if report["target"] is None else f"{report['target']:.3f}")
+             + " (sparse's seed-mean eval curve at its last point)."
+             + ("" if report["scale_k"] is None else f" sparse_scaled's k = {report['scale_k']:.3f}."), "",
+             "| arm | seeds | " + " | ".join(shown) + " | KL to base (end) | episodes to target |",
+             "|---" * (4 + len(shown)) + "|"]
+    for arm, a in arms.items():
+        reached = "not reached" if a["episodes_to_target"] is None else str(a["episodes_to_target"])
+        lines.append(f"| {arm} | {len(a['seeds'])} | " + " | ".join(_ci(a["eval"].get(m)) for m in shown)
+                     + f" | {_ci(a['kl_end'])} | {reached} |")
+    if report["differences"]:
+        lines += ["", f"Differences paired by seed ({metric}; mean ± 95 % half-width, [low, high]):", "",
+                  "| difference | seeds | mean ± half | interval |", "|---|---|---|---|"]
+        for pair, by_metric in report["differences"].items():
+            d = by_metric.get(metric)
+            if d is not None:
+                span = "-" if d["half"] is None else f"[{d['low']:+.3f}, {d['high']:+.3f}]"
+                lines.append(f"| {pair} | {d['n']} | {d['mean']:+.3f}"
+                             + ("" if d["half"] is None else f" ± {d['half']:.3f}") + f" | {span} |")
+    lines += ["", "| arm | critic requests | cache hits | critic tokens | critic cost (USD) |", "|---|---|---|---|---|"]
+    for arm, a in arms.items():
+        c = a["critic"]
+        lines.append(f"| {arm} | {c['critic_requests']} | {c['cache_hits']} | {c['critic_tokens']} | "
+                     f"{c['critic_cost_usd']:.4f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(by_arm: dict[str, list[dict]], metric: str, path: Path) -> Path:
+    """PNG of each arm's eval curve against episodes: the seed mean and its 95 % interval band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for arm, runs in by_arm.items():
+        curves = [dict(curve_points(run, metric)) for run in runs]
+        xs = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+        if not xs:
+            continue
+        bands = [interval([c[x] for c in curves]) for x in xs]
+        ax.plot(xs, [b["mean"] for b in bands], marker="o", label=f"{arm} (n={len(runs)})")
+        if all(b["half"] is not None for b in bands):
+            ax.fill_between(xs, [b["low"] for b in bands], [b["high"] for b in bands], alpha=0.2)
+    ax.set_xlabel("episodes (rollouts trained on)")
+    ax.set_ylabel(f"eval {metric}")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,162 @@
+"""`drlc study` without DVC: the shipped arms on real profiles, the commands, the report maths by hand.
+
+The real DVC run of the command is tests/test_study_dvc.py (slow)."""
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from pipeline.commands import study
+from pipeline.core.config import load_params
+from pipeline.core.errors import ConfigError
+from pipeline.studies import study_report
+from pipeline.studies.paired import first_reaching, interval, paired_difference, seed_mean_points, t975
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def arm_params(profile: str, arm: str, k: float = 2.0):
+    settings = study.load_arms()[arm]
+    sets = [f"{key}={json.dumps(k if value == study.MATCHED else value)}" for key, value in settings.items()]
+    return load_params(ROOT / profile, sets + ["run.seed=3"])
+
+
+@pytest.mark.parametrize("profile", ["params.yaml", "configs/commongen.yaml", "configs/demo-grpo.yaml"])
+def test_every_shipped_arm_makes_a_valid_project_of_the_profile(profile):
+    configured = load_params(ROOT / profile).critic
+    expect = {"sparse": (False, "tokens", "ppo"), "dense": (True, "tokens", "ppo"), "summed": (True, "summed", "ppo"),
+              "random": (True, "random", "ppo"), "sparse_scaled": (False, None, "ppo"),
+              "grpo_sparse": (False, None, "grpo"), "grpo_dense": (True, "tokens", "grpo")}
+    assert set(study.load_arms()) == set(expect)
+    for arm, (enabled, placement, algorithm) in expect.items():
+        params = arm_params(profile, arm)
+        assert params.critic.enabled is enabled and params.run.seed == 3, arm
+        if placement:
+            assert params.critic.placement == placement, arm
+        assert params.ppo.algorithm == algorithm, arm
+        assert params.rollout.samples_per_prompt == (4 if algorithm == "grpo" else 1), arm
+        # the critic the arm uses is the configured one: no arm changes its backend, template, threshold or rewards
+        same = ("backend", "template", "threshold", "rewards", "model_dir", "cache_dir")
+        assert all(getattr(params.critic, key) == getattr(configured, key) for key in same), arm
+    assert arm_params(profile, "sparse_scaled", k=2.5).score.scale == 2.5
+
+
+@pytest.mark.parametrize("profile", ["params.yaml", "configs/commongen.yaml"])
+def test_the_ppo_arms_of_a_seed_share_what_decides_its_prompts_and_first_rollouts(profile):
+    """Pairing: prompts come from prepare (run.run_id, run.task, run.seed, world, base), rollouts from the rollout
+    stage (run.run_id, run.seed, run.device, rollout; dvc.yaml) and round 1 samples the base. Every PPO arm of a
+    seed has the same values of all of them, so it samples the same prompts each round and the same round-1
+    rollouts (DVC restores them from its run cache: tests/test_study_dvc.py checks the hashes)."""
+    import yaml
+
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    read = set(stages["prepare"]["params"] + stages["base"]["params"] + stages["rollout"]["do"]["params"])
+    assert read == {"run.run_id", "run.task", "run.seed", "run.device", "world", "base.model", "base.pad_token",
+                    "base", "rollout"}  # if a stage reads more, add it to what is compared below
+
+    def inputs(arm):
+        p = arm_params(profile, arm)
+        return repr((p.run.run_id, p.run.task, p.run.seed, p.run.device, p.world, p.base, p.rollout))
+
+    ppo_arms = [arm for arm in study.load_arms() if not arm.startswith("grpo")]
+    assert len({inputs(arm) for arm in ppo_arms}) == 1
+    assert inputs("sparse") == inputs("dense") != inputs("grpo_dense")  # GRPO samples groups: other rollouts
+
+
+def test_arms_file_errors_name_the_bad_arm(tmp_path):
+    bad = tmp_path / "arms.yaml"
+    bad.write_text("mine:\n  enabled: false\n")
+    with pytest.raises(ConfigError, match="arm 'mine' must map dotted params keys"):
+        study.load_arms(bad)
+    with pytest.raises(ConfigError, match="not found"):
+        study.load_arms(tmp_path / "none.yaml")
+    with pytest.raises(ConfigError, match=r"unknown arm\(s\) \['densest'\]"):
+        study.pick_arms(study.load_arms(), ["sparse", "densest"])
+    with pytest.raises(ConfigError, match="needs the sparse and dense arms"):
+        study.pick_arms(study.load_arms(), ["sparse", "sparse_scaled"])
+
+
+def test_queue_command_by_hand():
+    cmd = study.queue_command("dense", 2, {"critic.enabled": True, "critic.extra_body": {"drlc_seed": 1}},
+                              ["~rounds", "+rounds={}"])
+    assert cmd == ["dvc", "exp", "run", "--queue", "-n", "dense-s2", "-S", "run.seed=2", "-S", "critic.enabled=true",
+                   "-S", "++critic.extra_body={drlc_seed: 1}", "-S", "~rounds", "-S", "+rounds={}"]
+
+
+def test_finished_experiments_keep_only_committed_ones():
+    done = {"rev": "a" * 40, "params": {"params.yaml": {"data": {"run": {"seed": 0}}}},
+            "metrics": {"metrics/eval.json": {"data": {"base": {}}}}}
+    shown = [{"rev": "HEAD", "experiments": [
+        {"name": "dense-s0", "revs": [{"data": done}]},
+        {"name": "sparse-s0", "revs": [{"data": {"rev": "workspace", "params": {}}}]}]}]  # still running
+    assert study.finished_experiments(shown) == {"dense-s0": {
+        "rev": "a" * 40, "params": {"run": {"seed": 0}}, "metrics": {"metrics/eval.json": {"base": {}}}}}
+
+
+def test_interval_and_paired_difference_by_hand():
+    assert t975(2) == 4.303
+    # 0.2, 0.4, 0.6: mean 0.4, s = 0.2, half = 4.303 * 0.2 / sqrt(3) = 0.49687
+    ci = interval([0.2, 0.4, 0.6])
+    assert ci["mean"] == pytest.approx(0.4) and ci["half"] == pytest.approx(0.4969, abs=1e-4)
+    assert ci["low"] == pytest.approx(0.4 - 0.4969, abs=1e-4) and ci["n"] == 3
+    assert interval([0.7])["half"] is None  # one seed: no interval, not a zero-width one
+    # dense 0.5, 0.7, 0.4 against sparse 0.3, 0.4, 0.35: per-seed differences 0.2, 0.3, 0.05
+    d = paired_difference({0: 0.5, 1: 0.7, 2: 0.4}, {2: 0.35, 0: 0.3, 1: 0.4})
+    diffs = [0.2, 0.3, 0.05]
+    s = math.sqrt(sum((x - 0.55 / 3) ** 2 for x in diffs) / 2)
+    assert d["mean"] == pytest.approx(0.55 / 3) and d["half"] == pytest.approx(4.303 * s / math.sqrt(3), abs=1e-4)
+    # paired is narrower than the unpaired spread of either arm here: the seed effect cancels
+    assert d["half"] < interval([0.5, 0.7, 0.4])["half"]
+    with pytest.raises(ValueError, match="share no seed"):
+        paired_difference({0: 1.0}, {1: 1.0})
+
+
+def test_episodes_to_reach_by_hand():
+    assert first_reaching([(0, 0.1), (64, 0.25), (128, 0.3)], 0.25) == 64
+    assert first_reaching([(0, 0.1), (64, 0.2)], 0.25) is None
+    assert seed_mean_points([[(0, 0.1), (64, 0.3)], [(0, 0.2), (64, 0.5)]]) == [(0, 0.15), (64, 0.4)]
+
+
+def record(arm, seed, final, curve, *, kl=0.1, scale=1.0, requests=0, env=(0.2,), total=(0.2,)):
+    return {"arm": arm, "seed": seed, "rev": "r", "scale": scale, "rollouts_per_round": 64,
+            "eval": {"world/coverage": final, "world/env_reward_mean": final},
+            "eval_curve": [{"round": r, "world/coverage": v} for r, v in enumerate(curve)], "kl_end": kl,
+            "env_reward": list(env), "total_reward": list(total),
+            "critic": {"critic_requests": requests, "cache_hits": 1, "critic_tokens": 10, "critic_cost_usd": 0.0}}
+
+
+def test_report_numbers_by_hand(tmp_path):
+    by_arm = {"sparse": [record("sparse", 0, 0.30, [0.1, 0.2, 0.3]), record("sparse", 1, 0.20, [0.1, 0.15, 0.2])],
+              "dense": [record("dense", 0, 0.40, [0.1, 0.3, 0.4], requests=5),
+                        record("dense", 1, 0.35, [0.1, 0.2, 0.35], requests=3)]}
+    report = study_report.build_report(by_arm)
+    assert report["metric"] == "world/coverage"
+    assert report["target"] == pytest.approx(0.25)  # sparse's seed-mean curve at its last point: (0.3 + 0.2) / 2
+    # dense's seed-mean curve: 0.1, 0.25, 0.375 -> round 1 reaches 0.25: 1 x 64 episodes; sparse at round 2
+    assert report["arms"]["dense"]["episodes_to_target"] == 64
+    assert report["arms"]["sparse"]["episodes_to_target"] == 128
+    d = report["differences"]["dense-sparse"]["world/coverage"]  # per seed 0.10, 0.15
+    assert d["mean"] == pytest.approx(0.125) and d["half"] == pytest.approx(12.706 * 0.025 * math.sqrt(2) / math.sqrt(2),
+                                                                          abs=1e-4)
+    assert report["arms"]["dense"]["critic"]["critic_requests"] == 8
+    assert report["arms"]["dense"]["eval"]["world/coverage"]["mean"] == pytest.approx(0.375)
+    text = study_report.markdown(report, "t")
+    assert "| dense | 2 | 0.375 ± " in text and "| dense-sparse | 2 | +0.125 ± " in text
+    assert "| dense | 8 | 2 | 20 | 0.0000 |" in text
+    png = study_report.plot_curves(by_arm, "world/coverage", tmp_path / "c.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_matched_scale_by_hand():
+    dense = [record("dense", 0, 0, [], total=(0.6, 0.8)), record("dense", 1, 0, [], total=(1.0,))]
+    sparse = [record("sparse", 0, 0, [], env=(0.2, 0.4))]
+    assert study_report.matched_scale(dense, sparse) == pytest.approx(0.8 / 0.3)
+    with pytest.raises(ValueError, match="no positive scale"):
+        study_report.matched_scale(dense, [record("sparse", 0, 0, [], env=(0.0,))])
+
+
+def test_final_eval_reads_the_trained_policy_unscaled():
+    metrics = {"base": {"world": {"coverage": 0.1}}, "round=0002": {"world": {"coverage": 0.4, "env_reward_mean": 0.8,
+                                                                                "n_samples": 64}}}
+    assert study_report.final_eval(metrics, 2.0) == {"world/coverage": 0.4, "world/env_reward_mean": 0.4}
