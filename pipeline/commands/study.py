@@ -170,15 +170,18 @@ def collect(project: Path, todo: list[tuple[str, int]]) -> dict[str, list[dict]]
 
 
 def study(project: Path, *, arms: dict[str, dict], seeds: list[int], jobs: int = 1, rounds: int | None = None,
-          out: Path | None = None, dry_run: bool = False, metric: str | None = None) -> dict | None:
+          out: Path | None = None, dry_run: bool = False, metric: str | None = None,
+          sets: list[str] = ()) -> dict | None:
     """Run (or resume) the grid and write the report into out (report.json, report.md, curves.png).
+
+    sets: more `-S` overrides for every experiment (after the arm's; e.g. evaluate.n_prompts=16).
 
     Returns the report, or None for a dry run (which prints the dvc commands only)."""
     from pipeline.commands.rounds import exp_run_overrides
     from pipeline.studies.study_report import build_report, markdown, matched_scale, plot_curves
 
     project = project.resolve()
-    extra = [] if rounds is None else exp_run_overrides(rounds)
+    extra = ([] if rounds is None else exp_run_overrides(rounds)) + list(sets)
     first = [(a, s) for a in arms for s in seeds if arms[a].get("score.scale") != MATCHED]
     second = [(a, s) for a in arms for s in seeds if arms[a].get("score.scale") == MATCHED]
     ran = run_phase(project, first, lambda a, s: arms[a], extra, jobs=jobs, dry_run=dry_run)
@@ -212,7 +215,7 @@ def cmd_study(args) -> None:
     if args.jobs < 1:
         raise ConfigError(f"-j {args.jobs}: give at least 1 worker")
     study(Path(args.project), arms=arms, seeds=args.seeds, jobs=args.jobs, rounds=args.rounds, out=args.out,
-          dry_run=args.dry_run, metric=args.metric)
+          dry_run=args.dry_run, metric=args.metric, sets=args.set)
 
 
 def add_study_parser(sub) -> None:
@@ -223,6 +226,8 @@ def add_study_parser(sub) -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("-j", "--jobs", type=int, default=1, help="experiments run at once (dvc queue workers)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per experiment (default: params.yaml's)")
+    parser.add_argument("-S", "--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a params override for every experiment, as `dvc exp run -S` takes it (repeatable)")
     parser.add_argument("--metric", default=None, help="the eval metric of the headline, e.g. world/coverage "
                         "(default: the task's first own metric)")
     parser.add_argument("--out", type=Path, default=None, help="report folder (default: <project>/study)")
