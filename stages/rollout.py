@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pipeline.core import store
 from pipeline.core.device import resolve_device
+from pipeline.model.vllm_engine import pin_engine_device
 from pipeline.parallel.shard import Shard
 from pipeline.steps import stage
 from pipeline.steps.engine_rollout import engine_rollout_round
@@ -15,13 +16,13 @@ from pipeline.steps.rollout import rollout_round
 
 def main():
     args = stage.parser(__doc__, "prompts", "policy", "out", "metrics", with_round=True).parse_args()
-    params = stage.start(args)
+    params = pin_engine_device(stage.start(args))  # vllm on cuda:N: that GPU only, before CUDA starts
     device, shard = resolve_device(params.run.device), Shard.from_environment()
     r, prompts, name = params.rollout, store.read_table(args.prompts, "prompts"), Path(args.policy).name
     if r.engine == "vllm":
         rows, metrics = engine_rollout_round(prompts, policy_dir=args.policy, policy_name=name,
                                              run_id=params.run.run_id, round_=int(args.round), seed=params.run.seed,
-                                             rollout=r, shard=shard)
+                                             rollout=r, shard=shard, mixed_precision=params.ppo.mixed_precision)
     else:
         rows, metrics = rollout_round(
             prompts, policy_dir=args.policy, policy_name=name, run_id=params.run.run_id, round_=int(args.round),

@@ -6,6 +6,7 @@ Writes every round's partitions under <data>/<table>/chunk=<side>/ and metrics u
 """
 from pipeline.core import store
 from pipeline.core.device import resolve_device
+from pipeline.model.vllm_engine import pin_engine_device
 from pipeline.steps import stage
 from pipeline.steps.preflight import check_inputs
 from pipeline.steps.switch import SIDES, run_side, side_params
@@ -17,6 +18,7 @@ def main():
     parser.add_argument("--tagger", help="the tagger side's critic: the model folder switch_distill@R writes")
     args = parser.parse_args()
     params = side_params(stage.start(args), args.side, args.tagger)  # the tagger side: critic = the tagger
+    params = pin_engine_device(params)  # vllm on cuda:N: that GPU only, before CUDA starts
     check_inputs(params)
     run_side(store.read_table(args.prompts, "prompts"), params=params, side=args.side, policy_dir=args.policy,
              reference_dir=args.reference, out_dir=args.out, data_dir=args.data, metrics_dir=args.metrics,

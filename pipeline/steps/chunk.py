@@ -30,7 +30,9 @@ One process only: under `accelerate launch` use per-round stages (rounds_per_sta
 With ``rollout.engine: vllm`` the chunk starts one vLLM engine (pipeline/model/vllm_engine.py) and, after each
 round's PPO, hands it the new policy in place: the LM's weights (full fine-tuning), or the round's adapters saved
 to a folder and served as a new LoRA request (LoRA policies; the base stays loaded). Round k+1 is thus sampled
-from the weights round k trained, as per-round stages sample from round k's checkpoint.
+from the weights round k trained, as per-round stages sample from round k's checkpoint. Between its rollout and
+that update the engine sleeps where vLLM can (GPU: its weights in host memory, its KV cache freed), so scoring,
+a local critic and PPO get the memory; on CPU it stays as it is.
 """
 from __future__ import annotations
 
@@ -131,7 +133,7 @@ def run_rounds(prompt_rows: list[dict], *, params: Params, keys: list[str], crit
         session = open_now.enter_context(critic_session(critic, tokenizer_dir=reference_dir, task=run.task,
                                                         device=device))
         engine = None if r.engine == "hf" else open_now.enter_context(VLLMEngine.for_rollout(
-            policy_dir, r, lora_rank=params.base.lora_r, seed=run.seed))
+            policy_dir, r, lora_rank=params.base.lora_r, seed=run.seed, mixed_precision=params.ppo.mixed_precision))
         adapters = open_now.enter_context(tempfile.TemporaryDirectory(prefix="drlc-adapters-")) if engine else None
         engine_times = {"engine_start_s": engine.start_s if engine else 0.0}
         for key in keys:
@@ -142,9 +144,11 @@ def run_rounds(prompt_rows: list[dict], *, params: Params, keys: list[str], crit
                 round_=round_, seed=run.seed, batch_size=r.batch_size, max_new_tokens=r.max_new_tokens,
                 generation_batch_size=r.generation_batch_size, min_new_tokens=r.min_new_tokens,
                 samples_per_prompt=r.samples_per_prompt)
+            if engine is not None:  # asleep while scoring, the critic and PPO run (where vLLM can sleep)
+                engine.sleep()
+                rollout_metrics.update(engine.describe(), **engine_times)
             rollouts = _stored(rollouts, "rollouts", folders["rollouts"] / part)
-            write_json({**rollout_metrics, **(engine_times if engine else {})},
-                       folders["rollout_metrics"] / f"{part}.json")
+            write_json(rollout_metrics, folders["rollout_metrics"] / f"{part}.json")
             scores, score_metrics = score_round(rollouts, prompt_rows, task=run.task, run_id=run.run_id,
                                                 round_=round_, params=params.score, reward=reward)
             scores = _stored(scores, "scores", folders["scores"] / part)
@@ -164,6 +168,7 @@ def run_rounds(prompt_rows: list[dict], *, params: Params, keys: list[str], crit
             write_json({**summarize(steps), "device": str(device)}, folders["ppo_metrics"] / f"{part}.json")
             if engine is not None and key != keys[-1]:  # the next round samples from this round's policy
                 started = time.perf_counter()
+                engine.wake_up()
                 update_engine(engine, state.policy, Path(adapters) / part)
                 engine_times = {"engine_start_s": 0.0, "engine_update_s": time.perf_counter() - started}
             log(f"{name}: round {key}: {critique_metrics['critiqued']} critiqued, "

@@ -24,21 +24,24 @@ def adapter_rank(policy_dir: str | Path) -> int:
 
 
 def engine_rollout_round(prompt_rows: list[dict], *, policy_dir: str, policy_name: str, run_id: str, round_: int,
-                         seed: int, rollout, shard: Shard | None = None) -> tuple[list[dict], dict]:
+                         seed: int, rollout, shard: Shard | None = None,
+                         mixed_precision: str = "fp32") -> tuple[list[dict], dict]:
     """rollout_round's rows and metrics, sampled by a VLLMEngine for `policy_dir` (a LoRA policy: its base, with
-    the adapters as a LoRA request). rollout: the params' rollout section. The metrics add engine_start_s.
+    the adapters as a LoRA request). rollout: the params' rollout section; mixed_precision: ppo.mixed_precision
+    (the engine's dtype follows it). The metrics add engine_start_s and the engine's device, dtype and sleep mode.
 
     Raises ConfigError under a multi-process launch (vLLM's own tensor/data parallelism replaces it).
     """
     if shard is not None and shard.world_size > 1:
         raise ConfigError("rollout.engine = vllm runs in one process: launch the rollout stage without "
-                          "`accelerate launch`, and set rollout.vllm_args tensor_parallel_size or data_parallel_size "
-                          "for more devices (docs/scale-out.md).")
+                          "`accelerate launch`, and set rollout.vllm_args tensor_parallel_size for more devices "
+                          "(docs/scale-out.md).")
     tokenizer = load_tokenizer(policy_dir)
-    with VLLMEngine.for_rollout(policy_dir, rollout, lora_rank=adapter_rank(policy_dir), seed=seed) as engine:
+    with VLLMEngine.for_rollout(policy_dir, rollout, lora_rank=adapter_rank(policy_dir), seed=seed,
+                                mixed_precision=mixed_precision) as engine:
         rows, metrics = rollout_with(
             engine, tokenizer, prompt_rows, policy_name=policy_name, run_id=run_id, round_=round_, seed=seed,
             batch_size=rollout.batch_size, max_new_tokens=rollout.max_new_tokens,
             generation_batch_size=rollout.generation_batch_size, min_new_tokens=rollout.min_new_tokens,
             samples_per_prompt=rollout.samples_per_prompt)
-    return rows, {**metrics, "engine_start_s": engine.start_s}
+    return rows, {**metrics, **engine.describe(), "engine_start_s": engine.start_s}
