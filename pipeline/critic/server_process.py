@@ -3,9 +3,15 @@
 :func:`serve_process` starts the command, waits until ``GET /v1/models`` answers, yields the base URL
 for a ``with`` block, and stops the process after it. A server that exits or stays silent raises
 CriticError whose message ends with the tail of the server's own log.
+
+The server starts in its own process group (session), and :func:`stop` signals the whole group: vLLM's server
+runs its engine in a child process that holds the GPU memory, and a signal to the direct child alone can leave it
+running.
 """
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import tempfile
@@ -37,7 +43,7 @@ def serve_process(command: Callable[[int], list[str]], *, name: str, timeout_s: 
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
     with tempfile.TemporaryFile("w+") as log:
-        server = subprocess.Popen(command(port), stdout=log, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(command(port), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             _wait_until_up(url, server, log, name=name, timeout_s=timeout_s, poll_s=poll_s)
             yield url
@@ -46,13 +52,23 @@ def serve_process(command: Callable[[int], list[str]], *, name: str, timeout_s: 
 
 
 def stop(server: subprocess.Popen, timeout_s: float = 30) -> None:
-    """Terminate `server`, and kill it if it has not exited within `timeout_s`."""
-    server.terminate()
+    """Terminate `server`'s process group (it leads one: started with start_new_session), and kill the group if
+    the server has not exited within `timeout_s`; what is left of the group after the server exits is killed too."""
+    _signal_group(server, signal.SIGTERM)
     try:
         server.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        server.kill()
+        _signal_group(server, signal.SIGKILL)
         server.wait()
+    _signal_group(server, signal.SIGKILL)  # children that outlived their parent (nothing when none is left)
+
+
+def _signal_group(server: subprocess.Popen, sig: int) -> None:
+    """Send `sig` to the process group `server` leads; no-op once the group is gone."""
+    try:
+        os.killpg(server.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _wait_until_up(url: str, server: subprocess.Popen, log, *, name: str, timeout_s: float, poll_s: float) -> None:
