@@ -16,9 +16,9 @@ from pipeline.core.config import load_params
 from pipeline.core.errors import ConfigError
 from pipeline.critic.client import CriticClient
 from pipeline.critic.grammar import copy_grammar
-from pipeline.critic.offline.constrained import SpanAutomaton, constraint_for
-from pipeline.critic.servers import body_for, breaks_constraint
-from pipeline.critic.structured import answer_bound, bounded_body, request_body
+from pipeline.critic.constraint import (answer_bound, bounded_body, breaks_constraint, constraint_for, request_body)
+from pipeline.critic.offline.constrained import SpanAutomaton
+from pipeline.critic.servers import body_for
 
 LABELS = ("toxic", "insult")
 

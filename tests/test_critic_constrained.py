@@ -17,7 +17,8 @@ from conftest import save_tiny_gpt2, train_bpe
 
 from pipeline.core.errors import ConfigError, CriticError
 from pipeline.critic.grammar import check_gbnf, copy_grammar, span_bounds
-from pipeline.critic.offline.constrained import SpanAutomaton, TokenTrie, constraint_for
+from pipeline.critic.constraint import constraint_for
+from pipeline.critic.offline.constrained import SpanAutomaton, TokenTrie
 from pipeline.critic.structured import request_body
 
 torch.set_num_threads(1)

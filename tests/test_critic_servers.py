@@ -1,5 +1,5 @@
 """critic.server: the body each server kind gets, auto-detection from GET /v1/models, the check that catches a
-server ignoring its constraint, and the wait for a server still starting (pipeline/critic/servers.py).
+server ignoring its constraint, and the wait for a server still starting (pipeline/critic/servers.py, endpoint.py, constraint.py).
 
 The servers here are real stdlib HTTP servers on 127.0.0.1 in a thread: one answers like vLLM (it lists
 itself as owned_by vllm, applies `structured_outputs` and ignores a top-level `grammar`, as vLLM does), one
@@ -18,8 +18,9 @@ from pipeline.core.cache import cache_key
 from pipeline.core.config import load_params
 from pipeline.core.errors import ConfigError, CriticError
 from pipeline.critic.client import CriticClient
-from pipeline.critic.servers import (BREAK_SHARE, body_for, breaks_constraint, detected_kind, ignored_constraint,
-                                     kind_from_models)
+from pipeline.critic.constraint import breaks_constraint
+from pipeline.critic.endpoint import BREAK_SHARE, detected_kind, ignored_constraint, kind_from_models
+from pipeline.critic.servers import body_for
 from pipeline.critic.structured import request_body, shape_requests, span_schema, spans_json
 
 LABELS = ("toxic",)

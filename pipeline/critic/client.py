@@ -29,12 +29,13 @@ Retry policy (drlc's own; the ``openai`` package runs with ``max_retries=0``):
   first request that must be sent waits instead, up to that long, for ``GET /models`` to answer
   (connections refused, or HTTP 503 while a model loads), saying once on stderr that it waits.
 
-Server kinds (``server``, ``critic.server``; :mod:`pipeline.critic.servers`): the per-request bodies
+Server kinds (``server``, ``critic.server``; :mod:`pipeline.critic.servers`, detected, confirmed and
+checked by :mod:`pipeline.critic.endpoint`): the per-request bodies
 given to :meth:`CriticClient.run` are drlc's canonical ones (``response_format``, ``grammar`` +
 ``drlc_copy``); the client rewrites a constrained body into the fields its server takes (vLLM's
 ``structured_outputs``, SGLang's ``ebnf``) and keys the cache by the body it sends. ``auto`` asks
 ``GET /models`` which server it is, once per client, and only when a body is constrained. After the
-answers arrive, more than :data:`~pipeline.critic.servers.BREAK_SHARE` of them breaking their
+answers arrive, more than :data:`~pipeline.critic.endpoint.BREAK_SHARE` of them breaking their
 constraint (the server ignored it) raises CriticError in one line naming ``critic.server``; the
 answers stay cached under the body that was sent.
 
@@ -72,9 +73,9 @@ from tqdm import tqdm
 
 from pipeline.core.cache import MISSING, CriticCache, cache_key
 from pipeline.core.errors import ConfigError, CriticError
-from pipeline.critic.structured import bounded_body
-from pipeline.critic.servers import (KINDS, body_for, constrained, detected_kind, ignored_constraint, kind_from_models,
-                                     probe)
+from pipeline.critic.constraint import bounded_body, constrained
+from pipeline.critic.endpoint import Endpoint
+from pipeline.critic.servers import KINDS, body_for
 
 __all__ = ["CriticClient", "CriticResult", "RunStats"]
 
@@ -235,9 +236,14 @@ class CriticClient:
             raise ConfigError(f"critic server={server!r}, connect_wait_s={connect_wait_s!r}: need server auto or "
                               f"one of {list(KINDS)}, and connect_wait_s >= 0")
         self.server, self.connect_wait_s = server, connect_wait_s
-        self.kind = None if server == "auto" else server  # the server kind, once known (auto: after GET /models)
-        self._confirmed = False  # a drlc kind checked against GET /models (see _confirm)
+        self.endpoint = Endpoint(self.base_url, server, connect_wait_s=connect_wait_s, timeout_s=timeout_s,
+                                 sends=max_requests != 0)
         self.last_stats = RunStats()
+
+    @property
+    def kind(self) -> str | None:
+        """The server kind (``critic.server``, or what auto found; None until then): :class:`Endpoint`'s."""
+        return self.endpoint.kind
 
     def __repr__(self) -> str:  # never shows the API key
         return f"CriticClient(base_url={self.base_url!r}, model={self.model!r})"
@@ -284,7 +290,7 @@ class CriticClient:
 
         stats = self.last_stats = RunStats()
         self._answered = False  # until an HTTP response arrives, a failed connect stops the run (see _attempt)
-        self._ready = None  # the one wait for a starting server (connect_wait_s), shared by this call's requests
+        self.endpoint.new_call()  # the one wait for a starting server (connect_wait_s), shared by this call's requests
         bodies = [{}] * len(requests) if bodies is None else bodies
         if len(bodies) != len(requests):
             raise ConfigError(f"CriticClient.run got {len(bodies)} bodies for {len(requests)} requests")
@@ -295,7 +301,7 @@ class CriticClient:
                     base_url=self.base_url, api_key=self._api_key, max_retries=0, timeout=self.timeout_s,
                     http_client=openai.DefaultAsyncHttpxClient(verify=_tls_context())) as api:
                 if any(constrained(body) for body in bodies):
-                    self.kind = await self._detect(api) if self.kind is None else await self._confirm(api)
+                    await self.endpoint.kind_for(api)
                 sent = [body_for(self.kind, body) for body in bodies] if self.kind else bodies
                 keys = [self._key(messages, sample_index, body) for messages, body in zip(requests, sent)]
                 unique = dict(zip(keys, zip(requests, sent)))  # first occurrence of each key, in order
@@ -318,46 +324,14 @@ class CriticClient:
         return _expand(keys, done)
 
     def _check_constraints(self, canonical: dict[str, dict], done: dict[str, CriticResult]) -> None:
-        """Raise CriticError (one line) if the server ignored the constraints it was sent (drlc's own is trusted)."""
-        if self.kind in (None, "drlc"):
-            return
+        """Raise CriticError (one line) if the server ignored the constraints it was sent (:class:`Endpoint`)."""
         arrived = [key for key, result in done.items() if result.status in ("ok", "truncated")]
-        line = ignored_constraint([canonical[key] for key in arrived],
-                                  [(done[key].raw_text, done[key].finish_reason) for key in arrived],
-                                  kind=self.kind, base_url=self.base_url)
-        if line:
-            raise CriticError(line)
-
-    async def _detect(self, api) -> str:
-        """critic.server auto: the server kind its ``GET /models`` names (CriticError, one line, if none)."""
-        if self.max_requests == 0:
-            raise CriticError("critic.server is auto, but this client sends nothing (a replay without new calls, a "
-                              "batch file), so it cannot ask the endpoint which server it is: set critic.server to "
-                              f"the server that answered ({', '.join(KINDS)})")
-        return detected_kind(await self._server_ready(api), self.base_url)
-
-    async def _confirm(self, api) -> str:
-        """The server kind, where it is ``drlc``: first checked against its ``GET /models`` (once per client).
-
-        drlc's own server is trusted to honour ``drlc_copy``, so its answers are not checked; another server
-        set as drlc would get a grammar it may ignore, unchecked. A client that sends nothing asks nothing.
-        """
-        if self.kind != "drlc" or self._confirmed or self.max_requests == 0:
-            return self.kind
-        found = kind_from_models(await self._server_ready(api), self.base_url)
-        if found != "drlc":
-            raise CriticError(f"critic.server is drlc (drlc's own server, whose answers are trusted unchecked), but "
-                              f"{self.base_url}/models says {found or 'another server'}: set critic.server: auto, "
-                              f"or to the server it is")
-        self._confirmed = True
-        return self.kind
+        self.endpoint.check_answers([canonical[key] for key in arrived],
+                                    [(done[key].raw_text, done[key].finish_reason) for key in arrived])
 
     async def _server_ready(self, api):
-        """``GET /models`` once per call, waiting up to ``connect_wait_s`` (:func:`~pipeline.critic.servers.probe`)."""
-        if self._ready is None:
-            self._ready = asyncio.ensure_future(probe(api, base_url=self.base_url, wait_s=self.connect_wait_s,
-                                                      timeout_s=self.timeout_s))
-        payload = await asyncio.shield(self._ready)
+        """``GET /models`` once per call, waiting up to ``connect_wait_s`` (:meth:`Endpoint.ready`)."""
+        payload = await self.endpoint.ready(api)
         self._answered = True
         return payload
 

@@ -45,7 +45,7 @@ def check_critic(params: Params, root: str | Path = ".") -> Params:
                           f"{task.path} does not declare (LABELS = {list(task.LABELS)}): add them to LABELS, "
                           f"or fix the template's front matter.")
     if params.critic.answer_format != "text":  # the longest constrained answer must close within max_tokens
-        from pipeline.critic.structured import answer_bound
+        from pipeline.critic.constraint import answer_bound
 
         answer_bound(template.labels, params.critic.max_tokens)
     unknown = sorted(set(params.critic.rewards) - set(template.labels))

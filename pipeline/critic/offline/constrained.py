@@ -36,7 +36,7 @@ import re
 from pipeline.core.errors import CriticError
 from pipeline.critic.grammar import CLOSE, ITEM_CLOSE, ITEM_MID, ITEM_OPEN, OPEN, SEPARATOR, json_units, span_bounds
 
-__all__ = ["CLOSING_TOKENS", "SpanAutomaton", "SpanConstraint", "TokenTrie", "constraint_for"]
+__all__ = ["CLOSING_TOKENS", "SpanAutomaton", "SpanConstraint", "TokenTrie"]
 
 CLOSING_TOKENS = 24
 """Tokens before its limit at which a constrained answer starts closing its JSON (a new span costs ~15)."""
@@ -275,31 +275,3 @@ class SpanConstraint:
         return limit is not None and limit - self.fed[row] <= CLOSING_TOKENS
 
 
-def constraint_for(request: dict) -> SpanAutomaton | None:
-    """The automaton a chat-completions body asks for: ``drlc_copy`` (copy), a ``json_schema``
-    ``response_format`` of drlc's span shape (json), or None.
-
-    :raises CriticError: for a ``response_format``, ``grammar`` or ``drlc_copy`` this backend cannot honour
-    """
-    copy = request.get("drlc_copy")
-    if copy is not None:
-        if not (isinstance(copy, dict) and isinstance(copy.get("source"), str) and copy.get("labels")
-                and isinstance(copy.get("max_spans"), int) and isinstance(copy.get("words", False), bool)
-                and isinstance(copy.get("max_span_bytes", 1), int)):
-            raise CriticError("drlc_copy must be {source: str, labels: [str], max_spans: int, words: bool "
-                              "(optional), max_span_bytes: int (optional)}")
-        return SpanAutomaton(copy["labels"], copy["max_spans"], copy["source"], words=copy.get("words", False),
-                             max_span_bytes=copy.get("max_span_bytes"))
-    if request.get("grammar") is not None:
-        raise CriticError("drlc's hf backend does not read GBNF grammars; send drlc_copy (critic.answer_format: copy)")
-    response_format = request.get("response_format")
-    if response_format is None or response_format.get("type") == "text":
-        return None
-    from pipeline.critic.structured import schema_bound
-
-    try:
-        labels, max_spans, max_chars = schema_bound(response_format)
-        return SpanAutomaton(labels, max_spans, max_span_bytes=max_chars)
-    except (KeyError, TypeError) as error:
-        raise CriticError(f"drlc's hf backend honours only drlc's span json_schema response_format "
-                          f"(critic.answer_format: json), not this one (missing {error})") from None

@@ -115,7 +115,7 @@ class HFBackend:
                                                         return_dict=False)
         if hasattr(prompt_ids, "keys"):  # some tokenizers return a BatchEncoding even with return_dict=False
             prompt_ids = prompt_ids["input_ids"]
-        from pipeline.critic.offline.constrained import constraint_for
+        from pipeline.critic.constraint import constraint_for
 
         item = _Request(prompt_ids=list(prompt_ids), max_new_tokens=_max_new_tokens(request),
                         constraint=constraint_for(request), temperature=float(request.get("temperature") or 0.0),
