@@ -77,3 +77,49 @@ def test_fewer_logprobs_than_tokens_is_an_error_naming_the_request():
     short = completion([5, 7, 9], [-0.5, -1.5])  # the third token's log-prob is missing
     with pytest.raises(DataError, match=r"vLLM returned 2 log-probs for the 3 tokens of rollout request 4"):
         _sample_of(short, 4)
+
+
+def vllm_params(max_new_tokens: int, vllm_args: dict | None = None):
+    import dataclasses
+
+    params = load_params(ROOT / "params.yaml")
+    rollout = dataclasses.replace(params.rollout, engine="vllm", max_new_tokens=max_new_tokens,
+                                  vllm_args=vllm_args or {})
+    return dataclasses.replace(params, rollout=rollout)
+
+
+def test_check_refuses_max_new_tokens_above_max_model_len_before_any_folder_exists(tmp_path):
+    from pipeline.steps.engine_rollout import check_engine_lengths
+
+    check_engine_lengths(vllm_params(2048), tmp_path)  # the default cap, 2048, holds it (no prompts known yet)
+    with pytest.raises(ConfigError, match=r"rollout.max_new_tokens = 2049 plus the longest prompt \(0 tokens\) is "
+                                          r"above the vLLM engine's max_model_len = 2048"):
+        check_engine_lengths(vllm_params(2049), tmp_path)
+    with pytest.raises(ConfigError, match=r"max_new_tokens = 40 .* max_model_len = 32"):
+        check_engine_lengths(vllm_params(40, {"max_model_len": 32}), tmp_path)
+
+
+def test_check_counts_the_longest_prompt_against_the_models_context(tmp_path):
+    from pipeline.core import store
+    from pipeline.steps.engine_rollout import check_engine_lengths
+    from pipeline.steps.rollout import encode_query
+    from tests.conftest import save_tiny_gpt2, train_bpe
+
+    texts = ["the film was good", "a long review " * 5]
+    tokenizer = train_bpe(texts * 10)
+    tokenizer.pad_token = tokenizer.eos_token
+    save_tiny_gpt2(tmp_path / "models" / "base", tokenizer, n_positions=64)  # max_model_len 64
+    store.write_table([{"run_id": "r", "round": 0, "prompt_id": f"train-{i}", "split": "train", "text": t,
+                       "reference": None} for i, t in enumerate(texts)],
+                      "prompts", tmp_path / "data" / "prompts" / "round=0000")
+    longest = len(encode_query(tokenizer, texts[1]))
+    check_engine_lengths(vllm_params(64 - longest), tmp_path)  # exactly full
+    with pytest.raises(ConfigError, match=rf"plus the longest prompt \({longest} tokens\) is above .* = 64"):
+        check_engine_lengths(vllm_params(65 - longest), tmp_path)
+    check_engine_lengths(dataclasses_replace_engine(vllm_params(500), "hf"), tmp_path)  # the hf engine: no limit
+
+
+def dataclasses_replace_engine(params, engine):
+    import dataclasses
+
+    return dataclasses.replace(params, rollout=dataclasses.replace(params.rollout, engine=engine))

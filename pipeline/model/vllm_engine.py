@@ -285,6 +285,13 @@ class VLLMEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        room = self.llm.llm_engine.vllm_config.model_config.max_model_len
+        for row, (query, limit) in enumerate(zip(queries, limits, strict=True)):
+            if len(query) + limit > room:
+                raise ConfigError(f"Rollout request {row}: its prompt ({len(query)} tokens) plus {limit} new tokens is "
+                                  f"above the vLLM engine's max_model_len = {room}: lower rollout.max_new_tokens, "
+                                  "shorten the prompts, or raise rollout.vllm_args max_model_len.")
+
         params = [SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, max_tokens=limit, seed=seed,
                                  logprobs=0, stop_token_ids=None if eos_id is None else [eos_id],
                                  ignore_eos=eos_id is None, skip_special_tokens=True,

@@ -45,3 +45,38 @@ def engine_rollout_round(prompt_rows: list[dict], *, policy_dir: str, policy_nam
             generation_batch_size=rollout.generation_batch_size, min_new_tokens=rollout.min_new_tokens,
             samples_per_prompt=rollout.samples_per_prompt)
     return rows, {**metrics, **engine.describe(), "engine_start_s": engine.start_s}
+
+
+def engine_model_len(rollout, model_dir: str | Path | None) -> int:
+    """The context the engine is set up for: rollout.vllm_args max_model_len, else the model's own (capped as
+    pipeline/model/vllm_engine.py default_model_len does), else that cap when the model folder is not there yet."""
+    from pipeline.model.vllm_engine import MAX_MODEL_LEN, default_model_len
+
+    if rollout.vllm_args.get("max_model_len"):
+        return int(rollout.vllm_args["max_model_len"])
+    if model_dir is not None and (Path(model_dir) / "config.json").is_file():
+        return default_model_len(model_dir)
+    return MAX_MODEL_LEN
+
+
+def check_engine_lengths(params, root: str | Path = ".") -> None:
+    """`drlc check` for rollout.engine vllm: raise ConfigError when the longest prompt (data/prompts/round=0000,
+    encoded as the rollout encodes it, once models/base and the prompts exist) plus rollout.max_new_tokens does not
+    fit the engine's max_model_len, which vLLM would refuse mid-rollout. Without those folders, max_new_tokens
+    alone is checked."""
+    if params.rollout.engine != "vllm":
+        return
+    base, prompts = Path(root) / "models" / "base", Path(root) / "data" / "prompts" / "round=0000"
+    limit, new = engine_model_len(params.rollout, base), params.rollout.max_new_tokens
+    longest = 0
+    if (base / "config.json").is_file() and prompts.is_dir():
+        from pipeline.core import store
+        from pipeline.steps.rollout import encode_query
+
+        tokenizer = load_tokenizer(base)
+        longest = max((len(encode_query(tokenizer, row["text"])) for row in store.read_table(prompts, "prompts")),
+                      default=0)
+    if longest + new > limit:
+        raise ConfigError(f"rollout.max_new_tokens = {new} plus the longest prompt ({longest} tokens) is above the "
+                          f"vLLM engine's max_model_len = {limit}: lower rollout.max_new_tokens, shorten the prompts, "
+                          "or raise rollout.vllm_args max_model_len (up to the model's context).")
