@@ -136,3 +136,24 @@ def test_the_client_bounds_constrained_bodies_only_and_keys_follow_the_body():
     assert sent["drlc_copy"]["max_spans"] == 2 and sent["drlc_copy"]["max_span_bytes"] == 26
     assert bounded_body(sent, 128) == sent  # bounding is idempotent
     assert re.search(r'^s0 ::= "y"', sent["grammar"], re.M)
+
+
+def test_a_replay_of_bounded_answers_sends_nothing(tmp_path):
+    """The bound is computed from the run's own max_tokens, so a replay (a client that may send nothing) finds
+    every bounded answer under the key it was cached by; the lexicon backend honours the bounded span count."""
+    from pipeline.core.cache import CriticCache
+    from pipeline.critic.offline.server import serve_in_background
+    from pipeline.critic.structured import shape_requests
+
+    posts = ["you absolute clown, you idiot", "a fine day", "shut up, moron"]
+    requests, bodies = shape_requests([[{"role": "system", "content": "Task: toxicity"},
+                                        {"role": "user", "content": f"<response>{p}</response>"}] for p in posts], posts,
+                                      labels=["toxic"], answer_format="copy_words")
+    settings = dict(model="m", server="drlc", sampling={"max_tokens": 128, "temperature": 0.0})
+    with serve_in_background(backend="lexicon") as (url, stats), CriticCache(tmp_path / "cache") as cache:
+        first = CriticClient(base_url=url, **settings).run(requests, cache, bodies=bodies)
+        sent = stats()["requests"]
+        replay = CriticClient(base_url=url, max_requests=0, **settings).run(requests, cache, bodies=bodies)
+        assert stats()["requests"] == sent and [r.status for r in first] == ["ok"] * 3
+        assert [r.raw_text for r in replay] == [r.raw_text for r in first] and all(r.cache_hit for r in replay)
+        assert all(len(json.loads(r.raw_text)["spans"]) <= 2 for r in first)
