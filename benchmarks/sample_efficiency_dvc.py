@@ -32,6 +32,8 @@ from pathlib import Path
 import yaml
 
 from pipeline.commands.rounds import exp_run_overrides
+from pipeline.commands.study import (  # the DVC side of `drlc study`, shared
+    exp_name, finished_experiments, hydra_value, link_shared, set_prefix)
 from pipeline.core import store
 from pipeline.core.config import load_params
 from pipeline.core.errors import ConfigError, DataError
@@ -79,24 +81,6 @@ def rounds_overrides(n_rounds: int | None, per_stage: int = 1) -> list[str]:
     return [] if n_rounds is None else exp_run_overrides(n_rounds, per_stage)
 
 
-def exp_name(arm: str, seed: int) -> str:
-    return f"{arm}-s{seed}"
-
-
-def hydra_value(value) -> str:
-    """A params value in Hydra's override grammar (what `dvc exp run -S` parses): JSON, except that a
-    mapping's keys are bare (Hydra rejects quoted keys: ``{drlc_seed: 1}``, not ``{"drlc_seed": 1}``)."""
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{key}: {hydra_value(item)}" for key, item in value.items()) + "}"
-    return json.dumps(value)
-
-
-def set_prefix(value) -> str:
-    """'++' for a mapping with keys: DVC applies -S in Hydra's struct mode, where a plain override cannot add
-    a key (critic.extra_body={drlc_seed: 0} onto the profile's {} fails); '++' adds or overrides."""
-    return "++" if isinstance(value, dict) and value else ""
-
-
 def run_command(arm: str, seed: int, settings: dict, extra: list[str], *, runner: str) -> list[str]:
     """The `dvc exp run` command of one experiment (queued, or run now in a temp folder)."""
     sets = [f"run.seed={seed}"] + [f"{set_prefix(value)}{key}={hydra_value(value)}" for key, value in settings.items()]
@@ -117,19 +101,6 @@ def existing_experiments(project: Path) -> dict[str, dict]:
     """{experiment name: {"rev", "params", "metrics"}} of the experiments on top of HEAD (dvc exp show --json)."""
     return finished_experiments(json.loads(sh([sys.executable, "-m", "dvc", "exp", "show", "--json"],
                                                project).stdout or "[]"))
-
-
-def finished_experiments(shown: list[dict]) -> dict[str, dict]:
-    """The finished experiments of `dvc exp show --json`'s output: those with a commit. A running one, or one
-    killed mid-run, shows with its data rev "workspace" and no commit; it is not done and is run again."""
-    found = {}
-    for commit in shown:
-        for exp in commit.get("experiments") or []:
-            data = (exp.get("revs") or [{}])[0].get("data") or {}
-            if exp.get("name") and len(data.get("rev") or "") == 40:  # a commit sha, not "workspace"
-                found[exp["name"]] = {"rev": data["rev"], "params": data["params"]["params.yaml"]["data"],
-                                      "metrics": {path: m.get("data", {}) for path, m in (data.get("metrics") or {}).items()}}
-    return found
 
 
 def run_arms(project: Path, commands: list[list[str]], *, runner: str, dry_run: bool) -> None:
@@ -262,21 +233,6 @@ def markdown(result: dict) -> str:
     lines += ["", f"Wall time {result['wall_seconds'] / 60:.1f} min; experiments: "
               + ", ".join(r["experiment"] for runs in result["runs"].values() for r in runs) + "."]
     return "\n".join(lines) + "\n"
-
-
-EXP_COPIES = (".dvc/tmp/exps", ".dvc/tmp/exps/standalone")  # DVC 3: queued, and `--temp`, experiment copies
-
-
-def link_shared(project: Path) -> None:
-    """Make the project's ``../shared`` (the profiles' data, e.g. ``../shared/data/toxicity``) resolve inside
-    DVC's experiment copies too: they run in ``<EXP_COPIES>/tmpXXXX``, whose ``../shared`` is
-    ``<EXP_COPIES>/shared``, so that is linked to the real folder (nothing is done without one)."""
-    shared = project.parent / "shared"
-    for folder in EXP_COPIES if shared.is_dir() else ():
-        link = project / folder / "shared"
-        if not link.exists():
-            link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(shared.resolve(), target_is_directory=True)
 
 
 class Unfinished(Exception):

@@ -1,4 +1,5 @@
-"""evaluate: the final policy against the base on each prompt set (DExperts protocol); curves per round.
+"""evaluate: the final policy against the base on each prompt set (DExperts protocol); curves per round;
+with --eval-curve, the held-out eval of every evaluate.every-th round (pipeline/steps/evaluate.py evaluate_curve).
 
 Data parallel: `accelerate launch --multi_gpu --num_processes N stages/evaluate.py ...` (docs/scale-out.md).
 """
@@ -33,8 +34,8 @@ def main():
     )
     curve = [] if not args.eval_curve else evaluate_curve(
         store.read_table(args.prompts, "prompts"), base_dir=args.base, models_dir=args.models,
-        rounds=curve_rounds(params.evaluate, params.rounds, params.chunks, params.switch), seed=params.run.seed, params=params.evaluate, task=params.run.task,
-        score=params.score, device=device, shard=shard,
+        rounds=curve_rounds(params.evaluate, params.rounds, params.chunks, params.switch), seed=params.run.seed,
+        params=params.evaluate, task=params.run.task, score=params.score, device=device, shard=shard,
         known={0: metrics["base"], int(policy_name.split("=")[1]): metrics[policy_name]})
     shard.close()
     if not shard.is_main:

@@ -32,7 +32,7 @@ def is_task_file(task: str) -> bool:
 
 
 ALIGNMENTS = ("exact", "substring")  # critic.alignment: the modes of pipeline/critic/align.py
-PLACEMENTS = ("tokens", "summed", "random")  # critic.placement: the span rewards on their tokens, summed on the last, at random words
+PLACEMENTS = ("tokens", "summed", "random")  # critic.placement: on the spans' tokens, summed on the last, at random words
 ROLLOUT_ENGINES = ("hf", "vllm")  # rollout.engine: drlc's sampler, vLLM (pipeline/model/vllm_engine.py)
 ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce_pp")  # ppo.algorithm; all but "ppo" are value-free
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")  # ppo.loss_type (TRL GRPOConfig.loss_type)

@@ -52,7 +52,8 @@ from pipeline.critic.structured import read_structured, shape_requests
 from pipeline.critic.vote import majority, vote_spans
 
 __all__ = ["ANNOTATION_FIELDS", "STATUSES", "ReadAnswer", "annotate_round", "critiqued_indices", "fields_for",
-           "placed_rewards", "read_answer", "summed_rewards", "response_fields", "round_requests", "sampled_results", "zero_mean_rewards"]
+           "placed_rewards", "read_answer", "summed_rewards", "response_fields", "round_requests", "sampled_results",
+           "zero_mean_rewards"]
 
 ANNOTATION_FIELDS = (
     "rollout_id", "critiqued", "status", "cache_key", "cache_hit", "critic_model", "template_sha",

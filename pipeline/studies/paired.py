@@ -47,7 +47,7 @@ def interval(values: list[float]) -> dict:
 def paired_difference(a: dict[int, float], b: dict[int, float]) -> dict:
     """The interval of a[seed] − b[seed] over the seeds in both (by seed, not by position), with those seeds.
 
-    >>> d = paired_difference({0: 0.5, 1: 0.7, 2: 0.4}, {0: 0.3, 1: 0.4, 3: 9.0})
+    >>> d = paired_difference({0: 0.5, 1: 0.75, 2: 0.4}, {0: 0.25, 1: 0.5, 3: 9.0})
     >>> d["mean"], d["n"], d["seeds"]
     (0.25, 2, [0, 1])
     """

@@ -1,10 +1,14 @@
-"""The random-span control critic: the tagger's spans, each moved to a random place in the response.
+"""The random-span control: a critic's spans, each moved to a random place in the response.
 
-It answers with as many spans as the distilled tagger (:mod:`pipeline.critic.offline.tagger`)
-finds in a response, each as many words long as the tagger's span (words = the tagger's word
-tokens), with the same label, but at positions drawn uniformly at random. A
-dense-reward arm with this critic gets the tagger arm's reward *amount* (spans x tokens x
-``critic.rewards``) on the wrong tokens: it separates "any dense signal" from "the right tokens".
+:func:`random_spans` takes any critic's spans of a response and returns as many spans, each as many
+words long (words = the tagger's word tokens), with the same labels, at positions drawn uniformly at
+random. Two users: ``critic.placement: random`` moves the spans of whatever critic is configured
+(rules, an LLM, a tagger), after its answer is read from the cache
+(:func:`pipeline.critic.annotate.placed_rewards`; the ``random`` arm of ``drlc study``); the
+``random_spans`` backend of the local server moves the distilled tagger's spans
+(:mod:`pipeline.critic.offline.tagger`) before answering. A dense-reward arm with the control gets
+the critic arm's reward *amount* (spans x tokens x ``critic.rewards``) on the wrong tokens: it
+separates "any dense signal" from "the right tokens".
 
 Why lengths in words, not characters: a character-matched span would cut words ("ck yo"),
 which no critic writes and which the aligner then credits to whichever sub-word tokens it
@@ -63,7 +67,7 @@ def random_spans(text: str, spans: list[tuple[str, int, int]], *, seed: int = 0)
     """``spans`` of ``text`` moved to random non-overlapping word positions, in text order.
 
     :param text: the response
-    :param spans: ``(label, start, end)`` character spans of ``text`` (the tagger's), not overlapping
+    :param spans: ``(label, start, end)`` character spans of ``text`` (a critic's), not overlapping
     :param seed: with ``text``, the seed of the draws
     :return: one span per input span, same label and word count, at random places
     :raises CriticError: the spans hold more words than the text (they overlap)

@@ -1,0 +1,89 @@
+"""`drlc study` for real: a shrunken demo, 2 arms x 2 seeds x 2 rounds as DVC experiments, two workers.
+
+Checks what the command promises: `dvc exp show` lists the four experiments; the report has every section;
+the arms of a seed are paired (same round-1 rollouts, same round-2 prompts; another seed differs); queued
+experiments wrote the workspace's critic cache; a second run runs nothing and sends no critic request.
+"""
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from e2e import dvc, make_project, run, tiny_params
+
+from pipeline.commands import study
+from pipeline.core.cache import CriticCache
+
+
+def lock_outs(project: Path, rev: str, stage: str) -> list:
+    lock = yaml.safe_load(subprocess.run(["git", "show", f"{rev}:dvc.lock"], cwd=project, capture_output=True,
+                                         text=True, check=True).stdout)
+    return [out["md5"] for out in lock["stages"][stage]["outs"]]
+
+
+def prompt_ids(project: Path, rev: str, round_: int) -> list[str]:
+    import dvc.api
+    import pyarrow.parquet as pq
+
+    path = f"data/rollouts/round={round_:04d}/part-0.parquet"
+    with dvc.api.open(path, repo=str(project), rev=rev, mode="rb") as f:
+        return pq.read_table(io.BytesIO(f.read())).column("prompt_id").to_pylist()
+
+
+@pytest.mark.slow
+def test_study_runs_pairs_reports_and_resumes(tmp_path, monkeypatch):
+    project = make_project(tmp_path, tiny_params(n_rounds=2))
+    run(["git", "add", "-A"], project)
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "demo"], project)
+    for key, value in dict(PYTHONPATH=str(project), DVC_NO_ANALYTICS="1", TQDM_DISABLE="1", OMP_NUM_THREADS="1",
+                           PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}").items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    arms = study.pick_arms(study.load_arms(), ["sparse", "dense"])
+    out = tmp_path / "report"
+    report = study.study(project, arms=arms, seeds=[0, 1], jobs=2, rounds=2, out=out,
+                         sets=["evaluate.n_prompts=4"])
+    assert report["experiments_run"] == 4
+    shown = study.existing(project)
+    assert sorted(shown) == ["dense-s0", "dense-s1", "sparse-s0", "sparse-s1"]
+
+    written = json.loads((out / "report.json").read_text())
+    assert written["metric"] == "world/positive_percent" and set(written["arms"]) == {"sparse", "dense"}
+    for arm, summary in written["arms"].items():
+        assert summary["seeds"] == [0, 1] and summary["eval"][written["metric"]]["n"] == 2
+        assert summary["kl_end"]["n"] == 2 and [x for x, _ in summary["curve"]] == [0, 32, 64]  # base + 2 rounds
+        assert set(summary["critic"]) == {"critic_requests", "cache_hits", "critic_tokens", "critic_cost_usd"}
+    # the report's final numbers are dvc exp show's, and the curve ends at them
+    final = shown["dense-s1"]["metrics"]["metrics/eval.json"]["round=0002"]["world"]["positive_percent"]
+    dense = [r for r in (study.collect(project, [("dense", 1)])["dense"])][0]
+    assert dense["eval"]["world/positive_percent"] == final == dense["eval_curve"][-1]["world/positive_percent"]
+    diff = written["differences"]["dense-sparse"][written["metric"]]
+    assert diff["seeds"] == [0, 1] and diff["half"] is not None
+    assert written["arms"]["sparse"]["critic"]["critic_requests"] == 0
+    assert written["arms"]["dense"]["critic"]["critic_requests"] > 0
+    text = (out / "report.md").read_text()
+    assert "| dense | 2 |" in text and "| dense-sparse | 2 |" in text and "critic requests" in text
+    assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+    # pairing: a seed's arms trained on the same round-1 rollouts and the same round-2 prompts; seeds differ
+    revs = {name: exp["rev"] for name, exp in shown.items()}
+    first = {name: lock_outs(project, rev, "rollout@0001") for name, rev in revs.items()}
+    assert first["sparse-s0"] == first["dense-s0"] and first["sparse-s1"] == first["dense-s1"]
+    assert first["sparse-s0"] != first["sparse-s1"]
+    assert prompt_ids(project, revs["sparse-s1"], 2) == prompt_ids(project, revs["dense-s1"], 2)
+
+    # the queued experiments (run under .dvc/tmp/exps) wrote the workspace's cache/critic
+    with CriticCache(project / "cache" / "critic") as cache:
+        before = cache.stats()
+    assert before["entries"] > 0
+    again = study.study(project, arms=arms, seeds=[0, 1], jobs=2, rounds=2, out=out, sets=["evaluate.n_prompts=4"])
+    assert again["experiments_run"] == 0
+    with CriticCache(project / "cache" / "critic") as cache:
+        after = cache.stats()
+    assert after["requests"] == before["requests"] and after["entries"] == before["entries"]
+    assert again["differences"] == json.loads(json.dumps(report["differences"]))
+    assert "Failed" not in dvc(["queue", "status"], project).stdout
