@@ -522,7 +522,8 @@ def run_step(name: str, config: dict, timeout_s: float) -> dict:
     log = Path(config["workdir"]) / f"{name}.log"
     command = [sys.executable, str(Path(__file__).resolve()), "--step", name, "--config", json.dumps(config)]
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
-               DVC_NO_ANALYTICS="1", HF_HUB_OFFLINE="1")  # the check needs no network
+               DVC_NO_ANALYTICS="1", HF_HUB_OFFLINE="1",  # the check needs no network
+               PATH=os.pathsep.join([_python_shim(Path(config["workdir"])), os.environ.get("PATH", "")]))
     started = time.perf_counter()
     with open(log, "w") as out:
         child = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -540,6 +541,17 @@ def run_step(name: str, config: dict, timeout_s: float) -> dict:
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if not ln.startswith(RESULT_MARK)]
         outcome["log_tail"] = "\n".join(lines)[-3000:]
     return outcome
+
+
+def _python_shim(workdir: Path) -> str:
+    """A folder whose `python` runs this interpreter: dvc's stage commands say `python`, which a GPU image with
+    only python3 on PATH lacks (a script, not a link: a link to a venv's python would lose the venv)."""
+    folder = workdir / "bin"
+    folder.mkdir(parents=True, exist_ok=True)
+    shim = folder / "python"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    shim.chmod(0o755)
+    return str(folder)
 
 
 def _read_outcome(log: Path, returncode: int) -> dict:
