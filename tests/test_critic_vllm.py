@@ -6,7 +6,8 @@ vllm --enforce-eager`: the fixture starts it and at once sends a request with cr
 request is the one that waits for a server still loading; the other tests use the same server.
 
 - copy_words through critic.server auto (vLLM's `structured_outputs` grammar): 0 spans outside the response;
-- json (`structured_outputs` json schema): every answer is JSON of the schema;
+- json (`structured_outputs` json schema, bounded: minLength 1, maxLength, no free spacing): every answer is JSON of
+  the schema, none a parse_error (the unbounded schema let a span text be "", which read as one);
 - critic.server forced to llamacpp (a top-level `grammar`, which vLLM ignores): stopped in one line;
 - a server still starting is waited for, and says so once.
 """
