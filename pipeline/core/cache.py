@@ -42,13 +42,28 @@ from pipeline.core.errors import CacheError, StoreError
 EXPERIMENT_COPIES = (".dvc", "tmp", "exps")  # where DVC runs queued and --temp experiments: <project>/.dvc/tmp/exps/...
 
 
+def experiment_workspace(cwd: str | Path | None = None) -> Path | None:
+    """``<project>`` when `cwd` (default: the current folder) is a DVC experiment copy of it, else None.
+
+    A queued (or ``--temp``) experiment runs in a copy of the project under ``<project>/.dvc/tmp/exps/``.
+
+    >>> str(experiment_workspace("/p/.dvc/tmp/exps/standalone/tmpcd34")), experiment_workspace("/p")
+    ('/p', None)
+    """
+    parts = Path(cwd if cwd is not None else Path.cwd()).parts
+    n = len(EXPERIMENT_COPIES)
+    for i in range(len(parts) - n, 0, -1):
+        if parts[i:i + n] == EXPERIMENT_COPIES:
+            return Path(*parts[:i])
+    return None
+
+
 def shared_directory(directory: str | Path, cwd: str | Path | None = None) -> Path:
     """The cache folder a relative ``directory`` names: the workspace's, also inside a DVC experiment copy.
 
-    A queued (or ``--temp``) experiment runs in a copy of the project under ``<project>/.dvc/tmp/exps/``
-    that lacks git-ignored folders such as ``cache/critic``; there a relative directory is resolved against
-    ``<project>``, so every experiment, arm and seed reads and writes the workspace's one cache. Elsewhere,
-    and for an absolute directory, it is returned as given.
+    The copy lacks git-ignored folders such as ``cache/critic``; there a relative directory is resolved
+    against ``<project>``, so every experiment, arm and seed reads and writes the workspace's one cache.
+    Elsewhere, and for an absolute directory, it is returned as given.
 
     >>> str(shared_directory("cache/critic", "/p/.dvc/tmp/exps/tmpab12"))
     '/p/cache/critic'
@@ -58,14 +73,28 @@ def shared_directory(directory: str | Path, cwd: str | Path | None = None) -> Pa
     ('cache/critic', '/abs/c')
     """
     path = Path(directory)
-    if path.is_absolute():
-        return path
-    parts = Path(cwd if cwd is not None else Path.cwd()).parts
-    n = len(EXPERIMENT_COPIES)
-    for i in range(len(parts) - n, 0, -1):
-        if parts[i:i + n] == EXPERIMENT_COPIES:
-            return Path(*parts[:i]) / path
-    return path
+    workspace = None if path.is_absolute() else experiment_workspace(cwd)
+    return workspace / path if workspace else path
+
+
+def outside_path(source: str, cwd: str | Path | None = None) -> str:
+    """A relative path that leaves the project (``../shared/data/x.txt``), as the workspace resolves it.
+
+    An experiment copy holds the project's own files, so a path inside the project reads the copy's; one
+    that starts with ``..`` would point beside the copy, where nothing is, so it is resolved against
+    ``<project>`` instead: the data a profile names outside the project reads the same in every experiment.
+
+    >>> outside_path("../shared/x.txt", "/w/p/.dvc/tmp/exps/tmpab12"), outside_path("../shared/x.txt", "/w/p")
+    ('/w/p/../shared/x.txt', '../shared/x.txt')
+    >>> outside_path("data/x.txt", "/w/p/.dvc/tmp/exps/tmpab12")
+    'data/x.txt'
+    """
+    path = Path(source)
+    if path.is_absolute() or not path.parts or path.parts[0] != "..":
+        return source
+    workspace = experiment_workspace(cwd)
+    return str(workspace / path) if workspace else source
+
 
 __all__ = ["SCHEMA_VERSION", "MISSING", "cache_key", "CriticCache", "export_parquet", "import_parquet"]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import codecs
 from pathlib import Path
 
+from pipeline.core.cache import outside_path
 from pipeline.core.config import Params
 from pipeline.core.errors import DataError
 from pipeline.core.jsonl import json_object, not_utf8
@@ -52,6 +53,7 @@ def check_data_files(params: Params) -> None:
 def check_data_path(source: str, *, key: str) -> None:
     """Raise DataError unless `source` (a file, a folder of data files, or `DIR[:split]` of a saved dataset)
     is there, non-empty, UTF-8 and parses at its first record."""
+    source = outside_path(source)
     path = Path(source)
     head, _, split = source.rpartition(":")
     if not path.exists() and head and split and is_saved_dataset(Path(head)):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from pipeline.core.cache import outside_path
 from pipeline.core.errors import DataError
 from pipeline.core.jsonl import json_object, text_lines
 
@@ -32,6 +33,7 @@ def read_records(source: str) -> list[dict]:
 
     if source.startswith(HUB_PREFIX):
         return hub_records(source)
+    source = outside_path(source)  # ../data beside the project, also from a DVC experiment's copy
     path, split = Path(source), None
     head, _, tail = source.rpartition(":")
     if not path.exists() and head and tail and is_saved_dataset(Path(head)):
