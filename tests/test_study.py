@@ -99,6 +99,20 @@ def test_finished_experiments_keep_only_committed_ones():
         "rev": "a" * 40, "params": {"run": {"seed": 0}}, "metrics": {"metrics/eval.json": {"base": {}}}}}
 
 
+def test_a_finished_experiment_with_other_settings_is_named_not_collected():
+    params = {"run": {"seed": 1}, "critic": {"enabled": True, "placement": "tokens"}, "score": {"scale": 3.0},
+              "evaluate": {"policy": "round=0004"}}
+    arms = study.load_arms()
+    assert study.mismatch(params, {"critic.enabled": True, "critic.placement": "tokens"}, 1, 4) is None
+    assert study.mismatch(params, arms["summed"], 1, None) == "ppo.algorithm='ppo' (experiment: None)"
+    assert study.mismatch(params, {"critic.placement": "summed"}, 1, None) == \
+        "critic.placement='summed' (experiment: 'tokens')"
+    assert study.mismatch(params, {"critic.enabled": True}, 2, None) == "run.seed=2 (experiment: 1)"
+    assert study.mismatch(params, {"critic.enabled": True}, 1, 2) == \
+        "evaluate.policy='round=0002' (experiment: 'round=0004')"
+    assert study.mismatch(params, {"score.scale": study.MATCHED}, 1, None) is None  # k is the study's to choose
+
+
 def test_interval_and_paired_difference_by_hand():
     assert t975(2) == 4.303
     # 0.2, 0.4, 0.6: mean 0.4, s = 0.2, half = 4.303 * 0.2 / sqrt(3) = 0.49687

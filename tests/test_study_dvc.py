@@ -61,6 +61,10 @@ def test_study_runs_pairs_reports_and_resumes(tmp_path, monkeypatch):
     final = shown["dense-s1"]["metrics"]["metrics/eval.json"]["round=0002"]["world"]["positive_percent"]
     dense = [r for r in (study.collect(project, [("dense", 1)])["dense"])][0]
     assert dense["eval"]["world/positive_percent"] == final == dense["eval_curve"][-1]["world/positive_percent"]
+    plots = json.loads(dvc(["plots", "diff", "dense-s1", "sparse-s1", "--json"], project).stdout)["data"]
+    values = plots["metrics/eval_rounds.json"][0]["content"]["data"]["values"]
+    assert [v["world/positive_percent"] for v in values if v["rev"] == "dense-s1"] == \
+        [p["world/positive_percent"] for p in dense["eval_curve"]]  # dvc plots diff draws the report's curve
     diff = written["differences"]["dense-sparse"][written["metric"]]
     assert diff["seeds"] == [0, 1] and diff["half"] is not None
     assert written["arms"]["sparse"]["critic"]["critic_requests"] == 0

@@ -154,8 +154,24 @@ def run_phase(project: Path, todo: list[tuple[str, int]], settings_of, extra: li
     return len(new)
 
 
-def collect(project: Path, todo: list[tuple[str, int]]) -> dict[str, list[dict]]:
-    """{arm: [run record per seed]} of the finished experiments of todo; DataError naming any missing."""
+def mismatch(params: dict, settings: dict, seed: int, rounds: int | None) -> str | None:
+    """The first of an arm's settings (its seed, its number of rounds) a finished experiment's params lack, as
+    "key=value (experiment: value)"; None when it has them all. A matched scale is not compared."""
+    def value(key):
+        node = params
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
+    wanted = {"run.seed": seed, **{k: v for k, v in settings.items() if v != MATCHED}}
+    if rounds is not None:
+        wanted["evaluate.policy"] = f"round={rounds:04d}"
+    return next((f"{k}={v!r} (experiment: {value(k)!r})" for k, v in wanted.items() if value(k) != v), None)
+
+
+def collect(project: Path, todo: list[tuple[str, int]], arms: dict[str, dict] | None = None,
+            rounds: int | None = None) -> dict[str, list[dict]]:
+    """{arm: [run record per seed]} of the finished experiments of todo; DataError naming any missing, or any
+    whose params are not its arm's (arms given: an experiment of that name run with other settings)."""
     from pipeline.studies.study_report import run_record
 
     done = existing(project)
@@ -163,6 +179,11 @@ def collect(project: Path, todo: list[tuple[str, int]]) -> dict[str, list[dict]]
     if missing:
         raise DataError(f"experiments {missing} are missing in {project}: see `dvc queue status`, then run the "
                         "same command again")
+    for arm, seed in todo if arms else ():
+        wrong = mismatch(done[exp_name(arm, seed)]["params"], arms[arm], seed, rounds)
+        if wrong:
+            raise DataError(f"experiment {exp_name(arm, seed)} was run with other settings than arm {arm!r} has "
+                            f"now: {wrong}; remove it (`dvc exp remove {exp_name(arm, seed)}`) to run it again")
     by_arm: dict[str, list[dict]] = {}
     for arm, seed in todo:
         by_arm.setdefault(arm, []).append(run_record(project, done[exp_name(arm, seed)], arm, seed))
@@ -190,14 +211,14 @@ def study(project: Path, *, arms: dict[str, dict], seeds: list[int], jobs: int =
         if dry_run:
             k = "<k>"
         else:
-            refs = collect(project, [(a, s) for a in ("sparse", "dense") for s in seeds])
+            refs = collect(project, [(a, s) for a in ("sparse", "dense") for s in seeds], arms, rounds)
             k = matched_scale(refs["dense"], refs["sparse"])
             print(f"score.scale matched: k = {k:.4f}", flush=True)
         scaled = {a: {**arms[a], "score.scale": k} for a, _ in second}
         ran += run_phase(project, second, lambda a, s: scaled[a], extra, jobs=jobs, dry_run=dry_run)
     if dry_run:
         return None
-    by_arm = collect(project, first + second)
+    by_arm = collect(project, first + second, arms, rounds)
     report = build_report(by_arm, metric=metric, k=k, settings=arms) | {
         "project": str(project), "seeds": seeds, "rounds": rounds, "experiments_run": ran}
     out = (out or project / "study").resolve()
