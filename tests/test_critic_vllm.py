@@ -75,7 +75,7 @@ def vllm_server(smollm2_dir, tmp_path_factory):
                str(smollm2_dir), "--port", str(port), "--served-model-name", NAME, "--enforce-eager"]
     url = f"http://127.0.0.1:{port}/v1"
     with tempfile.TemporaryFile("w+") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # stop() ends its group
         try:
             said = io.StringIO()
             client = CriticClient(base_url=url, model=NAME, connect_wait_s=300, timeout_s=120,
