@@ -84,6 +84,10 @@ def sync_task_deps(params, root: str | Path = ".") -> str | None:
 
 
 def _task_file(params, root: str | Path) -> Path:
-    from pipeline.tasks._from_file import task_path
-
     return task_path(params.run.task, root)
+
+
+def task_path(spec: str, root: str | Path = ".") -> Path:
+    """The file of a file or module `run.task`, relative to `root` (the DVC project)."""
+    relative = Path(spec) if spec.endswith(".py") or "/" in spec else Path(*spec.split(".")).with_suffix(".py")
+    return Path(root) / relative

@@ -37,18 +37,13 @@ from pathlib import Path
 from pipeline.core.errors import ConfigError, DataError, RewardError
 from pipeline.core.code_deps import code_sha
 from pipeline.core.user_code import import_file, where
+from pipeline.tasks._deps import task_path  # noqa: F401 (pipeline.tasks.get_task reads it here)
 
 TASK_FOLDER = "tasks"  # the project folder DVC tracks as user task code (dvc.yaml)
 TEXT_FIELDS = ("prompt", "text")  # a record's prompt text, first found, when the file has no prompt()
 DEFAULT_SCORER = "reward"
 WORLD_OPENING = "The film"  # a record of the synthetic world (world.source: world) for `drlc check`'s columns
 CHECK_SAMPLE = 64  # records of each prompt source that `drlc check` reads for the columns the rewards need
-
-
-def task_path(spec: str, root: str | Path = ".") -> Path:
-    """The file of a file or module `run.task`, relative to `root` (the DVC project)."""
-    relative = Path(spec) if spec.endswith(".py") or "/" in spec else Path(*spec.split(".")).with_suffix(".py")
-    return Path(root) / relative
 
 
 def load_task_file(spec: str, root: str | Path = ".") -> "FileTask":
