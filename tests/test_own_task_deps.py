@@ -8,7 +8,7 @@ import pytest
 import yaml
 from inprocess import drlc
 
-from pipeline.core.code_deps import code_sha, import_closure, task_closure
+from pipeline.core.code_deps import code_sha, task_closure
 from pipeline.core.config import load_params
 from pipeline.core.errors import ConfigError
 from pipeline.steps.critique import critic_model_id
@@ -84,10 +84,10 @@ def test_dvc_yaml_gets_the_closure_in_the_stages_that_run_a_task_and_the_templat
     deps = write_task_deps(load_params(project / "params.yaml"), project)
     assert deps == {"code": CLOSURE, "templates": ["tasks/mine.md"]}
     stages = yaml.safe_load((project / "dvc.yaml").read_text())["stages"]
-    for name, (script, _) in dvc_yaml_stages().items():
+    for name, (_, checkout_deps) in dvc_yaml_stages().items():
         stage_deps = (stages[name].get("do") or stages[name])["deps"]
         on_tasks = [d for d in stage_deps if d.startswith("tasks")]
-        runs_a_task = "pipeline/tasks/__init__.py" in import_closure(script)
+        runs_a_task = "pipeline/tasks" in checkout_deps  # tests/test_dvc_deps.py: deps = the script's import closure
         reads_templates = "prompts" in stage_deps
         assert on_tasks == (CLOSURE if runs_a_task else []) + (["tasks/mine.md"] if reads_templates else []), name
     assert sync_task_deps(load_params(project / "params.yaml"), project) is None  # up to date: nothing to change
