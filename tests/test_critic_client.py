@@ -86,8 +86,8 @@ def test_requests_overlap_up_to_max_concurrency(cache):
         wall = time.perf_counter() - started
     print(f"16 requests x 0.2 s at concurrency 8: {wall:.3f} s, peak in flight {peak[0]}")
     assert all(r.status == "ok" for r in results)
-    assert peak[0] == 8
-    assert 0.4 <= wall < 1.0
+    assert peak[0] == 8  # the overlap is the property; its speed is benchmarks/critic_throughput.py's (load varies)
+    assert wall >= 0.4  # 16 requests of 0.2 s through 8 slots: at least two waves, never more at once
 
 
 @pytest.mark.parametrize("kind", ["error", "garbage", "drop", "empty"])
