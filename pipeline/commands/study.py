@@ -250,7 +250,7 @@ def add_study_parser(sub) -> None:
     parser.add_argument("-S", "--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a params override for every experiment, as `dvc exp run -S` takes it (repeatable)")
     parser.add_argument("--metric", default=None, help="the eval metric of the headline, e.g. world/coverage "
-                        "(default: the task's first own metric)")
+                        "(default: the task's first own metric by name)")
     parser.add_argument("--out", type=Path, default=None, help="report folder (default: <project>/study)")
     parser.add_argument("--project", default=".", help="the drlc project (a git repo with a commit)")
     parser.add_argument("--dry-run", action="store_true", help="print the dvc commands only")

@@ -73,7 +73,8 @@ def _mean(values: list[float]) -> float:
 
 
 def headline_metric(by_arm: dict[str, list[dict]]) -> str:
-    """The task's first own eval metric (CommonGen: world/coverage), else the eval env reward."""
+    """The task's first own eval metric in dvc exp show's (name) order (CommonGen: world/all_concepts), else the
+    eval env reward."""
     names = [m for runs in by_arm.values() for run in runs for m in run["eval"]]
     own = [m for m in names if m.split("/")[-1] not in GENERIC]
     return own[0] if own else next((m for m in names if m.endswith("env_reward_mean")), names[0])
