@@ -89,6 +89,18 @@ def test_queue_command_by_hand():
                    "-S", "++critic.extra_body={drlc_seed: 1}", "-S", "~rounds", "-S", "+rounds={}"]
 
 
+def test_a_killed_run_leaves_running_entries_that_are_found_only_when_no_worker_is_up():
+    """`dvc queue status` as a killed session left it (the CommonGen study's own queue): summed-s0 Running, no worker."""
+    killed = ("Task     Name       Created    Status\n"
+              "6d60923  summed-s0  01:39 PM   Running\n"
+              "cbb7350  random-s0  01:39 PM   Queued\n"
+              "578a14e  dense-s0   01:39 PM   Failed\n"
+              "aeeb834  sparse-s0  01:39 PM   Success\n\n"
+              "Worker status: 0 active, 0 idle\n")
+    assert study.stale_running(killed) == ["summed-s0"]
+    assert study.stale_running(killed.replace("0 active", "1 active")) == []  # a live worker's experiment is left
+
+
 def test_finished_experiments_keep_only_committed_ones():
     done = {"rev": "a" * 40, "params": {"params.yaml": {"data": {"run": {"seed": 0}}}},
             "metrics": {"metrics/eval.json": {"data": {"base": {}}}}}

@@ -141,13 +141,31 @@ def run_queued(project: Path, commands: list[list[str]], *, jobs: int, dry_run: 
                         "the same command again (finished experiments are kept)")
 
 
+def stale_running(queue_status: str) -> list[str]:
+    """The experiments `dvc queue status` calls Running while no worker is active: what a killed run (a session
+    that ended, a kill) leaves. `dvc exp show` fails on them, looking for their run files."""
+    if "Worker status: 0 active" not in queue_status:
+        return []
+    rows = [line.split() for line in queue_status.splitlines()]
+    return [row[1] for row in rows if len(row) >= 3 and row[-1] == "Running"]
+
+
+def clear_interrupted(project: Path) -> None:
+    """Kill the stale Running entries an interrupted run left, then remove the queued and failed ones, so they run
+    again; finished experiments are untouched."""
+    for name in stale_running(dvc(project, "queue", "status", check=False).stdout):
+        dvc(project, "queue", "kill", name, check=False)
+    dvc(project, "queue", "remove", "--queued", "--failed", check=False)
+
+
 def run_phase(project: Path, todo: list[tuple[str, int]], settings_of, extra: list[str], *, jobs: int,
               dry_run: bool) -> int:
     """Queue and run every (arm, seed) of todo not finished yet; returns how many ran."""
+    if not dry_run:
+        clear_interrupted(project)
     done = {} if dry_run else existing(project)
     if not dry_run:
         link_shared(project)
-        dvc(project, "queue", "remove", "--queued", "--failed", check=False)  # left by an interrupted run
     new = [(arm, seed) for arm, seed in todo if exp_name(arm, seed) not in done]
     run_queued(project, [queue_command(arm, seed, settings_of(arm, seed), extra) for arm, seed in new],
                jobs=jobs, dry_run=dry_run)
