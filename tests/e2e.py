@@ -75,6 +75,20 @@ def make_project(tmp: Path, params: dict, *, shared_base: bool = True) -> Path:
     return project
 
 
+def experiment_project(tmp: Path, params: dict, monkeypatch) -> Path:
+    """make_project, committed to git (DVC experiments start from a commit), with the environment its queued
+    experiments' stages need: this checkout's pipeline on PYTHONPATH, this venv's python first on PATH, no DVC
+    analytics, no progress bars, one OpenMP thread, and no OpenAI key."""
+    project = make_project(tmp, params)
+    run(["git", "add", "-A"], project)
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "demo"], project)
+    for key, value in dict(PYTHONPATH=str(project), DVC_NO_ANALYTICS="1", TQDM_DISABLE="1", OMP_NUM_THREADS="1",
+                           PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}").items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    return project
+
+
 def restore_base(project: Path, shared: Path) -> None:
     """Run `dvc repro base` against a DVC cache shared by every project of the session, then move the
     outputs into the project's own cache.

@@ -1,12 +1,10 @@
 """The sample-efficiency DVC experiment set, run for real on a shrunken demo project (3 arms x 1 seed x 1 round)."""
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from e2e import dvc, make_project, run, tiny_params
+from e2e import dvc, experiment_project, tiny_params
 
 from benchmarks import sample_efficiency_dvc as se
 from pipeline.core.errors import ConfigError
@@ -51,13 +49,7 @@ def test_every_arm_sets_a_valid_project_from_the_ppo_demo_and_from_the_grpo_demo
 @pytest.mark.slow
 @pytest.mark.long  # the synthetic arms; test_study_real_text runs the same machinery
 def test_experiment_set_runs_and_collects_each_experiments_metrics(tmp_path, monkeypatch):
-    project = make_project(tmp_path, tiny_params(n_rounds=2))
-    run(["git", "add", "-A"], project)
-    run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "demo"], project)
-    for key, value in dict(PYTHONPATH=str(project), DVC_NO_ANALYTICS="1", TQDM_DISABLE="1", OMP_NUM_THREADS="1",
-                           PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}").items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    project = experiment_project(tmp_path, tiny_params(n_rounds=2), monkeypatch)
     out = tmp_path / "se.json"
     result = se.main(["--project", str(project), "--seeds", "0", "--rounds", "1", "--scale-match", "std",
                       "--arms", "sparse", "dense_all", "dense_zero_mean", "--out", str(out)])

@@ -6,14 +6,12 @@ experiments wrote the workspace's critic cache; a second run runs nothing and se
 """
 import io
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from e2e import dvc, make_project, run, tiny_params
+from e2e import dvc, experiment_project, tiny_params
 
 from pipeline.commands import study
 from pipeline.core.cache import CriticCache
@@ -36,13 +34,7 @@ def prompt_ids(project: Path, rev: str, round_: int) -> list[str]:
 
 @pytest.mark.slow
 def test_study_runs_pairs_reports_and_resumes(tmp_path, monkeypatch):
-    project = make_project(tmp_path, tiny_params(n_rounds=2))
-    run(["git", "add", "-A"], project)
-    run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "demo"], project)
-    for key, value in dict(PYTHONPATH=str(project), DVC_NO_ANALYTICS="1", TQDM_DISABLE="1", OMP_NUM_THREADS="1",
-                           PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}").items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    project = experiment_project(tmp_path, tiny_params(n_rounds=2), monkeypatch)
     arms = study.pick_arms(study.load_arms(), ["sparse", "dense"])
     out = tmp_path / "report"
     report = study.study(project, arms=arms, seeds=[0, 1], jobs=2, rounds=2, out=out,

@@ -258,17 +258,11 @@ def test_experiment_copies_see_the_projects_shared_data(tmp_path):
 
 @pytest.mark.slow  # three DVC experiments of one round each on the shrunken toxicity demo (~3 min on 2 cores)
 def test_real_text_arms_run_as_dvc_experiments_and_report(tmp_path, monkeypatch):
-    import os
     import subprocess
 
-    from e2e import make_project, run, tiny_params
+    from e2e import experiment_project, tiny_params
 
-    project = make_project(tmp_path, tiny_params(n_rounds=1, task="toxicity"))
-    run(["git", "add", "-A"], project)
-    run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "demo"], project)
-    for key, value in dict(PYTHONPATH=str(project), DVC_NO_ANALYTICS="1", TQDM_DISABLE="1", OMP_NUM_THREADS="1",
-                           PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}").items():
-        monkeypatch.setenv(key, value)
+    project = experiment_project(tmp_path, tiny_params(n_rounds=1, task="toxicity"), monkeypatch)
     quality = tmp_path / "quality.json"
     quality.write_text(json.dumps({"critics": {"lexicon": {"char_f1": 0.46}}}))
     out = tmp_path / "study.json"
