@@ -247,7 +247,9 @@ def test_the_wheelhouse_script_downloads_what_the_gpu_image_lacks_and_leaves_out
     script = (ROOT / "benchmarks" / "gpu_wheelhouse.sh").read_text()
     assert "--python-version 3.12" in script and "--only-binary=:all:" in script
     packages = script.split("PACKAGES=(")[1].split(")")[0].split()
-    assert packages == ["dvc", "diskcache", "vadersentiment", "gguf", "openai"]
+    # duckdb too: the demo's evaluate stage reads its per-round curves through it (an H200 run failed there without)
+    assert packages == ["dvc", "diskcache", "vadersentiment", "gguf", "openai", "duckdb"]
+    assert "vllm" not in packages and "torch" not in packages
     constraints = (ROOT / "constraints.txt").read_text().lower()
     assert all(f"\n{p}==" in constraints for p in packages)  # each is pinned, so requirements.txt pins it
     assert "/benchmarks/wheelhouse/" in (ROOT / ".gitignore").read_text().splitlines()

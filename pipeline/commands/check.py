@@ -15,7 +15,6 @@ from pipeline.core.config import Params
 from pipeline.data.inputs import check_data_files
 from pipeline.evaluate.naive_bayes import check_classifier_data
 from pipeline.model.folders import check_base_model, check_eval_models
-from pipeline.steps.engine_rollout import check_engine_lengths
 from pipeline.steps.preflight import check_inputs
 from pipeline.steps.score import check_score_model
 from pipeline.tasks import check_reward_inputs
@@ -30,7 +29,10 @@ def check_run_inputs(params: Params, root: str | Path = ".") -> Params:
     if changed:
         print(changed)
     check_reward_inputs(params)
-    check_engine_lengths(params, root)
+    if params.rollout.engine == "vllm":  # its module loads torch: drlc check stays quick for every other run
+        from pipeline.steps.engine_rollout import check_engine_lengths
+
+        check_engine_lengths(params, root)
     for check in (check_data_files, check_base_model, check_score_model, check_eval_models, check_classifier_data):
         check(params)
     return params
