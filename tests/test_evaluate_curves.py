@@ -70,3 +70,23 @@ def test_a_round_written_before_attempts_existed_is_named(tmp_path):
     write_annotations([_row(old, round=2, rollout_id="2-0")], old, partition_dir(tmp_path, "annotations", 2))
     with pytest.raises(DataError, match=r"rounds \[2\] have no 'attempts'"):
         round_curves(tmp_path)
+
+
+@pytest.mark.parametrize("per_stage, every, expected", [(1, 1, [0, 1, 2, 3, 4]), (1, 3, [0, 3, 4]),
+                                                        (2, 1, [0, 2, 4]), (4, 1, [0, 4])])
+def test_the_eval_curve_visits_only_rounds_that_leave_a_policy(tmp_path, per_stage, every, expected):
+    """A chunk of K rounds writes models/round=<its last> only, though params.rounds lists every round of it."""
+    from e2e import dump_params, tiny_params
+
+    from pipeline.commands.rounds import chunk_chain
+    from pipeline.core.config import load_params
+    from pipeline.steps.evaluate import curve_rounds
+
+    raw = tiny_params(n_rounds=4)
+    raw["evaluate"]["every"] = every
+    if per_stage > 1:
+        raw["run"]["rounds_per_stage"], raw["chunks"], raw["rounds"] = per_stage, chunk_chain(4, per_stage), {}
+    (tmp_path / "params.yaml").write_text(dump_params(raw))
+    params = load_params(tmp_path / "params.yaml")
+    assert len(params.rounds) == 4  # every round, also when chunked
+    assert curve_rounds(params.evaluate, params.rounds, params.chunks, params.switch) == expected

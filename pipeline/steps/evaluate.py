@@ -142,8 +142,10 @@ def curve_rounds(evaluate: EvaluateParams, rounds: dict, chunks: dict, switch: d
     final = int(evaluate.policy.split("=")[1])
     if evaluate.every == 0:
         return []
-    ends = {int(k) for k in rounds} | {int(c.last) for c in chunks.values()}
-    ends |= {int(k) for k in switch} | {int(s.last) for s in switch.values()}
+    if chunks or switch:  # params.rounds lists every round then, but only a stage's last round leaves a policy
+        ends = {int(c.last) for c in chunks.values()} | {int(k) for k in switch} | {int(s.last) for s in switch.values()}
+    else:
+        ends = {int(k) for k in rounds}
     return [0] + sorted(r for r in ends | {final} if r <= final and (r % evaluate.every == 0 or r == final))
 
 
