@@ -68,6 +68,9 @@ def make_project(tmp: Path, params: dict, *, shared_base: bool = True) -> Path:
             shutil.copy(src, project / name)
     (project / "params.yaml").write_text(dump_params(params))
     run(["git", "init", "-q"], project)
+    # the project's own git identity: `dvc exp run` commits, and a new user's (or CI's fresh) home has none
+    run(["git", "config", "user.name", "drlc-test"], project)
+    run(["git", "config", "user.email", "test@localhost"], project)
     run([sys.executable, "-m", "dvc", "init", "-q"], project)
     run([sys.executable, "-m", "dvc", "config", "core.analytics", "false"], project)
     if shared_base and params and os.environ.get(SHARED_CACHE):
