@@ -106,7 +106,11 @@ def test_finished_experiments_keep_only_committed_ones():
             "metrics": {"metrics/eval.json": {"data": {"base": {}}}}}
     shown = [{"rev": "HEAD", "experiments": [
         {"name": "dense-s0", "revs": [{"data": done}]},
-        {"name": "sparse-s0", "revs": [{"data": {"rev": "workspace", "params": {}}}]}]}]  # still running
+        {"name": "sparse-s0", "revs": [{"data": {"rev": "workspace", "params": {}}}]},  # still running
+        # as a killed session left them in the CommonGen study: a failed entry and a queued one, each under a full rev
+        {"name": "summed-s0", "revs": [{"error": {"msg": "Experiment run failed", "type": ""},
+                                        "data": {**done, "rev": "b" * 40, "metrics": {"metrics/eval.json": None}}}]},
+        {"name": "random-s0", "revs": [{"error": None, "data": {**done, "rev": "c" * 40, "metrics": {}}}]}]}]
     assert study.finished_experiments(shown) == {"dense-s0": {
         "rev": "a" * 40, "params": {"run": {"seed": 0}}, "metrics": {"metrics/eval.json": {"base": {}}}}}
 

@@ -92,12 +92,17 @@ def dvc(project: Path, *args: str, check: bool = True) -> subprocess.CompletedPr
 
 
 def finished_experiments(shown: list[dict]) -> dict[str, dict]:
-    """{name: {"rev", "params", "metrics"}} of `dvc exp show --json`'s experiments that have a commit (done)."""
+    """{name: {"rev", "params", "metrics"}} of `dvc exp show --json`'s experiments that have a commit (done).
+
+    Queued and failed (or killed) experiments are listed too, under the 40-hex rev of their queue entry: a failed
+    one carries an `error`, a queued one no metrics; neither is done."""
     found = {}
     for commit in shown:
         for exp in commit.get("experiments") or []:
-            data = (exp.get("revs") or [{}])[0].get("data") or {}
-            if exp.get("name") and len(data.get("rev") or "") == 40:  # a commit sha, not "workspace" (running)
+            rev = (exp.get("revs") or [{}])[0]
+            data = rev.get("data") or {}
+            wrote_metrics = any((m or {}).get("data") for m in (data.get("metrics") or {}).values())
+            if exp.get("name") and len(data.get("rev") or "") == 40 and not rev.get("error") and wrote_metrics:
                 found[exp["name"]] = {
                     "rev": data["rev"], "params": data["params"]["params.yaml"]["data"],
                     "metrics": {path: m.get("data", {}) for path, m in (data.get("metrics") or {}).items()}}
