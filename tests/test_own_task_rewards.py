@@ -14,7 +14,7 @@ from pipeline.core.config import ScoreParams, WorldParams, load_params
 from pipeline.core.errors import ConfigError, RewardError
 from pipeline.steps.score import score_round
 from pipeline.tasks import get_task
-from test_own_task import prompt_rows, rollout_rows, write_task
+from test_own_task import check_with, prompt_rows, rollout_rows, write_task
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -161,20 +161,11 @@ def test_eval_prompt_files_go_through_prompt_with_the_training_columns(project):
 
 
 def check(project, text, **changes):
-    write_task(project, text)
-    (project / "tasks/mine.md").write_text((ROOT / "tasks/commongen.md").read_text().replace("commongen", "mine"))
+    """test_own_task's check_with on a task that reads its train sets from a small JSONL file."""
     (project / "train.jsonl").write_text('{"set": "a#b"}\n{"set": "c#d"}\n{"set": "e#f"}\n')
     (project / "dexperts.jsonl").write_text('{"prompt": {"text": "Once upon"}}\n')
-    raw = yaml.safe_load((project / "params.yaml").read_text())
-    raw["run"]["task"], raw["score"]["scorer"] = "tasks/mine.py", "reward"
-    raw["world"].update(source="train.jsonl", n_train_prompts=1, n_eval_prompts=1)
-    raw["critic"].update(template="tasks/mine.md", rewards={"concept": 0.5}, backend="rules",
-                         model_dir="tasks/mine.py")
-    for key, value in changes.items():
-        section, name = key.split("__")
-        raw[section][name] = value
-    (project / "params.yaml").write_text(yaml.safe_dump(raw))
-    return drlc(["check"], project)
+    world = {"world__source": "train.jsonl", "world__n_train_prompts": 1, "world__n_eval_prompts": 1}
+    return check_with(project, text, **{**world, **changes})
 
 
 def test_drlc_check_refuses_a_reward_the_eval_prompts_cannot_feed(project):
