@@ -231,11 +231,16 @@ def test_an_experiment_killed_mid_run_is_not_counted_as_done():
     # the shape `dvc exp show --json` (DVC 3) gave in the study clone after a `dvc exp run --temp` was killed:
     # the killed one keeps a run-folder rev and data rev "workspace"; a finished one has its commit in both
     done, killed = "45bf3ed6062167b2dc6c47844341dd5556a7c9fd", "5ece2e1a7f94d24dd6c791be43bd6a0c66dd2732"
-    data = {"params": {"params.yaml": {"data": {"run": {"seed": 0}}}}, "metrics": {"metrics/eval.json": {"data": {}}}}
+    data = {"params": {"params.yaml": {"data": {"run": {"seed": 0}}}},
+            "metrics": {"metrics/eval.json": {"data": {"coverage": 0.31}}}}
     shown = [{"rev": "workspace", "experiments": None},
              {"rev": "c220875", "experiments": [
                  {"name": "sparse-grpo-s0", "revs": [{"rev": killed, "data": {**data, "rev": "workspace"}}]},
-                 {"name": "sparse-s0", "revs": [{"rev": done, "data": {**data, "rev": done}}]}]}]
+                 {"name": "sparse-s0", "revs": [{"rev": done, "data": {**data, "rev": done}}]},
+                 # queued: a full rev but no metrics yet; failed: an error beside its full rev
+                 {"name": "dense-s0", "revs": [{"rev": "a" * 40, "data": {**data, "rev": "a" * 40, "metrics": {}}}]},
+                 {"name": "summed-s0", "revs": [{"rev": "b" * 40, "error": {"type": "killed"},
+                                                 "data": {**data, "rev": "b" * 40}}]}]}]
     found = se.finished_experiments(shown)
     assert list(found) == ["sparse-s0"] and found["sparse-s0"]["rev"] == done
     assert found["sparse-s0"]["params"] == {"run": {"seed": 0}}
