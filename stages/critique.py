@@ -10,13 +10,15 @@ from pipeline.steps.preflight import check_inputs
 
 
 def main():
-    args = stage.parser(__doc__, "rollouts", "scores", "tokenizer", "out", "metrics",
-                        with_round=True).parse_args()
+    parser = stage.parser(__doc__, "rollouts", "scores", "tokenizer", "out", "metrics", with_round=True)
+    parser.add_argument("--prompts", help="prompts table, whose columns a rule critic (critic.backend rules) reads")
+    args = parser.parse_args()
     params = stage.start(args, check_inputs, check_device)
     rows, metrics = critique(
         store.read_table(args.rollouts, "rollouts"), store.read_table(args.scores, "scores"),
         critic=params.critic, tokenizer_dir=args.tokenizer, run_id=params.run.run_id,
         round_=int(args.round), task=params.run.task, device=critic_device(params.critic, params.run.device),
+        prompt_rows=store.read_table(args.prompts, "prompts") if args.prompts else None,
     )
     store.write_table(rows, "annotations", args.out)
     stage.write_json(metrics, args.metrics)

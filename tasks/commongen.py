@@ -21,8 +21,7 @@ def brevity(prompts, completions, max_words):  # 1 up to max_words words, fallin
 REWARDS, REWARD_WEIGHTS = [coverage, brevity], [1.0, "brevity_weight"]  # weights: score.settings.brevity_weight
 
 
-def critic(query, response):  # concept words are good; a word said twice, and text after the sentence, is filler
-    concepts = query.split("words: ")[1].split(".\n")[0].split(", ")
+def critic(response, concepts):  # concept words are good; a word said twice, and text after the sentence, is filler
     line, _, rest = response.strip().partition("\n")
     words = [w.strip(".,!?;:\"'") for w in line.split()]
     used = [w for w in words if any(uses(w, c) for c in concepts)]

@@ -334,10 +334,10 @@ def test_commongen_prompts_from_train_lines_and_dev_rows(commongen):
 
 
 def test_commongen_critic_marks_concepts_and_filler(commongen):
-    query = commongen.prompt({"text": "dog frisbee catch"})["prompt"]
-    assert commongen.critic(query, " The dog caught the frisbee and the dog ran ran ran.\nMore text here") == {
+    concepts = commongen.prompt({"text": "dog frisbee catch"})["concepts"]  # the column critic() reads
+    assert commongen.critic(" The dog caught the frisbee and the dog ran ran ran.\nMore text here", concepts) == {
         "concept": ["dog", "caught", "frisbee"], "filler": ["More text here"]}  # "ran" is 3 letters: not filler
-    assert commongen.critic(query, "dogs playing playing")["filler"] == ["playing"]
+    assert commongen.critic("dogs playing playing", concepts)["filler"] == ["playing"]
 
 
 def test_a_task_file_is_found_in_the_checkout_from_another_folder(tmp_path, monkeypatch):

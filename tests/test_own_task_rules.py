@@ -1,6 +1,7 @@
 """The rule critic in the critique stage's own process (pipeline/critic/offline/rules.py RuleClient): critic() is
 called on the row itself, its spans may hold any character, its answers are cached by content, and a bug in it
 stops the stage in one line naming the file and line."""
+import json
 import shutil
 from pathlib import Path
 
@@ -81,3 +82,38 @@ def test_a_bug_in_critic_stops_in_one_line_naming_file_and_line(project):
     message = str(error.value)
     assert "critic() of tasks/mine.py raised on response r0" in message and "mine.py line 5" in message
     assert "KeyError" in message and "\n" not in message
+
+
+COLUMN_CRITIC = '''LABELS = ("concept", "filler")
+def reward(prompts, completions):
+    return [0.0] * len(completions)
+def critic(response, concepts):
+    return {"concept": [c for c in concepts if c in response], "filler": []}
+'''
+
+
+def run_with_columns(project, concepts, text=COLUMN_CRITIC):
+    """One critique of RESPONSES[0], whose prompt p0 has the column `concepts`."""
+    root, tokenizer = project
+    (root / "tasks/mine.py").write_text(text)
+    rollouts = [{"rollout_id": "r0", "prompt_id": "p0", "query": "Use: stop", "response": RESPONSES[0],
+                 "response_ids": tokenizer(RESPONSES[0]).input_ids}]
+    prompts = [{"prompt_id": "p0", "text": "Use: stop", "reference": "", "columns": json.dumps({"concepts": concepts})}]
+    critic = CriticParams(backend="rules", model_dir="tasks/mine.py", model="drlc-rules", template="tasks/mine.md",
+                          rewards={"concept": 0.5, "filler": -0.5}, cache_dir=str(root / "cache"))
+    return critique(rollouts, [{"rollout_id": "r0", "env_reward": 0.0}], critic=critic, tokenizer_dir=str(root / "tok"),
+                    run_id="t", round_=1, task="tasks/mine.py", prompt_rows=prompts)[0][0]
+
+
+def test_critic_reads_the_prompts_columns_and_they_are_part_of_its_cache_key(project):
+    said = run_with_columns(project, ["said", "left"])
+    assert [(s["label"], s["text"]) for s in said["spans"]] == [("concept", "said"), ("concept", "left")]
+    other = run_with_columns(project, ["stop"])  # same query and response, another column: not the cached answer
+    assert not other["cache_hit"] and [s["text"] for s in other["spans"]] == ["stop"]
+    assert run_with_columns(project, ["said", "left"])["cache_hit"]
+
+
+def test_a_parameter_no_row_or_column_holds_is_named(project):
+    with pytest.raises(CriticError, match=r"critic\(\) reads \['topic'\], which neither the scored rollout nor its "
+                                          r"prompt's columns hold"):
+        run_with_columns(project, ["x"], COLUMN_CRITIC.replace("response, concepts", "response, topic"))

@@ -190,7 +190,7 @@ def rebuild_annotations(run_dir: Path, params: Params, inputs: dict, *, allow_ne
     """
     from pipeline.critic.annotate import skipped_row
     from pipeline.critic.client import RunStats
-    from pipeline.steps.critique import critique_round, scored_rows
+    from pipeline.steps.critique import scored_rows
     from pipeline.steps.critique import summarize as critique_summary
 
     from pipeline.steps.switch import round_critic
@@ -207,16 +207,30 @@ def rebuild_annotations(run_dir: Path, params: Params, inputs: dict, *, allow_ne
                 which = (critic.backend, critic.model_dir)
                 if which not in opened:
                     opened[which] = _open_critic(stack, run_dir, params, critic, allow_new_calls=allow_new_calls)
-                open_critic = opened[which]
-                client = open_critic["client"]()  # fresh counters per round
-                rows_out, stats = critique_round(
-                    rows, client=client, cache=open_critic["cache"], template=open_critic["template"],
-                    fields=open_critic["fields"], tokenizer=open_critic["tokenizer"], critic=critic, progress=progress,
-                    budget_error=None if allow_new_calls else _missing_answers(key, params))
+                rows_out, stats = _critique(rows, opened[which], critic, run_dir, progress=progress,
+                                            budget_error=None if allow_new_calls else _missing_answers(key, params))
             total += stats.requests_sent
             annotations[key] = [dict(a, run_id=run_id, round=int(key)) for a in rows_out]
             metrics[key] = critique_summary(annotations[key], stats)
     return annotations, metrics, total
+
+
+def _critique(rows: list[dict], open_critic: dict, critic, run_dir: Path, *, progress: bool, budget_error):
+    """One round's critique_round on `open_critic`, as the stage runs it: a rule critic (free) is run again on the
+    rows and their prompts' columns; any other critic answers from the cache (or the server, with new calls)."""
+    from pipeline.steps.critique import critique_by_rules, critique_round
+
+    shared = {"cache": open_critic["cache"], "template": open_critic["template"], "fields": open_critic["fields"],
+              "tokenizer": open_critic["tokenizer"], "critic": critic, "progress": progress}
+    if critic.endpoint == "local" and critic.backend == "rules":
+        return critique_by_rules(rows, _prompt_rows(run_dir), **shared)
+    return critique_round(rows, client=open_critic["client"](), budget_error=budget_error, **shared)
+
+
+def _prompt_rows(run_dir: Path) -> list[dict]:
+    """RUN's prompts table (its columns reach a rule critic); [] for a run without one."""
+    prompts = store.partition_dir(run_dir / "data", "prompts", 0)
+    return store.read_table(prompts, "prompts") if (prompts / "part-0.parquet").is_file() else []
 
 
 def _open_critic(stack: contextlib.ExitStack, run_dir: Path, params: Params, critic, *, allow_new_calls: bool) -> dict:
@@ -267,10 +281,8 @@ def train_rounds(build_dir: Path, run_dir: Path, params: Params, prepared: dict,
 
     data, models, run_id = build_dir / "data", build_dir / "models", params.run.run_id
     shutil.copytree(run_dir / "models" / "base", models / "base")
-    prompts = store.partition_dir(run_dir / "data", "prompts", 0)
-    if (prompts / "part-0.parquet").is_file():
-        rows = [dict(row, run_id=run_id) for row in store.read_table(prompts, "prompts")]
-        store.write_table(rows, "prompts", store.partition_dir(data, "prompts", 0))
+    if prompts := _prompt_rows(run_dir):
+        store.write_table([dict(row, run_id=run_id) for row in prompts], "prompts", store.partition_dir(data, "prompts", 0))
     for key, tables in prepared["inputs"].items():
         round_, annotations = int(key), prepared["annotations"][key]
         for table, rows in (*tables.items(), ("annotations", annotations)):

@@ -153,7 +153,8 @@ def run_rounds(prompt_rows: list[dict], *, params: Params, keys: list[str], crit
                                                 round_=round_, params=params.score, reward=reward)
             scores = _stored(scores, "scores", folders["scores"] / part)
             write_json(score_metrics, folders["score_metrics"] / f"{part}.json")
-            annotations, critique_metrics = session.critique(rollouts, scores, run_id=run.run_id, round_=round_)
+            annotations, critique_metrics = session.critique(rollouts, scores, run_id=run.run_id, round_=round_,
+                                                             prompt_rows=prompt_rows)
             annotations = _stored(annotations, "annotations", folders["annotations"] / part)
             write_json(critique_metrics, folders["critique_metrics"] / f"{part}.json")
             torch.manual_seed(round_seed(run.seed, round_, 3))  # as the ppo stage

@@ -127,18 +127,20 @@ def critic_client(critic: CriticParams, base_url: str | None, *, template_sha: s
 
 
 def critique(rollout_rows: list[dict], score_rows: list[dict], *, critic: CriticParams, tokenizer_dir: str,
-             run_id: str, round_: int, task: str, device=None) -> tuple[list[dict], dict]:
+             run_id: str, round_: int, task: str, device=None,
+             prompt_rows: list[dict] | None = None) -> tuple[list[dict], dict]:
     """Annotate one round. Returns (annotation rows, metrics of :func:`summarize` plus ``device``).
 
     Opens a :func:`critic_session` (cache, endpoint: a local server for endpoint 'local') for
     this one round. task: run.task, whose critic_fields fill the template. device: where a local hf critic runs; the metrics' ``device``
     is where its parameters were (None for a critic without a local model, or a disabled critic).
+    prompt_rows: the prompts table, whose columns a rule critic (critic.backend rules) may read.
 
     Raises CriticError, after every good answer is cached and before anything is returned,
     when the budget stopped a request or the round's failures exceed critic.max_error_rate.
     """
     with critic_session(critic, tokenizer_dir=tokenizer_dir, task=task, device=device) as session:
-        return session.critique(rollout_rows, score_rows, run_id=run_id, round_=round_)
+        return session.critique(rollout_rows, score_rows, run_id=run_id, round_=round_, prompt_rows=prompt_rows)
 
 
 @dataclass
@@ -156,37 +158,22 @@ class CriticSession:
     base_url: str | None = None
     server_stats: object = dict  # () -> the local server's /stats (its model's "device"); {} otherwise
 
-    def critique(self, rollout_rows: list[dict], score_rows: list[dict], *, run_id: str,
-                 round_: int) -> tuple[list[dict], dict]:
+    def critique(self, rollout_rows: list[dict], score_rows: list[dict], *, run_id: str, round_: int,
+                 prompt_rows: list[dict] | None = None) -> tuple[list[dict], dict]:
         """One round's (annotation rows, metrics): a fresh client (its budget and counts are per round),
-        then :func:`critique_round`. Raises CriticError as :func:`critique`."""
+        then :func:`critique_round`. prompt_rows: as in :func:`critique`. Raises CriticError as :func:`critique`."""
         rows = scored_rows(rollout_rows, score_rows)
         if not self.critic.enabled:
             annotations, stats = [skipped_row(row) for row in rows], RunStats()
         elif self.critic.endpoint == "local" and self.critic.backend == "rules":
-            annotations, stats = self._critique_by_rules(rows)
+            annotations, stats = critique_by_rules(rows, prompt_rows or [], critic=self.critic, cache=self.cache,
+                                                   template=self.template, fields=self.fields, tokenizer=self.tokenizer)
         else:
             client = critic_client(self.critic, self.base_url, template_sha=self.template.sha256)
             annotations, stats = critique_round(rows, client=client, cache=self.cache, template=self.template,
                                                 fields=self.fields, tokenizer=self.tokenizer, critic=self.critic)
         annotations = [dict(a, run_id=run_id, round=round_) for a in annotations]
         return annotations, {**summarize(annotations, stats), "device": self.server_stats().get("device")}
-
-
-    def _critique_by_rules(self, rows: list[dict]) -> tuple[list[dict], RunStats]:
-        """critic.backend rules: the file's critic() on each critiqued row in this process (RuleClient), its
-        answers JSON spans (any character) cached under the keys the HTTP client would use."""
-        import dataclasses
-
-        from pipeline.critic.annotate import critiqued_indices
-        from pipeline.critic.offline.rules import RuleClient
-
-        critic = dataclasses.replace(self.critic, answer_format="json")
-        keys = critic_client(critic, None, template_sha=self.template.sha256).key_for
-        chosen = [rows[i] for i in critiqued_indices(rows, threshold=critic.threshold)]
-        client = RuleClient(critic.model_dir, labels=self.template.labels, rows=chosen, keys=keys)
-        return critique_round(rows, client=client, cache=self.cache, template=self.template, fields=self.fields,
-                              tokenizer=self.tokenizer, critic=critic)
 
 
 @contextlib.contextmanager
@@ -205,6 +192,27 @@ def critic_session(critic: CriticParams, *, tokenizer_dir: str, task: str, devic
     with CriticCache(critic.cache_dir) as cache, \
             critic_endpoint(critic, tokenizer_dir, device, template.labels) as (base_url, stats):
         yield CriticSession(critic, template, fields, tokenizer, cache, base_url, stats)
+
+
+def critique_by_rules(rows: list[dict], prompt_rows: list[dict], *, critic: CriticParams, cache: CriticCache, template,
+                      fields, tokenizer, progress: bool = True) -> tuple[list[dict], RunStats]:
+    """critic.backend rules: :func:`critique_round` with the file's critic() called in this process (RuleClient) on
+    each critiqued row and its prompt's columns (from `prompt_rows`, the prompts table). Its answers are JSON spans
+    (any character), cached as the HTTP client would. It sends nothing, so replay runs it too."""
+    import dataclasses
+    import json
+
+    from pipeline.critic.annotate import critiqued_indices
+    from pipeline.critic.offline.rules import RuleClient
+
+    critic = dataclasses.replace(critic, answer_format="json")
+    keys = critic_client(critic, None, template_sha=template.sha256).key_for
+    columns = {row["prompt_id"]: json.loads(row.get("columns") or "{}") for row in prompt_rows}
+    chosen = [{**columns.get(rows[i]["prompt_id"], {}), **rows[i]}  # a rollout field wins over a column
+              for i in critiqued_indices(rows, threshold=critic.threshold)]
+    client = RuleClient(critic.model_dir, labels=template.labels, rows=chosen, keys=keys)
+    return critique_round(rows, client=client, cache=cache, template=template, fields=fields, tokenizer=tokenizer,
+                          critic=critic, progress=progress)
 
 
 def critique_round(rows: list[dict], *, client, cache: CriticCache, template, fields, tokenizer,

@@ -63,10 +63,11 @@ class RuleClient:
     It stands where the HTTP client stands (``run(requests, cache)`` -> one CriticResult per request,
     ``model``, ``last_stats``), for the rows the requests were rendered from (`rows`, in the same order),
     and answers from the row itself, not from the rendered template: critic(query, response, ...)
-    gets each parameter it names from the row. Its answers are JSON spans (``critic.answer_format``
-    json), so a span may hold any character. Each answer is cached under the key the HTTP client
-    would use (`keys`: its ``key_for``), so the cache and the annotations table are as before; a
-    critic() that raises stops the stage with one CriticError naming the file and line.
+    gets each parameter it names from the row (a scored rollout with its prompt's columns). Its answers
+    are JSON spans (``critic.answer_format`` json), so a span may hold any character. Each answer is
+    cached under the key the HTTP client would use (`keys`: its ``key_for``) with the values critic()
+    reads added to the key's body, since a column or the env_reward need not be in the rendered
+    template; a critic() that raises stops the stage with one CriticError naming the file and line.
     """
 
     model = "drlc-rules"
@@ -86,7 +87,7 @@ class RuleClient:
             raise CriticError(f"rules critic: {len(requests)} requests for {len(self.rows)} rows (a drlc bug).")
         self.last_stats, results = RunStats(), []
         for row, messages, body in zip(self.rows, requests, bodies or [{}] * len(requests)):
-            key = self.keys(messages, sample_index, body)
+            key = self.keys(messages, sample_index, {**body, "rule_inputs": self.inputs(row)})
             cached = cache.get(key)
             if isinstance(cached, dict):
                 self.last_stats.cache_hits += 1
@@ -100,18 +101,22 @@ class RuleClient:
                                         attempts=1))
         return results
 
+    def inputs(self, row: dict) -> dict:
+        """{parameter: value} of critic() for one row; CriticError naming what the row lacks."""
+        missing = [p for p in self.backend.parameters if p not in row]
+        if missing:
+            raise CriticError(f"{self.backend.path}: {FUNCTION}() reads {missing}, which neither the scored rollout "
+                              f"nor its prompt's columns hold (they have {sorted(row)}).")
+        return {p: row[p] for p in self.backend.parameters}
+
     def answer(self, row: dict) -> str:
         """The JSON answer {"spans": [{label, text}, ...]} of critic() on one row."""
         import json
 
         from pipeline.core.user_code import where
 
-        missing = [p for p in self.backend.parameters if p not in row]
-        if missing:
-            raise CriticError(f"{self.backend.path}: {FUNCTION}() reads {missing}, which a scored rollout row lacks "
-                              f"(it has {sorted(row)}).")
         try:
-            spans = self.backend.function(**{p: row[p] for p in self.backend.parameters})
+            spans = self.backend.function(**self.inputs(row))
         except Exception as error:
             raise CriticError(f"{FUNCTION}() of {self.backend.path} raised on response {row.get('rollout_id')}"
                               f"{where(error, self.backend.path)}: {type(error).__name__}: {error}") from error
