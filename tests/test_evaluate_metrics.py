@@ -4,7 +4,8 @@ import math
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from pipeline.evaluate.metrics import conditional_perplexities, distinct_n, nanmean, positive_percent, positive_share
+from pipeline.evaluate.metrics import (conditional_perplexities, distinct_n, kl_to_reference, nanmean, positive_percent,
+                                      positive_share, response_logprobs)
 
 
 def test_distinct_n_is_distinct_ngrams_over_words_as_in_dexperts():
@@ -56,3 +57,26 @@ def test_batched_perplexity_equals_one_pair_at_a_time():
     assert math.isnan(batched[2]) and math.isnan(single[2])
     for b, s in zip(batched[:2] + batched[3:], single[:2] + single[3:]):
         assert math.isclose(b, s, rel_tol=1e-4)
+
+
+def test_response_logprobs_and_kl_to_reference_match_a_direct_computation():
+    policy = _tiny_lm()
+    torch.manual_seed(1)
+    reference = GPT2LMHeadModel(GPT2Config(vocab_size=20, n_positions=16, n_embd=16, n_layer=1, n_head=2)).eval()
+    queries, responses = [[1, 2, 3], [7], [9, 8]], [[4, 5], [6, 7, 8], []]
+
+    def by_hand(lm, query, response):  # one pair, no batching: sum over response tokens of log p
+        with torch.no_grad():
+            logp = torch.log_softmax(lm(input_ids=torch.tensor([query + response])).logits[0], -1)
+        return sum(logp[len(query) - 1 + t, token].item() for t, token in enumerate(response))
+
+    batched = {name: response_logprobs(lm, query_ids=queries, response_ids=responses, batch_size=2)
+               for name, lm in (("policy", policy), ("reference", reference))}
+    for name, lm in (("policy", policy), ("reference", reference)):
+        for got, q, r in zip(batched[name][:2], queries, responses):
+            assert math.isclose(got, by_hand(lm, q, r), rel_tol=1e-5)
+        assert math.isnan(batched[name][2])  # an empty response has no tokens to score
+    kl = kl_to_reference(batched["policy"], batched["reference"])
+    expected = sum(by_hand(policy, q, r) - by_hand(reference, q, r) for q, r in zip(queries[:2], responses[:2])) / 2
+    assert math.isclose(kl, expected, rel_tol=1e-5)
+    assert kl_to_reference(batched["policy"], batched["policy"]) == 0.0

@@ -14,7 +14,7 @@ from pipeline.evaluate.decode import sample_continuations
 from pipeline.model.pretrain import train_tokenizer
 from pipeline.steps.evaluate import evaluate
 
-METRICS = {"positive_percent", "env_reward_mean", "perplexity", "dist_1", "dist_2", "dist_3", "n_samples"}
+METRICS = {"positive_percent", "env_reward_mean", "perplexity", "dist_1", "dist_2", "dist_3", "kl_to_base", "n_samples"}
 WORLD_ROWS = [{"prompt_id": f"e{i}", "split": "eval", "text": t}
               for i, t in enumerate(["The plot", "I thought the", "Overall, the"])]
 
@@ -61,6 +61,8 @@ def test_rows_and_metrics_for_two_policies_and_two_prompt_sets(model_dirs, tmp_p
             assert set(values) == METRICS and values["n_samples"] == 2 * 3
             assert 0 <= values["positive_percent"] <= 100 and math.isfinite(values["perplexity"])
     assert len(rows) == 2 * 2 * len(METRICS)
+    assert metrics["base"]["world"]["kl_to_base"] == 0.0  # the base against itself
+    assert metrics["round=0002"]["world"]["kl_to_base"] > 0  # another model's samples are likelier under it
     assert {r["metric"] for r in rows} >= {"world/positive_percent", "negative_prompts/dist_3"}
     assert len(samples) == 2 * 2 * 2 * 3
     assert all(set(s) == set(SCHEMAS["eval_samples"].names) for s in samples)

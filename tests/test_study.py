@@ -195,3 +195,13 @@ def test_final_eval_reads_the_trained_policy_unscaled():
     metrics = {"base": {"world": {"coverage": 0.1}}, "round=0002": {"world": {"coverage": 0.4, "env_reward_mean": 0.8,
                                                                                 "n_samples": 64}}}
     assert study_report.final_eval(metrics, 2.0) == {"world/coverage": 0.4, "world/env_reward_mean": 0.4}
+
+
+def test_kl_at_the_end_is_the_final_policys_where_measured_else_the_last_ppo_rounds():
+    rounds = [{"kl": 0.5}, {"kl": 1.25}]
+    assert study_report.end_kl({"world/coverage": 0.4, "world/kl_to_base": 2.0}, rounds) == (2.0, "eval")
+    assert study_report.end_kl({"world/coverage": 0.4}, rounds) == (1.25, "ppo")  # evaluated before kl_to_base
+    assert study_report.end_kl({}, []) == (None, None)
+    by_arm = {"sparse": [dict(record("sparse", 0, 0.3, [0.1, 0.3], kl=1.25), kl_source="ppo")]}
+    text = study_report.markdown(study_report.build_report(by_arm), "t")
+    assert "the last PPO round's mean KL" in text and "kl_to_base on the eval prompts" not in text

@@ -7,11 +7,14 @@
 - positive_percent: percentage of continuations a classifier calls positive (P >= threshold).
 - conditional_perplexities: perplexity of each continuation given its query under a language
   model, exp(mean token NLL); the reported fluency is the mean over samples (as in DExperts).
+- response_logprobs / kl_to_reference: log pi(y|x) summed over each continuation's tokens, and the
+  mean over samples y ~ pi of log pi(y|x) - log pi_ref(y|x): the k1 (Monte Carlo) estimate of
+  KL(pi || pi_ref) per response, in nats, as the trainer's `kl` sums it over a response's tokens.
 - win_rate / pairwise_win_rate: the share of comparisons a summary's reward-model score wins
   (1 if higher, 1/2 if equal within TIE_TOLERANCE = 1e-6, 0 if lower): against its prompt's
   reference, or against another run's samples of the same prompt.
 
-Only conditional_perplexities runs a model, so only it imports torch: `drlc report` reads the
+Only conditional_perplexities and response_logprobs run a model, so only they import torch: `drlc report` reads the
 win rates without it.
 """
 from __future__ import annotations
@@ -84,9 +87,32 @@ def conditional_perplexities(lm, *, query_ids: list[list[int]], response_ids: li
                              batch_size: int = 64, shard: Shard | None = None) -> list[float]:
     """exp(mean NLL of the response tokens given the query) for each (query, response) pair.
 
+    Pairs with an empty response get NaN (no tokens to score); batching as :func:`_per_response`.
+    """
+    return _per_response(lm, query_ids, response_ids, lambda nll: math.exp(nll.mean().item()), batch_size, shard)
+
+
+def response_logprobs(lm, *, query_ids: list[list[int]], response_ids: list[list[int]],
+                      batch_size: int = 64, shard: Shard | None = None) -> list[float]:
+    """log p(response | query) under `lm`, the sum over the response's tokens, for each pair (NaN if empty)."""
+    return _per_response(lm, query_ids, response_ids, lambda nll: -nll.sum().item(), batch_size, shard)
+
+
+def kl_to_reference(policy_logprobs: list[float], reference_logprobs: list[float]) -> float:
+    """The mean over responses (sampled from the policy) of log pi(y|x) - log pi_ref(y|x), NaN pairs skipped.
+
+    >>> kl_to_reference([-1.0, -2.0, math.nan], [-1.5, -3.5, -1.0])
+    1.0
+    """
+    return nanmean([p - r for p, r in zip(policy_logprobs, reference_logprobs)])
+
+
+def _per_response(lm, query_ids, response_ids, reduce, batch_size: int, shard: Shard | None) -> list[float]:
+    """reduce(the NLL of each response token given the query and the tokens before it), for each pair.
+
     Pairs are right-padded into batches (padding after the last token cannot change earlier
-    logits of a causal LM), on the model's device. Pairs with an empty response get NaN (no
-    tokens to score). `shard` (several processes) scores this process's batches and gathers all.
+    logits of a causal LM), on the model's device. Pairs with an empty response get NaN.
+    `shard` (several processes) scores this process's batches and gathers all.
     """
     import torch
     import torch.nn.functional as F
@@ -108,7 +134,7 @@ def conditional_perplexities(lm, *, query_ids: list[list[int]], response_ids: li
         local[batch] = []
         for row, i in enumerate(index):
             q, r = len(query_ids[i]), len(response_ids[i])
-            local[batch].append((i, math.exp(nll[row, q - 1:q - 1 + r].mean().item())))  # response tokens only
-    for i, perplexity in shard.gather(local):
-        out[i] = perplexity
+            local[batch].append((i, reduce(nll[row, q - 1:q - 1 + r])))  # response tokens only
+    for i, value in shard.gather(local):
+        out[i] = value
     return out

@@ -5,7 +5,9 @@ Metrics per (policy, set): the task's own (pipeline/tasks/<task>.py `make_evalua
 sentiment positive_percent by a naive Bayes classifier that is not the reward; toxicity
 expected_max_toxicity and toxicity_probability; summarization rouge1/rouge2/rougeL and, with
 evaluate.reward_model, rm_score/rm_reference_score/win_rate), then
-env_reward_mean (the training reward), perplexity (fluency LM), dist_1/2/3, n_samples.
+env_reward_mean (the training reward), perplexity (fluency LM), dist_1/2/3, kl_to_base (the mean over
+samples of log pi(y|x) - log pi_base(y|x), summed over the response's tokens: how far the policy
+drifted, 0 for the base), n_samples.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from pipeline.core.config import EvaluateParams, ScoreParams
 from pipeline.core.device import module_device, place
 from pipeline.core.store import SCHEMAS
 from pipeline.evaluate.decode import sample_continuations
-from pipeline.evaluate.metrics import conditional_perplexities, distinct_n, nanmean
+from pipeline.evaluate.metrics import conditional_perplexities, distinct_n, kl_to_reference, nanmean, response_logprobs
 from pipeline.evaluate.prompts import load_prompt_sets
 from pipeline.parallel.shard import Shard
 from pipeline.steps.rollout import encode_query
@@ -46,7 +48,7 @@ class FluencyLM:
 
 
 def _score_set(lm, tokenizer, prompts: list[dict], *, e: EvaluateParams, seed: int, evaluator, reward,
-               fluency: FluencyLM, shard: Shard | None = None) -> tuple[dict, list[dict]]:
+               fluency: FluencyLM, base_lm, shard: Shard | None = None) -> tuple[dict, list[dict]]:
     """Sample e.samples_per_prompt continuations per prompt; return (metrics, per-sample rows)."""
     k = e.samples_per_prompt
     query_texts = [p["text"] for p in prompts for _ in range(k)]
@@ -70,11 +72,22 @@ def _score_set(lm, tokenizer, prompts: list[dict], *, e: EvaluateParams, seed: i
                                texts=texts, batch_size=e.batch_size, shard=shard)
     metrics = {**task_metrics, "env_reward_mean": sum(env) / len(env),
                "perplexity": nanmean(ppl), "dist_1": distinct_n(per_prompt, 1),
-               "dist_2": distinct_n(per_prompt, 2), "dist_3": distinct_n(per_prompt, 3), "n_samples": len(texts)}
+               "dist_2": distinct_n(per_prompt, 2), "dist_3": distinct_n(per_prompt, 3),
+               "kl_to_base": _kl_to_base(lm, base_lm, queries, continuations, e.batch_size, shard),
+               "n_samples": len(texts)}
     rows = [{"prompt_id": prompts[i // k]["prompt_id"], "sample": i % k, "query": query_texts[i], "response": texts[i],
              "env_reward": env[i], "perplexity": ppl[i], **{c: v[i] for c, v in columns.items()}}
             for i in range(len(texts))]
     return metrics, rows
+
+
+def _kl_to_base(lm, base_lm, queries, continuations, batch_size: int, shard) -> float:
+    """kl_to_reference of `lm`'s own samples against the base model; 0.0 for the base itself."""
+    if lm is base_lm:
+        return 0.0
+    logprobs = {name: response_logprobs(model, query_ids=queries, response_ids=continuations, batch_size=batch_size,
+                                        shard=shard) for name, model in (("policy", lm), ("base", base_lm))}
+    return kl_to_reference(logprobs["policy"], logprobs["base"])
 
 
 def evaluate(prompt_rows: list[dict], *, base_dir: str, policy_dir: str, policy_name: str, run_id: str,
@@ -121,7 +134,7 @@ def evaluate_models(prompt_rows: list[dict], *, base_dir: str, policy_dir: str, 
         for set_name, prompts in sets.items():
             metrics[name][set_name], rows = _score_set(lm, tokenizer, prompts, e=params, seed=seed,
                                                        evaluator=evaluator, reward=reward, fluency=fluency,
-                                                       shard=shard)
+                                                       base_lm=base_lm, shard=shard)
             for row in rows:  # prompt_set, positive_prob, perplexity are kept where the schema has them
                 row.update(run_id=run_id, round=round_, policy=name, prompt_set=set_name,
                            prompt_id=f"{set_name}/{row['prompt_id']}")
@@ -187,5 +200,5 @@ def evaluate_curve(prompt_rows: list[dict], *, base_dir: str, models_dir: str, r
             Path(models_dir) / f"round={round_:04d}").to(device)
         points[round_] = curve_point(round_, {
             set_name: _score_set(lm, tokenizer, prompts, e=e, seed=seed, evaluator=evaluator, reward=reward,
-                                 fluency=fluency, shard=shard)[0] for set_name, prompts in sets.items()})
+                                 fluency=fluency, base_lm=base_lm, shard=shard)[0] for set_name, prompts in sets.items()})
     return [points[r] for r in sorted(points)]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pipeline.studies.paired import first_reaching, interval, paired_difference, seed_mean_points
 
-GENERIC = ("env_reward_mean", "perplexity", "dist_1", "dist_2", "dist_3", "n_samples")  # not the task's own
+GENERIC = ("env_reward_mean", "perplexity", "dist_1", "dist_2", "dist_3", "kl_to_base", "n_samples")  # not the task's own
 PAIRS = (("dense", "sparse"), ("dense", "summed"), ("dense", "random"), ("dense", "sparse_scaled"),
          ("grpo_dense", "grpo_sparse"))
 CRITIC_KEYS = ("critic_requests", "cache_hits", "critic_tokens", "critic_cost_usd")
@@ -44,17 +44,29 @@ def run_record(project: Path, exp: dict, arm: str, seed: int) -> dict:
     scale = float(params["score"]["scale"])
     rounds = (git_json(project, exp["rev"], "metrics/rounds.json") or {}).get("rounds", [])
     curve = (git_json(project, exp["rev"], "metrics/eval_rounds.json") or {}).get("rounds", [])
+    evaluated = final_eval(exp["metrics"].get("metrics/eval.json", {}), scale)
+    kl_end, kl_source = end_kl(evaluated, rounds)
     return {
         "arm": arm, "seed": seed, "rev": exp["rev"], "scale": scale,
         "rollouts_per_round": int(params["rollout"]["batch_size"]),
-        "eval": final_eval(exp["metrics"].get("metrics/eval.json", {}), scale),
+        "eval": evaluated,
         "eval_curve": [{k: _unscaled(k, v, scale) if k != "round" else v for k, v in point.items()}
                        for point in curve],
-        "kl_end": rounds[-1]["kl"] if rounds else None,
+        "kl_end": kl_end, "kl_source": kl_source,
         "env_reward": [r["env_reward_mean"] / scale for r in rounds],
         "total_reward": [r["env_reward_mean"] + r["intrinsic_reward_sum"] for r in rounds],
         "critic": {key: sum(r.get(key) or 0 for r in rounds) for key in CRITIC_KEYS},
     }
+
+
+def end_kl(evaluated: dict[str, float], rounds: list[dict]) -> tuple[float | None, str | None]:
+    """(KL to the base at the end, where it comes from): the final policy's kl_to_base on its first eval set
+    ("eval"), or, for an experiment evaluated before drlc measured it, the last PPO round's mean KL of its
+    rollouts ("ppo": the policy one update before the end, on training prompts)."""
+    measured = [v for m, v in evaluated.items() if m.endswith("/kl_to_base")]
+    if measured:
+        return measured[0], "eval"
+    return (rounds[-1]["kl"], "ppo") if rounds else (None, None)
 
 
 def matched_scale(dense: list[dict], sparse: list[dict]) -> float:
@@ -93,6 +105,7 @@ def arm_summary(runs: list[dict], metric: str, target: float | None) -> dict:
         "seeds": [run["seed"] for run in runs],
         "eval": {m: interval([run["eval"][m] for run in runs if m in run["eval"]]) for m in metrics},
         "kl_end": interval(kls) if kls else None,
+        "kl_source": sorted({run.get("kl_source") for run in runs if run.get("kl_source")}),
         "episodes_to_target": None if target is None else first_reaching(curve, target),
         "curve": curve,
         "critic": {key: sum(run["critic"][key] for run in runs) for key in CRITIC_KEYS},
@@ -126,6 +139,13 @@ def _ci(v: dict | None, digits: int = 3) -> str:
     return f"{v['mean']:.{digits}f} ± {v['half']:.{digits}f}"
 
 
+def _kl_note(arms: dict) -> str:
+    sources = {s for a in arms.values() for s in a.get("kl_source", [])}
+    notes = {"eval": "the final policy's kl_to_base on the eval prompts",
+             "ppo": "the last PPO round's mean KL of its rollouts (experiments evaluated before kl_to_base)"}
+    return "; ".join(notes[s] for s in sorted(sources)) + "." if sources else "-."
+
+
 def markdown(report: dict, title: str) -> str:
     """The report as Markdown: the per-arm table, the paired differences, the critic's bill."""
     metric, arms = report["metric"], report["arms"]
@@ -134,7 +154,8 @@ def markdown(report: dict, title: str) -> str:
              f"Eval metric: **{metric}**; ± = half-width of the 95 % t interval over seeds. Target = "
              + ("-" if report["target"] is None else f"{report['target']:.3f}")
              + " (sparse's seed-mean eval curve at its last point)."
-             + ("" if report["scale_k"] is None else f" sparse_scaled's k = {report['scale_k']:.3f}."), "",
+             + ("" if report["scale_k"] is None else f" sparse_scaled's k = {report['scale_k']:.3f}.")
+             + " KL to base (end), nats per response: " + _kl_note(arms), "",
              "| arm | seeds | " + " | ".join(shown) + " | KL to base (end) | episodes to target |",
              "|---" * (4 + len(shown)) + "|"]
     for arm, a in arms.items():
