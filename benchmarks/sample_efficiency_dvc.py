@@ -33,8 +33,9 @@ import yaml
 
 from pipeline.commands.rounds import exp_run_overrides
 from pipeline.commands.study import (  # the DVC side of `drlc study`, shared
-    exp_name, finished_experiments, hydra_value, link_shared, set_prefix)
+    exp_name, finished_experiments, hydra_value, set_prefix)
 from pipeline.core import store
+from pipeline.core.cache import link_outside
 from pipeline.core.config import load_params
 from pipeline.core.errors import ConfigError, DataError
 from pipeline.steps.score import population_std
@@ -247,7 +248,7 @@ def run_phase(project, arms, seeds_of, settings_of, extra, *, runner, dry_run, m
     """
     existing = {} if dry_run else existing_experiments(project)
     if not dry_run:
-        link_shared(project)
+        link_outside(project)
     todo = [(arm, seed) for arm in arms for seed in seeds_of(arm) if exp_name(arm, seed) not in existing]
     now = todo if max_new is None or dry_run else todo[:max_new]
     run_arms(project, [run_command(arm, seed, settings_of(arm, seed), extra, runner=runner) for arm, seed in now],

@@ -14,7 +14,7 @@ import pytest
 from reliability import critic_server, stage_env
 from test_reliability_concurrency import WORKER, expected_key, in_threads
 
-from pipeline.core.cache import CriticCache, shared_directory
+from pipeline.core.cache import CriticCache, link_outside, shared_directory
 
 N, OVERLAP = 60, 30
 
@@ -54,3 +54,18 @@ def test_experiment_copies_share_the_workspace_cache_without_loss(tmp_path, mode
         assert set(cache.keys()) == {expected_key(i) for i in distinct}
         assert all(cache.get(expected_key(i))["raw_text"] == f"request {i}" for i in distinct)
         assert cache.stats()["requests"] == sent
+
+
+def test_experiment_copies_see_the_folder_beside_the_project(tmp_path):
+    project, shared = tmp_path / "project", tmp_path / "shared"
+    (shared / "data").mkdir(parents=True)
+    project.mkdir()
+    link_outside(project)
+    for copy in (project / ".dvc/tmp/exps/tmpabc", project / ".dvc/tmp/exps/standalone/tmpdef"):  # queued, --temp
+        copy.mkdir()
+        assert (copy / ".." / "shared" / "data").is_dir()
+    link_outside(project)  # again: nothing to do
+    alone = tmp_path / "alone" / "project"
+    alone.mkdir(parents=True)
+    link_outside(alone)
+    assert not (alone / ".dvc").exists()

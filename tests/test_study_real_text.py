@@ -246,21 +246,6 @@ def test_an_experiment_killed_mid_run_is_not_counted_as_done():
     assert found["sparse-s0"]["params"] == {"run": {"seed": 0}}
 
 
-def test_experiment_copies_see_the_projects_shared_data(tmp_path):
-    project, shared = tmp_path / "project", tmp_path / "shared"
-    (shared / "data").mkdir(parents=True)
-    project.mkdir()
-    se.link_shared(project)
-    for copy in (project / ".dvc/tmp/exps/tmpabc", project / ".dvc/tmp/exps/standalone/tmpdef"):  # queued, --temp
-        copy.mkdir()
-        assert (copy / ".." / "shared" / "data").is_dir()
-    se.link_shared(project)  # again: nothing to do
-    alone = tmp_path / "alone" / "project"
-    alone.mkdir(parents=True)
-    se.link_shared(alone)
-    assert not (alone / ".dvc").exists()
-
-
 @pytest.mark.slow  # three DVC experiments of one round each on the shrunken toxicity demo (~3 min on 2 cores)
 def test_real_text_arms_run_as_dvc_experiments_and_report(tmp_path, monkeypatch):
     import subprocess

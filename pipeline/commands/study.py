@@ -21,12 +21,12 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.core.cache import link_outside
 from pipeline.core.errors import ConfigError, DataError
 
 ARMS_FILE = Path(__file__).resolve().parents[2] / "configs" / "study" / "arms.yaml"
 MATCHED = "matched"  # score.scale: matched = sparse_scaled's k, from the finished sparse and dense arms
 DEFAULT_ARMS = ("sparse", "dense", "summed", "random", "sparse_scaled")
-EXP_COPIES = (".dvc/tmp/exps", ".dvc/tmp/exps/standalone")  # DVC 3: queued, and `--temp`, experiment copies
 
 
 def load_arms(path: str | Path = ARMS_FILE) -> dict[str, dict]:
@@ -113,17 +113,6 @@ def existing(project: Path) -> dict[str, dict]:
     return finished_experiments(json.loads(dvc(project, "exp", "show", "--json").stdout or "[]"))
 
 
-def link_shared(project: Path) -> None:
-    """Make ``../shared`` (profiles' data paths such as ``../shared/data/commongen``) resolve inside DVC's
-    experiment copies, which run two or three folders deeper: ``<copies>/shared`` links to the real one."""
-    shared = project.parent / "shared"
-    for folder in EXP_COPIES if shared.is_dir() else ():
-        link = project / folder / "shared"
-        if not link.exists():
-            link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(shared.resolve(), target_is_directory=True)
-
-
 def run_queued(project: Path, commands: list[list[str]], *, jobs: int, dry_run: bool) -> None:
     """Queue the commands and run them with `jobs` workers; DataError naming the experiments that failed."""
     for cmd in commands:
@@ -170,7 +159,7 @@ def run_phase(project: Path, todo: list[tuple[str, int]], settings_of, extra: li
         clear_interrupted(project)
     done = {} if dry_run else existing(project)
     if not dry_run:
-        link_shared(project)
+        link_outside(project)
     new = [(arm, seed) for arm, seed in todo if exp_name(arm, seed) not in done]
     run_queued(project, [queue_command(arm, seed, settings_of(arm, seed), extra) for arm, seed in new],
                jobs=jobs, dry_run=dry_run)

@@ -96,6 +96,21 @@ def outside_path(source: str, cwd: str | Path | None = None) -> str:
     return str(workspace / path) if workspace else source
 
 
+def link_outside(project: Path, name: str = "shared") -> None:
+    """Make ``../<name>`` resolve in DVC's experiment copies too, for DVC's own reading of a stage's deps.
+
+    drlc's readers go through :func:`outside_path`, but DVC resolves a dep such as ``../shared/x.csv``
+    (distill's ``${item.spans}``) against the copy itself: ``<copies>/<name>``, queued or ``--temp``,
+    becomes a link to ``<project>/../<name>``. Nothing is done when that folder does not exist.
+    """
+    outside = project.parent / name
+    for folder in (Path(*EXPERIMENT_COPIES), Path(*EXPERIMENT_COPIES, "standalone")) if outside.is_dir() else ():
+        link = project / folder / name
+        if not link.exists():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(outside.resolve(), target_is_directory=True)
+
+
 __all__ = ["SCHEMA_VERSION", "MISSING", "cache_key", "CriticCache", "export_parquet", "import_parquet"]
 
 SCHEMA_VERSION = 2
