@@ -1,0 +1,31 @@
+"""benchmarks/study_commongen.py: docs/results.md's CommonGen block is rendered from the committed JSON only."""
+import json
+
+import pytest
+from test_study import record as run
+
+from benchmarks import study_commongen as sc
+from pipeline.studies.study_report import build_report
+
+
+def reports():
+    ppo = build_report({"sparse": [run("sparse", 0, 0.30, [0.2, 0.3]), run("sparse", 1, 0.25, [0.2, 0.25])],
+                        "dense": [run("dense", 0, 0.40, [0.2, 0.4], requests=5)]})
+    return [ppo | {"seeds": [0, 1], "project": "/somewhere/local"}]
+
+
+def test_the_record_counts_experiments_against_the_grid_and_drops_local_paths():
+    result = sc.record(reports())
+    assert result["experiments_done"] == 3 and result["experiments_planned"] == 5 * 5 + 2 * 3
+    assert "project" not in result["reports"][0]
+    text = sc.render(json.loads(json.dumps(result)))  # as read back from the committed file
+    assert "in progress: 3 of 31 experiments" in text
+    assert "#### CommonGen: sparse, dense × seeds [0, 1]" in text and "| dense-sparse | 1 | +0.100 |" in text
+
+
+def test_the_page_holds_the_block_rendered_from_the_committed_json():
+    if not sc.RESULT.is_file():
+        pytest.skip("no benchmarks/results/study_commongen.json committed yet")
+    page = (sc.ROOT / "docs/results.md").read_text()
+    block = page.split(sc.BLOCK_START, 1)[1].split(sc.BLOCK_END, 1)[0]
+    assert block.strip("\n") == sc.render(json.loads(sc.RESULT.read_text())).strip("\n")
