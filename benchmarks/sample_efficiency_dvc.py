@@ -33,7 +33,7 @@ import yaml
 
 from pipeline.commands.rounds import exp_run_overrides
 from pipeline.commands.study import (  # the DVC side of `drlc study`, shared
-    exp_name, finished_experiments, hydra_value, set_prefix)
+    exp_name, finished_experiments, hydra_value, run_queued, set_prefix)
 from pipeline.core import store
 from pipeline.core.cache import link_outside
 from pipeline.core.config import load_params
@@ -105,23 +105,15 @@ def existing_experiments(project: Path) -> dict[str, dict]:
 
 
 def run_arms(project: Path, commands: list[list[str]], *, runner: str, dry_run: bool) -> None:
-    """Queue + run the commands (or run each in a temp folder); raise DataError if any failed."""
+    """Queue + run the commands as `drlc study` does (its run_queued), or run each in a temp folder; raise
+    DataError if any failed."""
+    if runner == "queue":
+        run_queued(project, [["dvc", *cmd[3:]] for cmd in commands], jobs=1, dry_run=dry_run)
+        return
     for cmd in commands:
         print("$", shlex.join(cmd[2:]), flush=True)
         if not dry_run:
             sh(cmd, project)
-    if runner == "queue" and commands:
-        print("$ dvc exp run --run-all -j 1", flush=True)
-        if dry_run:
-            return
-        try:
-            sh([sys.executable, "-m", "dvc", "exp", "run", "--run-all", "-j", "1"], project, check=False)
-        finally:  # the queue worker otherwise stays up idle
-            sh([sys.executable, "-m", "dvc", "queue", "stop"], project, check=False)
-        status = sh([sys.executable, "-m", "dvc", "queue", "status"], project, check=False).stdout
-        failed = [line.split()[1] for line in status.splitlines() if " Failed" in line]
-        if failed:
-            raise DataError(f"experiments failed: {failed}; read `dvc queue logs <name>` in {project}")
 
 
 def round_records(project: Path, exp: dict, *, with_spread: bool) -> list[dict]:

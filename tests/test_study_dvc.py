@@ -83,3 +83,32 @@ def test_study_runs_pairs_reports_and_resumes(tmp_path, monkeypatch):
     assert after["requests"] == before["requests"] and after["entries"] == before["entries"]
     assert again["differences"] == json.loads(json.dumps(report["differences"]))
     assert "Failed" not in dvc(["queue", "status"], project).stdout
+
+
+@pytest.mark.slow  # two one-round experiments on one worker (~2.5 min on 2 cores)
+def test_a_leftover_queue_stop_does_not_strand_the_queue(tmp_path, monkeypatch, capfd):
+    import time
+
+    project = experiment_project(tmp_path, tiny_params(n_rounds=1), monkeypatch)
+    # a worker that has run once leaves its control queue in DVC's broker; a stop sent after it is gone waits
+    # there, and the next worker takes it and exits after one experiment (what stranded the CommonGen study)
+    dvc(["queue", "start"], project)  # with nothing queued, the worker stops itself (its monitor) within seconds
+    log = project / ".dvc/tmp/exps/celery/dvc-exp-worker-1.out"
+    for _ in range(120):
+        if log.is_file() and log.read_text().rstrip().endswith("done"):
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError(f"the DVC queue worker did not start and stop by itself: {log}")
+    dvc(["queue", "stop"], project)  # no worker is up: this stop is the leftover
+    monkeypatch.setattr(study, "POLL_S", 2.0)
+    arms = study.pick_arms(study.load_arms(), ["sparse"])
+    report = study.study(project, arms=arms, seeds=[0, 1], jobs=1, rounds=1, out=tmp_path / "report",
+                         sets=["evaluate.n_prompts=4"])
+    assert "the DVC queue worker is gone with experiments still queued" in capfd.readouterr().out
+    assert report["experiments_run"] == 2 and sorted(study.existing(project)) == ["sparse-s0", "sparse-s1"]
+    for _ in range(60):  # the worker stops by itself once the queue is empty (drlc sends no `dvc queue stop`)
+        if not study.worker_alive(project):
+            break
+        time.sleep(1)
+    assert not study.worker_alive(project)

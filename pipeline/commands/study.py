@@ -114,7 +114,13 @@ def existing(project: Path) -> dict[str, dict]:
 
 
 def run_queued(project: Path, commands: list[list[str]], *, jobs: int, dry_run: bool) -> None:
-    """Queue the commands and run them with `jobs` workers; DataError naming the experiments that failed."""
+    """Queue the commands and run them with `jobs` workers; DataError naming the experiments that failed.
+
+    DVC's queue workers stop by themselves once the queue is empty, so drlc never sends `dvc queue stop`:
+    a stop that arrives after its worker has gone waits in DVC's broker, and the next worker takes it
+    and exits after one experiment, leaving `dvc exp run --run-all` waiting for the rest forever. Such a
+    leftover (from an older drlc, or a stop typed by hand) is survived: run-all is started again while
+    experiments stay queued with no worker process alive."""
     for cmd in commands:
         print("$", shlex.join(cmd), flush=True)
         if not dry_run:
@@ -124,30 +130,105 @@ def run_queued(project: Path, commands: list[list[str]], *, jobs: int, dry_run: 
     print(f"$ dvc exp run --run-all -j {jobs}", flush=True)
     if dry_run:
         return
-    try:
-        dvc(project, "exp", "run", "--run-all", "-j", str(jobs), check=False)
-    finally:  # the queue's workers otherwise stay up idle
-        dvc(project, "queue", "stop", check=False)
-    status = dvc(project, "queue", "status", check=False).stdout
-    failed = [line.split()[1] for line in status.splitlines() if " Failed" in line]
+    waiting, before = entries(queue_status(project), "Queued"), len(commands) + 1
+    while waiting and len(waiting) < before:  # each pass runs at least one experiment, or the loop ends
+        run_all(project, jobs)
+        waiting, before = entries(queue_status(project), "Queued"), len(waiting)
+    lost = entries(queue_status(project), "Running") if not worker_alive(project) else []
+    if waiting or lost:
+        raise DataError(f"experiments {waiting + lost} were left queued or running with no DVC queue worker alive; "
+                        f"see `dvc queue status` in {project} and run the same command again (finished ones are kept)")
+    failed = entries(queue_status(project), "Failed")
     if failed:
         raise DataError(f"experiments failed: {failed}; read `dvc queue logs <name>` in {project}, fix, and run "
                         "the same command again (finished experiments are kept)")
 
 
+POLL_S = 30.0  # seconds between checks on the queue while run-all runs
+
+
+def run_all(project: Path, jobs: int) -> None:
+    """`dvc exp run --run-all -j jobs`, its experiments' logs on this terminal, until it ends, or until two checks in
+    a row find experiments queued or running and no worker process alive (then it would wait forever)."""
+    import time
+
+    run = subprocess.Popen([sys.executable, "-m", "dvc", "exp", "run", "--run-all", "-j", str(jobs)], cwd=project)
+    gone = 0
+    try:
+        while run.poll() is None and gone < 2:
+            time.sleep(POLL_S)
+            gone = gone + 1 if stranded(queue_status(project), worker_alive(project)) else 0
+        if gone >= 2:
+            print("drlc study: the DVC queue worker is gone with experiments still queued; starting it again",
+                  flush=True)
+    finally:
+        if run.poll() is None:
+            run.terminate()
+            run.wait()
+
+
+def worker_alive(project: Path) -> bool:
+    """Whether a DVC queue worker process of `project` is running, from the files DVC keeps for each
+    (.dvc/tmp/exps/celery/dvc-exp-worker-N.json: its pid, and its returncode once it has exited); `dvc queue
+    status` is no help here, as its count comes from asking the workers, which a busy machine leaves unanswered."""
+    import os
+
+    for info in (project / ".dvc" / "tmp" / "exps" / "celery").glob("dvc-exp-worker-*.json"):
+        try:
+            worker = json.loads(info.read_text())
+            if worker.get("returncode") is None and worker.get("pid"):
+                os.kill(int(worker["pid"]), 0)
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+def queue_status(project: Path) -> str:
+    return dvc(project, "queue", "status", check=False).stdout
+
+
+def entries(queue_status: str, status: str) -> list[str]:
+    """Names of the `dvc queue status` entries whose status is `status` (Queued, Running, Failed, Success).
+
+    >>> entries("Task  Name  Created  Status\\na1  dense-s1  03:51 PM  Queued\\nb2  sparse-s1  03:50 PM  Failed", "Queued")
+    ['dense-s1']
+    """
+    return [row[1] for row in (line.split() for line in queue_status.splitlines()) if len(row) >= 3 and row[-1] == status]
+
+
+def workers(queue_status: str) -> tuple[int, int]:
+    """(active, idle) DVC queue workers, as `dvc queue status` reports them.
+
+    >>> workers("Worker status: 0 active, 1 idle"), workers("no worker line")
+    ((0, 1), (0, 0))
+    """
+    line = next((line for line in queue_status.splitlines() if line.startswith("Worker status:")), "")
+    counts = [int(word) for word in line.replace(",", " ").split() if word.isdigit()]
+    return (counts[0], counts[1]) if len(counts) == 2 else (0, 0)
+
+
+def stranded(queue_status: str, alive: bool) -> bool:
+    """Experiments are queued or marked running, and no worker process is alive to run them.
+
+    >>> stranded("a1  dense-s1  03:51 PM  Queued\\n\\nWorker status: 0 active, 0 idle", alive=False)
+    True
+    >>> stranded("a1  dense-s1  03:51 PM  Queued", alive=True), stranded("b2  sparse-s1  03:50 PM  Success", alive=False)
+    (False, False)
+    """
+    return bool(entries(queue_status, "Queued") or entries(queue_status, "Running")) and not alive
+
+
 def stale_running(queue_status: str) -> list[str]:
     """The experiments `dvc queue status` calls Running while no worker is active: what a killed run (a session
     that ended, a kill) leaves. `dvc exp show` fails on them, looking for their run files."""
-    if "Worker status: 0 active" not in queue_status:
-        return []
-    rows = [line.split() for line in queue_status.splitlines()]
-    return [row[1] for row in rows if len(row) >= 3 and row[-1] == "Running"]
+    return [] if workers(queue_status)[0] else entries(queue_status, "Running")
 
 
 def clear_interrupted(project: Path) -> None:
     """Kill the stale Running entries an interrupted run left, then remove the queued and failed ones, so they run
     again; finished experiments are untouched."""
-    for name in stale_running(dvc(project, "queue", "status", check=False).stdout):
+    for name in stale_running(queue_status(project)):
         dvc(project, "queue", "kill", name, check=False)
     dvc(project, "queue", "remove", "--queued", "--failed", check=False)
 
