@@ -42,6 +42,14 @@ def test_task_new_runs_two_rounds_and_a_reward_edit_reruns_score_onwards_only(tm
     assert any(a["status"] == "ok" for a in critiqued) and {a["critic_model"] for a in critiqued} == {"drlc-rules"}
     eval_metrics = json.loads((project / "metrics/eval.json").read_text())
     assert {"env_reward_mean", "perplexity", "dist_2"} <= set(eval_metrics["round=0002"]["world"])
+    # a replay runs the rule critic as the stage did (pipeline/steps/critique.py critique_by_rules): the same spans
+    replayed = tmp_path / "replayed"
+    run([sys.executable, "-m", "pipeline", "replay", "--from", str(project), "--out", str(replayed)], project)
+    assert json.loads((replayed / "replay.json").read_text())["critic_requests"] == 0
+    drop = ("cache_hit", "attempts")  # how the answer was reached, not what it was
+    assert [{k: v for k, v in a.items() if k not in drop}
+            for a in store.read_table(replayed / "data/annotations/round=0002", "annotations")] == \
+        [{k: v for k, v in a.items() if k not in drop} for a in annotations]
 
     task_file = project / "tasks/concepts.py"
     task_file.write_text(task_file.read_text().replace("times 4, at most 1", "times 2, at most 1")
