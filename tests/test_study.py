@@ -97,8 +97,21 @@ def test_a_killed_run_leaves_running_entries_that_are_found_only_when_no_worker_
               "578a14e  dense-s0   01:39 PM   Failed\n"
               "aeeb834  sparse-s0  01:39 PM   Success\n\n"
               "Worker status: 0 active, 0 idle\n")
-    assert study.stale_running(killed) == ["summed-s0"]
-    assert study.stale_running(killed.replace("0 active", "1 active")) == []  # a live worker's experiment is left
+    assert study.stale_running(killed, alive=False) == ["summed-s0"]
+    assert study.stale_running(killed, alive=True) == []  # a live worker's experiment is left
+
+
+def test_a_worker_is_alive_while_its_process_runs_and_not_after_it_exited(tmp_path):
+    import os
+
+    celery = tmp_path / ".dvc/tmp/exps/celery"
+    celery.mkdir(parents=True)
+    assert not study.worker_alive(tmp_path)
+    info = celery / "dvc-exp-worker-1.json"  # the file DVC's ManagedProcess keeps for a worker
+    info.write_text(json.dumps({"pid": os.getpid(), "returncode": None}))
+    assert study.worker_alive(tmp_path)
+    info.write_text(json.dumps({"pid": os.getpid(), "returncode": 0}))
+    assert not study.worker_alive(tmp_path)
 
 
 def test_finished_experiments_keep_only_committed_ones():

@@ -197,17 +197,6 @@ def entries(queue_status: str, status: str) -> list[str]:
     return [row[1] for row in (line.split() for line in queue_status.splitlines()) if len(row) >= 3 and row[-1] == status]
 
 
-def workers(queue_status: str) -> tuple[int, int]:
-    """(active, idle) DVC queue workers, as `dvc queue status` reports them.
-
-    >>> workers("Worker status: 0 active, 1 idle"), workers("no worker line")
-    ((0, 1), (0, 0))
-    """
-    line = next((line for line in queue_status.splitlines() if line.startswith("Worker status:")), "")
-    counts = [int(word) for word in line.replace(",", " ").split() if word.isdigit()]
-    return (counts[0], counts[1]) if len(counts) == 2 else (0, 0)
-
-
 def stranded(queue_status: str, alive: bool) -> bool:
     """Experiments are queued or marked running, and no worker process is alive to run them.
 
@@ -219,16 +208,16 @@ def stranded(queue_status: str, alive: bool) -> bool:
     return bool(entries(queue_status, "Queued") or entries(queue_status, "Running")) and not alive
 
 
-def stale_running(queue_status: str) -> list[str]:
-    """The experiments `dvc queue status` calls Running while no worker is active: what a killed run (a session
-    that ended, a kill) leaves. `dvc exp show` fails on them, looking for their run files."""
-    return [] if workers(queue_status)[0] else entries(queue_status, "Running")
+def stale_running(queue_status: str, alive: bool) -> list[str]:
+    """The experiments `dvc queue status` calls Running while no worker process is alive (`alive`: worker_alive):
+    what a killed run (a session that ended, a kill) leaves. `dvc exp show` fails on them, looking for their run files."""
+    return [] if alive else entries(queue_status, "Running")
 
 
 def clear_interrupted(project: Path) -> None:
     """Kill the stale Running entries an interrupted run left, then remove the queued and failed ones, so they run
     again; finished experiments are untouched."""
-    for name in stale_running(queue_status(project)):
+    for name in stale_running(queue_status(project), worker_alive(project)):
         dvc(project, "queue", "kill", name, check=False)
     dvc(project, "queue", "remove", "--queued", "--failed", check=False)
 
