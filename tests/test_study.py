@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.commands import study
 from pipeline.core.config import load_params
-from pipeline.core.errors import ConfigError
+from pipeline.core.errors import ConfigError, DataError
 from pipeline.studies import study_report
 from pipeline.studies.paired import first_reaching, interval, paired_difference, seed_mean_points, t975
 
@@ -140,6 +140,16 @@ def test_a_finished_experiment_with_other_settings_is_named_not_collected():
     assert study.mismatch(params, {"critic.enabled": True}, 1, 2) == \
         "evaluate.policy='round=0002' (experiment: 'round=0004')"
     assert study.mismatch(params, {"score.scale": study.MATCHED}, 1, None) is None  # k is the study's to choose
+
+
+def test_a_partial_report_takes_k_from_the_scaled_experiments_that_ran():
+    def ran(k):
+        return {"rev": "a" * 40, "params": {"score": {"scale": k}}, "metrics": {}}
+    done = {"sparse_scaled-s0": ran(2.5), "sparse_scaled-s1": ran(2.5)}
+    assert study.scale_run_with(done, [("sparse_scaled", 0), ("sparse_scaled", 1)]) == 2.5
+    assert study.scale_run_with(done, []) is None  # none finished: the report has no k
+    with pytest.raises(DataError, match=r"sparse_scaled-s1.*\[2\.5, 3\.0\]"):
+        study.scale_run_with({**done, "sparse_scaled-s1": ran(3.0)}, [("sparse_scaled", 0), ("sparse_scaled", 1)])
 
 
 def test_interval_and_paired_difference_by_hand():

@@ -2,7 +2,8 @@
 
 Checks what the command promises: `dvc exp show` lists the four experiments; the report has every section;
 the arms of a seed are paired (same round-1 rollouts, same round-2 prompts; another seed differs); queued
-experiments wrote the workspace's critic cache; a second run runs nothing and sends no critic request.
+experiments wrote the workspace's critic cache; a second run runs nothing and sends no critic request;
+--report-only reports a grid part-way without touching the queue.
 """
 import io
 import json
@@ -84,8 +85,16 @@ def test_study_runs_pairs_reports_and_resumes(tmp_path, monkeypatch):
     assert again["differences"] == json.loads(json.dumps(report["differences"]))
     assert "Failed" not in dvc(["queue", "status"], project).stdout
 
+    # --report-only on a grid with a seed more: queues and runs nothing, reports the four, names the two missing
+    partial = study.study(project, arms=arms, seeds=[0, 1, 2], rounds=2, out=tmp_path / "partial",
+                          sets=["evaluate.n_prompts=4"], report_only=True)
+    assert partial["experiments_run"] == 0 and partial["missing"] == ["sparse-s2", "dense-s2"]
+    assert partial["differences"] == again["differences"]
+    assert "s2" not in dvc(["queue", "status"], project).stdout and sorted(study.existing(project)) == sorted(shown)
+    assert "Not finished, so not in this report: sparse-s2, dense-s2." in (tmp_path / "partial" / "report.md").read_text()
 
-@pytest.mark.slow  # two one-round experiments on one worker (~2.5 min on 2 cores)
+
+@pytest.mark.slow  # two one-round experiments of one seed on one worker
 def test_a_leftover_queue_stop_does_not_strand_the_queue(tmp_path, monkeypatch, capfd):
     import time
 
@@ -102,11 +111,12 @@ def test_a_leftover_queue_stop_does_not_strand_the_queue(tmp_path, monkeypatch, 
         raise AssertionError(f"the DVC queue worker did not start and stop by itself: {log}")
     dvc(["queue", "stop"], project)  # no worker is up: this stop is the leftover
     monkeypatch.setattr(study, "POLL_S", 2.0)
-    arms = study.pick_arms(study.load_arms(), ["sparse"])
-    report = study.study(project, arms=arms, seeds=[0, 1], jobs=1, rounds=1, out=tmp_path / "report",
+    # one seed: the second experiment takes prepare, base and round 1's rollout from DVC's run cache
+    arms = study.pick_arms(study.load_arms(), ["sparse", "dense"])
+    report = study.study(project, arms=arms, seeds=[0], jobs=1, rounds=1, out=tmp_path / "report",
                          sets=["evaluate.n_prompts=4"])
     assert "the DVC queue worker is gone with experiments still queued" in capfd.readouterr().out
-    assert report["experiments_run"] == 2 and sorted(study.existing(project)) == ["sparse-s0", "sparse-s1"]
+    assert report["experiments_run"] == 2 and sorted(study.existing(project)) == ["dense-s0", "sparse-s0"]
     for _ in range(60):  # the worker stops by itself once the queue is empty (drlc sends no `dvc queue stop`)
         if not study.worker_alive(project):
             break

@@ -274,43 +274,76 @@ def collect(project: Path, todo: list[tuple[str, int]], arms: dict[str, dict] | 
 
 def study(project: Path, *, arms: dict[str, dict], seeds: list[int], jobs: int = 1, rounds: int | None = None,
           out: Path | None = None, dry_run: bool = False, metric: str | None = None,
-          sets: list[str] = ()) -> dict | None:
+          sets: list[str] = (), report_only: bool = False) -> dict | None:
     """Run (or resume) the grid and write the report into out (report.json, report.md, curves.png).
 
     sets: more `-S` overrides for every experiment (after the arm's; e.g. evaluate.n_prompts=16).
+    report_only: run nothing and leave DVC's queue alone (a grid may be running): report the experiments of
+    the grid that have finished, and name the others.
 
     Returns the report, or None for a dry run (which prints the dvc commands only)."""
     from pipeline.commands.rounds import exp_run_overrides
-    from pipeline.studies.study_report import build_report, markdown, matched_scale, plot_curves
+    from pipeline.studies.study_report import build_report, markdown, plot_curves
 
     project = project.resolve()
     extra = ([] if rounds is None else exp_run_overrides(rounds)) + list(sets)
     first = [(a, s) for a in arms for s in seeds if arms[a].get("score.scale") != MATCHED]
     second = [(a, s) for a in arms for s in seeds if arms[a].get("score.scale") == MATCHED]
-    ran = run_phase(project, first, lambda a, s: arms[a], extra, jobs=jobs, dry_run=dry_run)
-    k = None
-    if second:
-        if dry_run:
-            k = "<k>"
-        else:
-            refs = collect(project, [(a, s) for a in ("sparse", "dense") for s in seeds], arms, rounds)
-            k = matched_scale(refs["dense"], refs["sparse"])
-            print(f"score.scale matched: k = {k:.4f}", flush=True)
-        scaled = {a: {**arms[a], "score.scale": k} for a, _ in second}
-        ran += run_phase(project, second, lambda a, s: scaled[a], extra, jobs=jobs, dry_run=dry_run)
+    if report_only:
+        done, ran = existing(project), 0
+        missing = [exp_name(a, s) for a, s in first + second if exp_name(a, s) not in done]
+        first, second = ([(a, s) for a, s in todo if exp_name(a, s) not in missing] for todo in (first, second))
+        k = scale_run_with(done, second)
+    else:
+        missing, (ran, k) = [], run_grid(project, arms, first, second, extra, jobs=jobs, seeds=seeds,
+                                         rounds=rounds, dry_run=dry_run)
     if dry_run:
         return None
+    if not first + second:
+        raise DataError(f"no experiment of this grid has finished in {project}: run `drlc study` without "
+                        "--report-only first")
     by_arm = collect(project, first + second, arms, rounds)
     report = build_report(by_arm, metric=metric, k=k, settings=arms) | {
-        "project": str(project), "seeds": seeds, "rounds": rounds, "experiments_run": ran}
+        "project": str(project), "seeds": seeds, "rounds": rounds, "experiments_run": ran, "missing": missing}
     out = (out or project / "study").resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     text = markdown(report, f"drlc study: {', '.join(arms)} × seeds {seeds}")
+    text += f"\nNot finished, so not in this report: {', '.join(missing)}.\n" if missing else ""
     (out / "report.md").write_text(text)
     plot_curves(by_arm, report["metric"], out / "curves.png")
-    print(text + f"\nran {ran} experiment(s); report in {out}/report.md, report.json, curves.png", flush=True)
+    print(text + f"\nran {ran} experiment(s); report in {out}/report.md, report.json, curves.png",
+          flush=True)
     return report
+
+
+def run_grid(project: Path, arms: dict[str, dict], first: list[tuple[str, int]], second: list[tuple[str, int]],
+             extra: list[str], *, jobs: int, seeds: list[int], rounds: int | None,
+             dry_run: bool) -> tuple[int, float | str | None]:
+    """Run the first phase, then the matched-scale arms with k from the finished sparse and dense arms;
+    returns (experiments run, k)."""
+    from pipeline.studies.study_report import matched_scale
+
+    ran = run_phase(project, first, lambda a, s: arms[a], extra, jobs=jobs, dry_run=dry_run)
+    if not second:
+        return ran, None
+    if dry_run:
+        k = "<k>"
+    else:
+        refs = collect(project, [(a, s) for a in ("sparse", "dense") for s in seeds], arms, rounds)
+        k = matched_scale(refs["dense"], refs["sparse"])
+        print(f"score.scale matched: k = {k:.4f}", flush=True)
+    scaled = {a: {**arms[a], "score.scale": k} for a, _ in second}
+    return ran + run_phase(project, second, lambda a, s: scaled[a], extra, jobs=jobs, dry_run=dry_run), k
+
+
+def scale_run_with(done: dict[str, dict], scaled: list[tuple[str, int]]) -> float | None:
+    """The k the finished matched-scale experiments ran with (None when none has finished)."""
+    ks = {done[exp_name(a, s)]["params"]["score"]["scale"] for a, s in scaled}
+    if len(ks) > 1:
+        raise DataError(f"the matched-scale experiments {[exp_name(a, s) for a, s in scaled]} ran with different "
+                        f"score.scale values {sorted(ks)}; remove the odd ones (`dvc exp remove <name>`)")
+    return ks.pop() if ks else None
 
 
 def cmd_study(args) -> None:
@@ -318,7 +351,7 @@ def cmd_study(args) -> None:
     if args.jobs < 1:
         raise ConfigError(f"-j {args.jobs}: give at least 1 worker")
     study(Path(args.project), arms=arms, seeds=args.seeds, jobs=args.jobs, rounds=args.rounds, out=args.out,
-          dry_run=args.dry_run, metric=args.metric, sets=args.set)
+          dry_run=args.dry_run, metric=args.metric, sets=args.set, report_only=args.report_only)
 
 
 def add_study_parser(sub) -> None:
@@ -336,4 +369,6 @@ def add_study_parser(sub) -> None:
     parser.add_argument("--out", type=Path, default=None, help="report folder (default: <project>/study)")
     parser.add_argument("--project", default=".", help="the drlc project (a git repo with a commit)")
     parser.add_argument("--dry-run", action="store_true", help="print the dvc commands only")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing, leave the queue alone: report the finished experiments of the grid")
     parser.set_defaults(func=cmd_study)
