@@ -10,6 +10,8 @@ Usage (a clone of this repo with params.yaml = configs/commongen.yaml, committed
     drlc study --arms grpo_sparse grpo_dense --seeds 0 1 2 --out study/commongen-grpo
     python benchmarks/study_commongen.py --report <clone>/study/commongen/report.json \
         <clone>/study/commongen-grpo/report.json --doc docs/results.md
+While the grid still runs, the same `drlc study` lines with --report-only (and another --out) report what has
+finished without touching the queue; the JSON counts those experiments against GRID.
 """
 from __future__ import annotations
 
