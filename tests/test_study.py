@@ -201,7 +201,9 @@ def test_report_numbers_by_hand(tmp_path):
     assert report["arms"]["dense"]["eval"]["world/coverage"]["mean"] == pytest.approx(0.375)
     text = study_report.markdown(report, "t")
     assert "| dense | 2 | 0.375 ± " in text and "| dense-sparse | 2 | +0.125 ± " in text
-    assert "| dense | 8 | 2 | 20 | 0.0000 |" in text
+    assert "| dense | 8 | 2 | 20 | 0.0000 |" in text and "Not finished" not in text
+    partial = study_report.markdown({**report, "missing": ["sparse-s2", "dense-s2"]}, "t")
+    assert partial.rstrip().endswith("Not finished, so not in this report: sparse-s2, dense-s2.")
     png = study_report.plot_curves(by_arm, "world/coverage", tmp_path / "c.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
 

