@@ -34,11 +34,9 @@ import yaml
 from pipeline.commands.rounds import exp_run_overrides
 from pipeline.commands.study import (  # the DVC side of `drlc study`, shared
     exp_name, finished_experiments, hydra_value, run_queued, set_prefix)
-from pipeline.core import store
 from pipeline.core.cache import link_outside
 from pipeline.core.config import load_params
 from pipeline.core.errors import ConfigError, DataError
-from pipeline.steps.score import population_std
 from pipeline.studies import critics, generated_blocks, real_text
 from pipeline.studies.analysis import (
     mean,
@@ -49,6 +47,7 @@ from pipeline.studies.analysis import (
     steps_to_reach,
 )
 from pipeline.studies.arms import ALL, study_arms
+from pipeline.studies.study_report import response_spread
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,27 +131,6 @@ def round_records(project: Path, exp: dict, *, with_spread: bool) -> list[dict]:
             record.update(response_spread(project, exp["rev"], c["round"], scale, chunks))
         records.append(record)
     return records
-
-
-def response_spread(project: Path, rev: str, round_: int, scale: float, chunks: dict) -> dict:
-    """Within-round population std of the (unscaled) env reward and of the total reward, from the tables.
-
-    chunks: the experiment's params `chunks` (where a chunked run keeps each round's partitions).
-    """
-    import dvc.api
-    import pyarrow.parquet as pq
-
-    def table(name: str) -> dict:
-        path = f"data/{store.planned_partition(name, round_, chunks)}/part-0.parquet"
-        with dvc.api.open(path, repo=str(project), rev=rev, mode="rb") as f:
-            return {row["rollout_id"]: row for row in pq.read_table(io.BytesIO(f.read())).to_pylist()}
-
-    scores, notes = table("scores"), table("annotations")
-    env = [scores[i]["env_reward"] for i in scores]
-    total = [scores[i]["env_reward"] + sum(notes[i]["token_rewards"] or []) for i in scores]
-    return {"env_reward_std": population_std(env) / scale, "total_reward_std": population_std(total),
-            "critic_prompt_tokens": sum(notes[i]["prompt_tokens"] or 0 for i in notes),  # what the critic read
-            "critic_completion_tokens": sum(notes[i]["completion_tokens"] or 0 for i in notes)}
 
 
 def eval_sample_pairs(project: Path, rev: str, policy: str, n: int = 5) -> list[dict]:

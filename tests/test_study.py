@@ -209,11 +209,23 @@ def test_report_numbers_by_hand(tmp_path):
 
 
 def test_matched_scale_by_hand():
-    dense = [record("dense", 0, 0, [], total=(0.6, 0.8)), record("dense", 1, 0, [], total=(1.0,))]
-    sparse = [record("sparse", 0, 0, [], env=(0.2, 0.4))]
-    assert study_report.matched_scale(dense, sparse) == pytest.approx(0.8 / 0.3)
-    with pytest.raises(ValueError, match="no positive scale"):
+    dense = [record("dense", 0, 0, [], env=(0.2, 0.2), total=(0.6, 0.8)), record("dense", 1, 0, [], total=(1.0,))]
+    sparse = [record("sparse", 0, 0, [], env=(0.2, 0.4), total=(0.2, 0.4))]
+    assert study_report.matched_scale(dense, sparse) == pytest.approx(0.8 / 0.3)  # mean total 0.8 / mean env 0.3
+    with pytest.raises(DataError, match="no positive scale"):
         study_report.matched_scale(dense, [record("sparse", 0, 0, [], env=(0.0,))])
+
+
+def test_a_critic_that_subtracts_is_matched_by_spread_and_by_mean_is_told_to():
+    # CommonGen's rule critic: dense's total reward is negative on average, so no k matches its mean
+    dense = [record("dense", 0, 0, [], env=(0.1, 0.2), total=(-1.0, -0.8))]
+    sparse = [record("sparse", 0, 0, [], env=(0.1, 0.2), total=(0.1, 0.2))]
+    with pytest.raises(DataError, match="use --scale-match std"):
+        study_report.matched_scale(dense, sparse)
+    dense[0]["spread"] = [{"total_reward_std": 0.3}, {"total_reward_std": 0.4}]
+    sparse[0]["spread"] = [{"env_reward_std": 0.1}, {"env_reward_std": 0.2}]
+    # k = sqrt(mean within-round variance of dense's total / of sparse's env) = sqrt(0.125 / 0.025)
+    assert study_report.matched_scale(dense, sparse, "std") == pytest.approx(math.sqrt(5))
 
 
 def test_final_eval_reads_the_trained_policy_unscaled():

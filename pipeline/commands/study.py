@@ -251,9 +251,10 @@ def mismatch(params: dict, settings: dict, seed: int, rounds: int | None) -> str
 
 
 def collect(project: Path, todo: list[tuple[str, int]], arms: dict[str, dict] | None = None,
-            rounds: int | None = None) -> dict[str, list[dict]]:
+            rounds: int | None = None, with_spread: bool = False) -> dict[str, list[dict]]:
     """{arm: [run record per seed]} of the finished experiments of todo; DataError naming any missing, or any
-    whose params are not its arm's (arms given: an experiment of that name run with other settings)."""
+    whose params are not its arm's (arms given: an experiment of that name run with other settings).
+    with_spread: the records carry each round's reward spread (a scale matched by std)."""
     from pipeline.studies.study_report import run_record
 
     done = existing(project)
@@ -268,16 +269,17 @@ def collect(project: Path, todo: list[tuple[str, int]], arms: dict[str, dict] | 
                             f"now: {wrong}; remove it (`dvc exp remove {exp_name(arm, seed)}`) to run it again")
     by_arm: dict[str, list[dict]] = {}
     for arm, seed in todo:
-        by_arm.setdefault(arm, []).append(run_record(project, done[exp_name(arm, seed)], arm, seed))
+        by_arm.setdefault(arm, []).append(run_record(project, done[exp_name(arm, seed)], arm, seed, with_spread))
     return by_arm
 
 
 def study(project: Path, *, arms: dict[str, dict], seeds: list[int], jobs: int = 1, rounds: int | None = None,
           out: Path | None = None, dry_run: bool = False, metric: str | None = None,
-          sets: list[str] = (), report_only: bool = False) -> dict | None:
+          sets: list[str] = (), report_only: bool = False, scale_match: str = "mean") -> dict | None:
     """Run (or resume) the grid and write the report into out (report.json, report.md, curves.png).
 
     sets: more `-S` overrides for every experiment (after the arm's; e.g. evaluate.n_prompts=16).
+    scale_match: how sparse_scaled's k is matched to dense ("mean" or "std": study_report.matched_scale).
     report_only: run nothing and leave DVC's queue alone (a grid may be running): report the experiments of
     the grid that have finished, and name the others.
 
@@ -293,18 +295,19 @@ def study(project: Path, *, arms: dict[str, dict], seeds: list[int], jobs: int =
         done, ran = existing(project), 0
         missing = [exp_name(a, s) for a, s in first + second if exp_name(a, s) not in done]
         first, second = ([(a, s) for a, s in todo if exp_name(a, s) not in missing] for todo in (first, second))
-        k = scale_run_with(done, second)
     else:
-        missing, (ran, k) = [], run_grid(project, arms, first, second, extra, jobs=jobs, seeds=seeds,
-                                         rounds=rounds, dry_run=dry_run)
+        missing, ran = [], run_grid(project, arms, first, second, extra, jobs=jobs, seeds=seeds, rounds=rounds,
+                                    dry_run=dry_run, scale_match=scale_match)
     if dry_run:
         return None
+    k = scale_run_with(existing(project), second)  # the k the scaled experiments ran with; one k, or an error
     if not first + second:
         raise DataError(f"no experiment of this grid has finished in {project}: run `drlc study` without "
                         "--report-only first")
     by_arm = collect(project, first + second, arms, rounds)
     report = build_report(by_arm, metric=metric, k=k, settings=arms) | {
-        "project": str(project), "seeds": seeds, "rounds": rounds, "experiments_run": ran, "missing": missing}
+        "project": str(project), "seeds": seeds, "rounds": rounds, "experiments_run": ran, "missing": missing,
+        "scale_match": scale_match}
     out = (out or project / "study").resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
@@ -317,23 +320,24 @@ def study(project: Path, *, arms: dict[str, dict], seeds: list[int], jobs: int =
 
 
 def run_grid(project: Path, arms: dict[str, dict], first: list[tuple[str, int]], second: list[tuple[str, int]],
-             extra: list[str], *, jobs: int, seeds: list[int], rounds: int | None,
-             dry_run: bool) -> tuple[int, float | str | None]:
+             extra: list[str], *, jobs: int, seeds: list[int], rounds: int | None, dry_run: bool,
+             scale_match: str = "mean") -> int:
     """Run the first phase, then the matched-scale arms with k from the finished sparse and dense arms;
-    returns (experiments run, k)."""
+    returns how many experiments ran."""
     from pipeline.studies.study_report import matched_scale
 
     ran = run_phase(project, first, lambda a, s: arms[a], extra, jobs=jobs, dry_run=dry_run)
     if not second:
-        return ran, None
+        return ran
     if dry_run:
         k = "<k>"
     else:
-        refs = collect(project, [(a, s) for a in ("sparse", "dense") for s in seeds], arms, rounds)
-        k = matched_scale(refs["dense"], refs["sparse"])
-        print(f"score.scale matched: k = {k:.4f}", flush=True)
+        refs = collect(project, [(a, s) for a in ("sparse", "dense") for s in seeds], arms, rounds,
+                       with_spread=scale_match == "std")
+        k = matched_scale(refs["dense"], refs["sparse"], scale_match)
+        print(f"score.scale matched by {scale_match}: k = {k:.4f}", flush=True)
     scaled = {a: {**arms[a], "score.scale": k} for a, _ in second}
-    return ran + run_phase(project, second, lambda a, s: scaled[a], extra, jobs=jobs, dry_run=dry_run), k
+    return ran + run_phase(project, second, lambda a, s: scaled[a], extra, jobs=jobs, dry_run=dry_run)
 
 
 def scale_run_with(done: dict[str, dict], scaled: list[tuple[str, int]]) -> float | None:
@@ -350,7 +354,8 @@ def cmd_study(args) -> None:
     if args.jobs < 1:
         raise ConfigError(f"-j {args.jobs}: give at least 1 worker")
     study(Path(args.project), arms=arms, seeds=args.seeds, jobs=args.jobs, rounds=args.rounds, out=args.out,
-          dry_run=args.dry_run, metric=args.metric, sets=args.set, report_only=args.report_only)
+          dry_run=args.dry_run, metric=args.metric, sets=args.set, report_only=args.report_only,
+          scale_match=args.scale_match)
 
 
 def add_study_parser(sub) -> None:
@@ -368,6 +373,9 @@ def add_study_parser(sub) -> None:
     parser.add_argument("--out", type=Path, default=None, help="report folder (default: <project>/study)")
     parser.add_argument("--project", default=".", help="the drlc project (a git repo with a commit)")
     parser.add_argument("--dry-run", action="store_true", help="print the dvc commands only")
+    parser.add_argument("--scale-match", choices=("mean", "std"), default="mean",
+                        help="sparse_scaled's k matches dense's mean total reward (mean), or its spread between "
+                             "responses (std: for a critic that mostly subtracts reward)")
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing, leave the queue alone: report the finished experiments of the grid")
     parser.set_defaults(func=cmd_study)

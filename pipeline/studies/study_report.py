@@ -9,10 +9,17 @@ divided by the experiment's ``score.scale``, so sparse_scaled is read in the tas
 """
 from __future__ import annotations
 
+import io
 import json
+import math
 import subprocess
+from itertools import repeat
 from pathlib import Path
 
+from pipeline.core import store
+from pipeline.core.errors import DataError
+from pipeline.steps.score import population_std
+from pipeline.studies.analysis import scale_factor
 from pipeline.studies.paired import first_reaching, interval, paired_difference, seed_mean_points
 
 GENERIC = ("env_reward_mean", "perplexity", "dist_1", "dist_2", "dist_3", "kl_to_base", "n_samples")  # not the task's own
@@ -38,8 +45,9 @@ def final_eval(metrics: dict, scale: float) -> dict[str, float]:
             for m, v in values.items() if isinstance(v, (int, float)) and m != "n_samples"}
 
 
-def run_record(project: Path, exp: dict, arm: str, seed: int) -> dict:
-    """One finished experiment in the report's terms."""
+def run_record(project: Path, exp: dict, arm: str, seed: int, with_spread: bool = False) -> dict:
+    """One finished experiment in the report's terms; with_spread adds each round's reward spread (read from its
+    tables: :func:`response_spread`), which a scale matched by std needs."""
     params = exp["params"]
     scale = float(params["score"]["scale"])
     rounds = (git_json(project, exp["rev"], "metrics/rounds.json") or {}).get("rounds", [])
@@ -56,7 +64,8 @@ def run_record(project: Path, exp: dict, arm: str, seed: int) -> dict:
         "env_reward": [r["env_reward_mean"] / scale for r in rounds],
         "total_reward": [r["env_reward_mean"] + r["intrinsic_reward_sum"] for r in rounds],
         "critic": {key: sum(r.get(key) or 0 for r in rounds) for key in CRITIC_KEYS},
-    }
+    } | ({"spread": [response_spread(project, exp["rev"], r["round"], scale, params.get("chunks") or {})
+                     for r in rounds]} if with_spread else {})
 
 
 def end_kl(evaluated: dict[str, float], rounds: list[dict]) -> tuple[float | None, str | None]:
@@ -69,15 +78,47 @@ def end_kl(evaluated: dict[str, float], rounds: list[dict]) -> tuple[float | Non
     return (rounds[-1]["kl"], "ppo") if rounds else (None, None)
 
 
-def matched_scale(dense: list[dict], sparse: list[dict]) -> float:
-    """sparse_scaled's k: dense's mean total reward per response over sparse's mean env reward (every round
-    and seed of both). Raises ValueError when sparse's mean is not positive (no scale can match it)."""
-    dense_mean = _mean([v for run in dense for v in run["total_reward"]])
+def matched_scale(dense: list[dict], sparse: list[dict], method: str = "mean") -> float:
+    """sparse_scaled's k over every round and seed of both arms (analysis.scale_factor): "mean" matches dense's
+    mean total reward per response, "std" its spread between the responses of a round (a critic that mostly
+    subtracts reward). Raises DataError when no positive k matches, naming the way out."""
+    def study_runs(runs):
+        return [{"rounds": [{"env_reward": e, "total_reward": t, **s} for (e, t), s in
+                            zip(zip(run["env_reward"], run["total_reward"], strict=True),
+                                run.get("spread") or repeat({}))]}
+                for run in runs]
     sparse_mean = _mean([v for run in sparse for v in run["env_reward"]])
-    if not sparse_mean > 0 or not dense_mean > 0:
-        raise ValueError(f"score.scale matched: dense's mean total reward {dense_mean:.4g} / sparse's mean env "
-                         f"reward {sparse_mean:.4g} is no positive scale; drop sparse_scaled from --arms")
-    return dense_mean / sparse_mean
+    try:
+        k = scale_factor(study_runs(dense), study_runs(sparse), method)
+    except ZeroDivisionError:
+        k = float("nan")
+    if not (k > 0 and math.isfinite(k)) or (method == "mean" and not sparse_mean > 0):
+        dense_mean = _mean([v for run in dense for v in run["total_reward"]])
+        raise DataError(f"score.scale matched by {method}: k = {k:.4g} (dense's mean total reward {dense_mean:.4g}, "
+                        f"sparse's mean env reward {sparse_mean:.4g}) is no positive scale; "
+                        + ("use --scale-match std, which matches the spread of rewards instead, or drop "
+                           "sparse_scaled from --arms" if method == "mean" else "drop sparse_scaled from --arms"))
+    return k
+
+
+def response_spread(project: Path, rev: str, round_: int, scale: float, chunks: dict) -> dict:
+    """Within-round population std of the (unscaled) env reward and of the total reward (env + the response's
+    token rewards, as PPO saw it), and the critic's prompt and completion tokens, from the round's tables in
+    experiment `rev`. chunks: the experiment's params `chunks` (where a chunked run keeps each round)."""
+    import dvc.api
+    import pyarrow.parquet as pq
+
+    def table(name: str) -> dict:
+        path = f"data/{store.planned_partition(name, round_, chunks)}/part-0.parquet"
+        with dvc.api.open(path, repo=str(project), rev=rev, mode="rb") as f:
+            return {row["rollout_id"]: row for row in pq.read_table(io.BytesIO(f.read())).to_pylist()}
+
+    scores, notes = table("scores"), table("annotations")
+    env = [scores[i]["env_reward"] for i in scores]
+    total = [scores[i]["env_reward"] + sum(notes[i]["token_rewards"] or []) for i in scores]
+    return {"env_reward_std": population_std(env) / scale, "total_reward_std": population_std(total),
+            "critic_prompt_tokens": sum(notes[i]["prompt_tokens"] or 0 for i in notes),
+            "critic_completion_tokens": sum(notes[i]["completion_tokens"] or 0 for i in notes)}
 
 
 def _mean(values: list[float]) -> float:
@@ -155,7 +196,8 @@ def markdown(report: dict, title: str) -> str:
              f"Eval metric: **{metric}**; ± = half-width of the 95 % t interval over seeds. Target = "
              + ("-" if report["target"] is None else f"{report['target']:.3f}")
              + " (sparse's seed-mean eval curve at its last point)."
-             + ("" if report["scale_k"] is None else f" sparse_scaled's k = {report['scale_k']:.3f}.")
+             + ("" if report["scale_k"] is None else f" sparse_scaled's k = {report['scale_k']:.3f} (matched by "
+                f"{report.get('scale_match', 'mean')}).")
              + " KL to base (end), nats per response: " + _kl_note(arms), "",
              "| arm | seeds | " + " | ".join(shown) + " | KL to base (end) | episodes to target |",
              "|---" * (4 + len(shown)) + "|"]
