@@ -214,11 +214,16 @@ def stale_running(queue_status: str, alive: bool) -> list[str]:
     return [] if alive else entries(queue_status, "Running")
 
 
+def kill_stale_running(project: Path) -> None:
+    """Kill the Running entries an interrupted run left with no worker alive: `dvc exp show` fails on them."""
+    for name in stale_running(queue_status(project), worker_alive(project)):
+        dvc(project, "queue", "kill", name, check=False)
+
+
 def clear_interrupted(project: Path) -> None:
     """Kill the stale Running entries an interrupted run left, then remove the queued and failed ones, so they run
     again; finished experiments are untouched."""
-    for name in stale_running(queue_status(project), worker_alive(project)):
-        dvc(project, "queue", "kill", name, check=False)
+    kill_stale_running(project)
     dvc(project, "queue", "remove", "--queued", "--failed", check=False)
 
 
@@ -280,8 +285,8 @@ def study(project: Path, *, arms: dict[str, dict], seeds: list[int], jobs: int =
 
     sets: more `-S` overrides for every experiment (after the arm's; e.g. evaluate.n_prompts=16).
     scale_match: how sparse_scaled's k is matched to dense ("mean" or "std": study_report.matched_scale).
-    report_only: run nothing and leave DVC's queue alone (a grid may be running): report the experiments of
-    the grid that have finished, and name the others.
+    report_only: run nothing and leave DVC's queue alone (a grid may be running; only a Running entry that no
+    worker runs, which `dvc exp show` fails on, is killed): report the grid's finished experiments, name the others.
 
     Returns the report, or None for a dry run (which prints the dvc commands only)."""
     from pipeline.commands.rounds import exp_run_overrides
@@ -292,6 +297,7 @@ def study(project: Path, *, arms: dict[str, dict], seeds: list[int], jobs: int =
     first = [(a, s) for a in arms for s in seeds if arms[a].get("score.scale") != MATCHED]
     second = [(a, s) for a in arms for s in seeds if arms[a].get("score.scale") == MATCHED]
     if report_only:
+        kill_stale_running(project)  # only entries no worker runs: a live grid is left alone
         done, ran = existing(project), 0
         missing = [exp_name(a, s) for a, s in first + second if exp_name(a, s) not in done]
         first, second = ([(a, s) for a, s in todo if exp_name(a, s) not in missing] for todo in (first, second))

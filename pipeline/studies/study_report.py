@@ -202,7 +202,8 @@ def markdown(report: dict, title: str) -> str:
              "| arm | seeds | " + " | ".join(shown) + " | KL to base (end) | episodes to target |",
              "|---" * (4 + len(shown)) + "|"]
     for arm, a in arms.items():
-        reached = "not reached" if a["episodes_to_target"] is None else str(a["episodes_to_target"])
+        reached = ("-" if report["target"] is None else "not reached" if a["episodes_to_target"] is None
+                   else str(a["episodes_to_target"]))  # no sparse arm (the GRPO pair's report): no target
         lines.append(f"| {arm} | {len(a['seeds'])} | " + " | ".join(_ci(a["eval"].get(m)) for m in shown)
                      + f" | {_ci(a['kl_end'])} | {reached} |")
     if report["differences"]:
