@@ -256,13 +256,15 @@ def mismatch(params: dict, settings: dict, seed: int, rounds: int | None) -> str
 
 
 def collect(project: Path, todo: list[tuple[str, int]], arms: dict[str, dict] | None = None,
-            rounds: int | None = None, with_spread: bool = False) -> dict[str, list[dict]]:
+            rounds: int | None = None, with_spread: bool = False,
+            done: dict[str, dict] | None = None) -> dict[str, list[dict]]:
     """{arm: [run record per seed]} of the finished experiments of todo; DataError naming any missing, or any
     whose params are not its arm's (arms given: an experiment of that name run with other settings).
-    with_spread: the records carry each round's reward spread (a scale matched by std)."""
+    with_spread: the records carry each round's reward spread (a scale matched by std).
+    done: :func:`existing` of the project, when the caller has just read it."""
     from pipeline.studies.study_report import run_record
 
-    done = existing(project)
+    done = existing(project) if done is None else done
     missing = [exp_name(a, s) for a, s in todo if exp_name(a, s) not in done]
     if missing:
         raise DataError(f"experiments {missing} are missing in {project}: see `dvc queue status`, then run the "
@@ -298,19 +300,21 @@ def study(project: Path, *, arms: dict[str, dict], seeds: list[int], jobs: int =
     second = [(a, s) for a in arms for s in seeds if arms[a].get("score.scale") == MATCHED]
     if report_only:
         kill_stale_running(project)  # only entries no worker runs: a live grid is left alone
-        done, ran = existing(project), 0
-        missing = [exp_name(a, s) for a, s in first + second if exp_name(a, s) not in done]
-        first, second = ([(a, s) for a, s in todo if exp_name(a, s) not in missing] for todo in (first, second))
+        ran = 0
     else:
-        missing, ran = [], run_grid(project, arms, first, second, extra, jobs=jobs, seeds=seeds, rounds=rounds,
-                                    dry_run=dry_run, scale_match=scale_match)
+        ran = run_grid(project, arms, first, second, extra, jobs=jobs, seeds=seeds, rounds=rounds,
+                       dry_run=dry_run, scale_match=scale_match)
     if dry_run:
         return None
-    k = scale_run_with(existing(project), second)  # the k the scaled experiments ran with; one k, or an error
+    done = existing(project)
+    missing = [exp_name(a, s) for a, s in first + second if exp_name(a, s) not in done]
+    if report_only:  # report what has finished; after a run, collect names any missing experiment as an error
+        first, second = ([(a, s) for a, s in todo if exp_name(a, s) not in missing] for todo in (first, second))
     if not first + second:
         raise DataError(f"no experiment of this grid has finished in {project}: run `drlc study` without "
                         "--report-only first")
-    by_arm = collect(project, first + second, arms, rounds)
+    k = scale_run_with(done, second)  # the k the scaled experiments ran with; one k, or an error
+    by_arm = collect(project, first + second, arms, rounds, done=done)
     report = build_report(by_arm, metric=metric, k=k, settings=arms) | {
         "project": str(project), "seeds": seeds, "rounds": rounds, "experiments_run": ran, "missing": missing,
         "scale_match": scale_match}
@@ -320,8 +324,7 @@ def study(project: Path, *, arms: dict[str, dict], seeds: list[int], jobs: int =
     text = markdown(report, f"drlc study: {', '.join(arms)} × seeds {seeds}")
     (out / "report.md").write_text(text)
     plot_curves(by_arm, report["metric"], out / "curves.png")
-    print(text + f"\nran {ran} experiment(s); report in {out}/report.md, report.json, curves.png",
-          flush=True)
+    print(text + f"\nran {ran} experiment(s); report in {out}/report.md, report.json, curves.png", flush=True)
     return report
 
 
