@@ -326,6 +326,20 @@ def test_commongen_declares_coverage_and_brevity_and_by_default_its_total_is_cov
         [1.0 + 0.5 * (2 - 26 / 16)]
 
 
+def test_score_scale_multiplies_a_task_files_total_and_range_but_not_its_terms():
+    """sparse_scaled (drlc study) sets score.scale: a task file must honour it as a built-in reward does."""
+    task = load_task_file("tasks/commongen.py", root=ROOT)
+    profile = load_params(ROOT / "configs/commongen.yaml")
+    scaled = load_params(ROOT / "configs/commongen.yaml", ["score.scale=2.5"]).score
+    completions = ["A man stood in a field, looking up.", "The fields look green.", "Nothing."]
+    call = dict(ids=["a", "b", "c"], queries=[""] * 3, columns={"concepts": [["field", "look", "stand"]] * 3})
+    (totals, terms), (totals_k, terms_k) = (task.make_reward(s).score_terms(completions, **call)
+                                            for s in (profile.score, scaled))
+    assert totals == [1.0, 2 / 3, 0.0] and totals_k == pytest.approx([2.5, 2.5 * 2 / 3, 0.0], rel=1e-12)
+    assert terms_k == terms  # each reward's own value stays in the task's units
+    assert task.reward_range(scaled) == tuple(None if b is None else 2.5 * b for b in task.reward_range(profile.score))
+
+
 def test_commongen_prompts_from_train_lines_and_dev_rows(commongen):
     train = commongen.prompt({"text": "dog frisbee catch"})
     dev = commongen.prompt({"concept_set": "dog_N#frisbee_N#catch_V", "scene": ["..."]})
