@@ -226,6 +226,19 @@ def test_a_critic_that_subtracts_is_matched_by_spread_and_by_mean_is_told_to():
     sparse[0]["spread"] = [{"env_reward_std": 0.1}, {"env_reward_std": 0.2}]
     # k = sqrt(mean within-round variance of dense's total / of sparse's env) = sqrt(0.125 / 0.025)
     assert study_report.matched_scale(dense, sparse, "std") == pytest.approx(math.sqrt(5))
+    # drlc study's default, auto, takes std here and mean where both means are positive
+    positive = [record("dense", 0, 0, [], env=(0.1, 0.2), total=(0.4, 0.2))]
+    assert [study_report.match_method(d, sparse, "auto") for d in (dense, positive)] == ["std", "mean"]
+    assert study_report.match_method(dense, sparse, "mean") == "mean"  # asked for: matched_scale says why it fails
+    asked = []
+
+    def refs_of(with_spread):  # what drlc study's collect gives: the spread only when asked
+        asked.append(with_spread)
+        strip = (lambda r: r) if with_spread else (lambda r: {k: v for k, v in r.items() if k != "spread"})
+        return {"dense": [strip(r) for r in dense], "sparse": [strip(r) for r in sparse]}
+    assert study_report.choose_scale(refs_of, "auto") == (pytest.approx(math.sqrt(5)), "std") and asked == [False, True]
+    dense[:] = positive
+    assert study_report.choose_scale(refs_of, "auto") == (pytest.approx(0.3 / 0.15), "mean") and asked[2:] == [False]
 
 
 def test_final_eval_reads_the_trained_policy_unscaled():

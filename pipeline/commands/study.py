@@ -282,17 +282,18 @@ def collect(project: Path, todo: list[tuple[str, int]], arms: dict[str, dict] | 
 
 def study(project: Path, *, arms: dict[str, dict], seeds: list[int], jobs: int = 1, rounds: int | None = None,
           out: Path | None = None, dry_run: bool = False, metric: str | None = None,
-          sets: list[str] = (), report_only: bool = False, scale_match: str = "mean") -> dict | None:
+          sets: list[str] = (), report_only: bool = False, scale_match: str = "auto") -> dict | None:
     """Run (or resume) the grid and write the report into out (report.json, report.md, curves.png).
 
     sets: more `-S` overrides for every experiment (after the arm's; e.g. evaluate.n_prompts=16).
-    scale_match: how sparse_scaled's k is matched to dense ("mean" or "std": study_report.matched_scale).
+    scale_match: how sparse_scaled's k is matched to dense ("mean" or "std": study_report.matched_scale; "auto":
+    mean where it can match, else std, study_report.match_method); the report names the one used.
     report_only: run nothing and leave DVC's queue alone (a grid may be running; only a Running entry that no
     worker runs, which `dvc exp show` fails on, is killed): report the grid's finished experiments, name the others.
 
     Returns the report, or None for a dry run (which prints the dvc commands only)."""
     from pipeline.commands.rounds import exp_run_overrides
-    from pipeline.studies.study_report import build_report, markdown, plot_curves
+    from pipeline.studies.study_report import build_report, markdown, match_method, plot_curves
 
     project = project.resolve()
     extra = ([] if rounds is None else exp_run_overrides(rounds)) + list(sets)
@@ -315,9 +316,11 @@ def study(project: Path, *, arms: dict[str, dict], seeds: list[int], jobs: int =
                         "--report-only first")
     k = scale_run_with(done, second)  # the k the scaled experiments ran with; one k, or an error
     by_arm = collect(project, first + second, arms, rounds, done=done)
+    method = match_method(by_arm["dense"], by_arm["sparse"], scale_match) \
+        if {"dense", "sparse"} <= set(by_arm) else scale_match
     report = build_report(by_arm, metric=metric, k=k, settings=arms) | {
         "project": str(project), "seeds": seeds, "rounds": rounds, "experiments_run": ran, "missing": missing,
-        "scale_match": scale_match}
+        "scale_match": method}
     out = (out or project / "study").resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
@@ -330,10 +333,10 @@ def study(project: Path, *, arms: dict[str, dict], seeds: list[int], jobs: int =
 
 def run_grid(project: Path, arms: dict[str, dict], first: list[tuple[str, int]], second: list[tuple[str, int]],
              extra: list[str], *, jobs: int, seeds: list[int], rounds: int | None, dry_run: bool,
-             scale_match: str = "mean") -> int:
+             scale_match: str = "auto") -> int:
     """Run the first phase, then the matched-scale arms with k from the finished sparse and dense arms;
     returns how many experiments ran."""
-    from pipeline.studies.study_report import matched_scale
+    from pipeline.studies.study_report import choose_scale
 
     ran = run_phase(project, first, lambda a, s: arms[a], extra, jobs=jobs, dry_run=dry_run)
     if not second:
@@ -341,10 +344,11 @@ def run_grid(project: Path, arms: dict[str, dict], first: list[tuple[str, int]],
     if dry_run:
         k = "<k>"
     else:
-        refs = collect(project, [(a, s) for a in ("sparse", "dense") for s in seeds], arms, rounds,
-                       with_spread=scale_match == "std")
-        k = matched_scale(refs["dense"], refs["sparse"], scale_match)
-        print(f"score.scale matched by {scale_match}: k = {k:.4f}", flush=True)
+        done, todo = existing(project), [(a, s) for a in ("sparse", "dense") for s in seeds]
+        k, method = choose_scale(lambda spread: collect(project, todo, arms, rounds, spread, done), scale_match)
+        why = " (auto: dense's or sparse's mean reward is not positive, so no k matches the mean)" \
+            if scale_match == "auto" and method == "std" else ""
+        print(f"score.scale matched by {method}{why}: k = {k:.4f}", flush=True)
     scaled = {a: {**arms[a], "score.scale": k} for a, _ in second}
     return ran + run_phase(project, second, lambda a, s: scaled[a], extra, jobs=jobs, dry_run=dry_run)
 
@@ -382,9 +386,10 @@ def add_study_parser(sub) -> None:
     parser.add_argument("--out", type=Path, default=None, help="report folder (default: <project>/study)")
     parser.add_argument("--project", default=".", help="the drlc project (a git repo with a commit)")
     parser.add_argument("--dry-run", action="store_true", help="print the dvc commands only")
-    parser.add_argument("--scale-match", choices=("mean", "std"), default="mean",
+    parser.add_argument("--scale-match", choices=("auto", "mean", "std"), default="auto",
                         help="sparse_scaled's k matches dense's mean total reward (mean), or its spread between "
-                             "responses (std: for a critic that mostly subtracts reward)")
+                             "responses (std: for a critic that mostly subtracts reward); auto (default): mean "
+                             "where both arms' mean reward is positive, else std")
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing, leave the queue alone: report the finished experiments of the grid")
     parser.set_defaults(func=cmd_study)

@@ -78,6 +78,25 @@ def end_kl(evaluated: dict[str, float], rounds: list[dict]) -> tuple[float | Non
     return (rounds[-1]["kl"], "ppo") if rounds else (None, None)
 
 
+def match_method(dense: list[dict], sparse: list[dict], method: str) -> str:
+    """The match `method` stands for: "auto" is "mean" when sparse's mean env reward and dense's mean total
+    reward are both positive (so a positive k matches them), else "std"; "mean" and "std" are themselves."""
+    if method != "auto":
+        return method
+    means = [_mean([v for run in runs for v in run[key]]) for runs, key in ((sparse, "env_reward"), (dense, "total_reward"))]
+    return "mean" if all(m > 0 for m in means) else "std"
+
+
+def choose_scale(refs_of, method: str) -> tuple[float, str]:
+    """(k, the match used) for sparse_scaled; refs_of(with_spread) -> {"dense": runs, "sparse": runs}, asked for
+    the spread (read from every round's tables) only when the match is std."""
+    refs = refs_of(False)
+    used = match_method(refs["dense"], refs["sparse"], method)
+    if used == "std":
+        refs = refs_of(True)
+    return matched_scale(refs["dense"], refs["sparse"], used), used
+
+
 def matched_scale(dense: list[dict], sparse: list[dict], method: str = "mean") -> float:
     """sparse_scaled's k over every round and seed of both arms (analysis.scale_factor): "mean" matches dense's
     mean total reward per response, "std" its spread between the responses of a round (a critic that mostly
