@@ -27,6 +27,7 @@ def test_every_shipped_arm_makes_a_valid_project_of_the_profile(profile):
     configured = load_params(ROOT / profile).critic
     expect = {"sparse": (False, "tokens", "ppo"), "dense": (True, "tokens", "ppo"), "summed": (True, "summed", "ppo"),
               "random": (True, "random", "ppo"), "sparse_scaled": (False, None, "ppo"),
+              "dense_scaled": (True, "tokens", "ppo"),
               "grpo_sparse": (False, None, "grpo"), "grpo_dense": (True, "tokens", "grpo")}
     assert set(study.load_arms()) == set(expect)
     for arm, (enabled, placement, algorithm) in expect.items():
@@ -39,7 +40,7 @@ def test_every_shipped_arm_makes_a_valid_project_of_the_profile(profile):
         # the critic the arm uses is the configured one: no arm changes its backend, template, threshold or rewards
         same = ("backend", "template", "threshold", "rewards", "model_dir", "cache_dir")
         assert all(getattr(params.critic, key) == getattr(configured, key) for key in same), arm
-    assert arm_params(profile, "sparse_scaled", k=2.5).score.scale == 2.5
+    assert [arm_params(profile, arm, k=2.5).score.scale for arm in ("sparse_scaled", "dense_scaled")] == [2.5, 2.5]
 
 
 @pytest.mark.parametrize("profile", ["params.yaml", "configs/commongen.yaml"])

@@ -24,7 +24,7 @@ from pipeline.studies.paired import first_reaching, interval, paired_difference,
 
 GENERIC = ("env_reward_mean", "perplexity", "dist_1", "dist_2", "dist_3", "kl_to_base", "n_samples")  # not the task's own
 PAIRS = (("dense", "sparse"), ("dense", "summed"), ("dense", "random"), ("dense", "sparse_scaled"),
-         ("grpo_dense", "grpo_sparse"))
+         ("dense_scaled", "sparse_scaled"), ("grpo_dense", "grpo_sparse"))
 CRITIC_KEYS = ("critic_requests", "cache_hits", "critic_tokens", "critic_cost_usd")
 
 
