@@ -29,8 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "study_commongen.json"
 BLOCK_START = "<!-- commongen-study:start -->"
 BLOCK_END = "<!-- commongen-study:end -->"
-GRID = {"ppo": {"arms": ["sparse", "dense", "summed", "random", "sparse_scaled"], "seeds": [0, 1, 2, 3, 4]},
-        "grpo": {"arms": ["grpo_sparse", "grpo_dense"], "seeds": [0, 1, 2]}}  # issue 44's grid
+PPO_ARMS = ["sparse", "dense", "summed", "random", "sparse_scaled", "dense_scaled"]  # issue 44's, and dense_scaled
+GRID = {"ppo": {"arms": PPO_ARMS, "seeds": [0, 1, 2, 3, 4]},
+        "grpo": {"arms": ["grpo_sparse", "grpo_dense"], "seeds": [0, 1, 2]}}
 
 
 def record(reports: list[dict]) -> dict:

@@ -16,10 +16,10 @@ def reports():
 
 def test_the_record_counts_experiments_against_the_grid_and_drops_local_paths():
     result = sc.record(reports())
-    assert result["experiments_done"] == 3 and result["experiments_planned"] == 5 * 5 + 2 * 3
+    assert result["experiments_done"] == 3 and result["experiments_planned"] == 6 * 5 + 2 * 3
     assert "project" not in result["reports"][0]
     text = sc.render(json.loads(json.dumps(result)))  # as read back from the committed file
-    assert "in progress: 3 of 31 experiments" in text
+    assert "in progress: 3 of 36 experiments" in text
     assert "#### CommonGen: sparse, dense × seeds [0, 1]" in text and "| dense-sparse | 1 | +0.100 |" in text
 
 
