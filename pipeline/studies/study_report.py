@@ -83,8 +83,9 @@ def match_method(dense: list[dict], sparse: list[dict], method: str) -> str:
     reward are both positive (so a positive k matches them), else "std"; "mean" and "std" are themselves."""
     if method != "auto":
         return method
-    means = [_mean([v for run in runs for v in run[key]]) for runs, key in ((sparse, "env_reward"), (dense, "total_reward"))]
-    return "mean" if all(m > 0 for m in means) else "std"
+    sparse_mean = _mean([v for run in sparse for v in run["env_reward"]])
+    dense_mean = _mean([v for run in dense for v in run["total_reward"]])
+    return "mean" if sparse_mean > 0 and dense_mean > 0 else "std"
 
 
 def choose_scale(refs_of, method: str) -> tuple[float, str]:

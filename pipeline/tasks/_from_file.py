@@ -274,7 +274,8 @@ class FileReward:
 
     def score_terms(self, texts: list[str], *, ids: list[str], queries: list[str],
                     columns: dict[str, list] | None = None) -> tuple[list[float], list[dict[str, float | None]]]:
-        """(scale x weighted totals, per response {reward name: value or None, "name.key": a dict reward's extra number}).
+        """(scale x weighted totals, per response {reward name: value or None, "name.key": a dict reward's extra
+        number}).
 
         Each reward's None (does not apply) is left out of that response's total, as TRL does; a
         response no reward applies to raises RewardError naming it. ``async def`` rewards run concurrently.
