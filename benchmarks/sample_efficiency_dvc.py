@@ -116,19 +116,19 @@ def run_arms(project: Path, commands: list[list[str]], *, runner: str, dry_run: 
 
 
 def round_records(project: Path, exp: dict, *, with_spread: bool) -> list[dict]:
-    """Per-round records of one experiment in the study's terms (env reward unscaled, total as PPO saw it)."""
-    scale = float(exp["params"]["score"]["scale"])
+    """Per-round records of one experiment in the study's terms (env reward in the task's units, total as PPO saw
+    it)."""
     curves = json.loads(sh(["git", "show", f"{exp['rev']}:metrics/rounds.json"], project).stdout)["rounds"]
     records = []
     for c in curves:
-        record = {"round": c["round"], "env_reward": c["env_reward_mean"] / scale, "kl": c["kl"],
-                  "total_reward": c["env_reward_mean"] + c["intrinsic_reward_sum"],
+        record = {"round": c["round"], "env_reward": c["env_reward_mean"], "kl": c["kl"],
+                  "total_reward": c["env_reward_shaped_mean"] + c["intrinsic_reward_sum"],
                   "intrinsic_reward_sum": c["intrinsic_reward_sum"], "critiqued": c["critiqued"],
                   "critic_requests": c["critic_requests"], "cache_hits": c["cache_hits"],
                   "critic_cost_usd": c["critic_cost_usd"]}
         if with_spread:
             chunks = exp["params"].get("chunks") or {}
-            record.update(response_spread(project, exp["rev"], c["round"], scale, chunks))
+            record.update(response_spread(project, exp["rev"], c["round"], chunks))
         records.append(record)
     return records
 
@@ -148,11 +148,11 @@ def eval_sample_pairs(project: Path, rev: str, policy: str, n: int = 5) -> list[
 
 
 def run_record(project: Path, exp: dict, arm: str, seed: int, *, with_spread: bool) -> dict:
-    """One experiment: its rounds, final-policy eval metrics (env reward unscaled), critic totals."""
+    """One experiment: its rounds, final-policy eval metrics (env reward in the task's units), critic totals."""
     scale = float(exp["params"]["score"]["scale"])
     evaluated = exp["metrics"].get("metrics/eval.json", {})
     final = {name: sets for name, sets in evaluated.items() if name != "base"}
-    eval_metrics = {f"{s}/{m}": (v / scale if m == "env_reward_mean" else v)
+    eval_metrics = {f"{s}/{m}": v
                     for sets in final.values() for s, values in sets.items() for m, v in values.items()
                     if isinstance(v, (int, float))}
     rounds = round_records(project, exp, with_spread=with_spread)

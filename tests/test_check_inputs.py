@@ -200,8 +200,8 @@ def test_a_missing_params_file_suggests_no_flag_the_command_lacks(workdir):
 
 
 def scores_rows(round_):
-    return [{"run_id": "demo", "round": round_, "rollout_id": f"r{i}", "env_reward": float(i), "scorer": "vader",
-             "scorer_version": "1"} for i in range(3)]
+    return [{"run_id": "demo", "round": round_, "rollout_id": f"r{i}", "env_reward": float(i),
+             "env_reward_shaped": float(i), "scorer": "vader", "scorer_version": "1"} for i in range(3)]
 
 
 def test_sql_names_a_corrupt_partition_and_other_tables_still_answer(workdir):

@@ -129,8 +129,8 @@ def test_dvc_lists_the_chunk_stages(tmp_path, monkeypatch):
 
 
 def _rows(table: str, round_: int, rewards: list[float]) -> list[dict]:
-    return [{"run_id": "t", "round": round_, "rollout_id": f"r{round_}-{i}", "env_reward": reward, "scorer": "s",
-             "scorer_version": "1"} for i, reward in enumerate(rewards)]
+    return [{"run_id": "t", "round": round_, "rollout_id": f"r{round_}-{i}", "env_reward": reward,
+             "env_reward_shaped": reward, "scorer": "s", "scorer_version": "1"} for i, reward in enumerate(rewards)]
 
 
 def test_readers_see_both_layouts(tmp_path):

@@ -110,7 +110,7 @@ def test_critique_rate_rules(tmp_path):
 def test_critique_rate_measured_from_a_runs_scores(tmp_path):
     rewards = {1: [0.2, 0.6, 0.9, 0.4], 2: [0.7, 0.3, 0.55, 0.95]}
     for round_, values in rewards.items():
-        rows = [{"run_id": "r", "round": round_, "rollout_id": f"{round_}-{i}", "env_reward": v,
+        rows = [{"run_id": "r", "round": round_, "rollout_id": f"{round_}-{i}", "env_reward": v, "env_reward_shaped": v,
                  "scorer": "lexicon", "scorer_version": "1"} for i, v in enumerate(values)]
         store.write_table(rows, "scores", tmp_path / "scores" / f"round={round_:04d}")
     params = load_params(ROOT / "configs/paper/detox-dense.yaml", ["critic.threshold=0.5"])

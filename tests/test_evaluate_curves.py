@@ -34,7 +34,7 @@ def build(root, schema=ANNOTATIONS):
     spec = {1: [(-1.0, True, True, 0, [-0.5, 0.5, -0.5], 0.1), (0.5, True, False, 2, [0.5], 0.2)],
             2: [(1.0, False, False, 0, [], 0.0), (1.0, True, False, 1, [0.5, 0.5], 0.4)]}
     for r, items in spec.items():
-        write_table([_row(SCHEMAS["scores"], round=r, rollout_id=f"{r}-{i}", env_reward=e)
+        write_table([_row(SCHEMAS["scores"], round=r, rollout_id=f"{r}-{i}", env_reward=e, env_reward_shaped=10 * e)
                      for i, (e, *_) in enumerate(items)], "scores", partition_dir(root, "scores", r))
         rows = [_row(schema, round=r, rollout_id=f"{r}-{i}", critiqued=c, cache_hit=h, token_rewards=t, cost_usd=cost,
                      prompt_tokens=10 * (i + 1), completion_tokens=3,  # counted as critic_tokens when sent
@@ -50,10 +50,12 @@ def build(root, schema=ANNOTATIONS):
 def test_round_curves_by_hand(tmp_path):
     first, second = round_curves(build(tmp_path))
     assert set(first) == {"round", *CURVE_COLUMNS}
-    assert first == pytest.approx({"round": 1, "env_reward_mean": -0.25, "intrinsic_reward_sum": (-0.5 + 0.5) / 2,
+    assert first == pytest.approx({"round": 1, "env_reward_mean": -0.25, "env_reward_shaped_mean": -2.5,
+                                   "intrinsic_reward_sum": (-0.5 + 0.5) / 2,
                                    "kl": 0.2, "kl_coef": 0.2, "critiqued": 2, "critic_requests": 2, "cache_hits": 1,
                                    "cache_hit_rate": 0.5, "critic_tokens": 23, "critic_cost_usd": 0.3, "critic_cost_usd_total": 0.3})
-    assert second == pytest.approx({"round": 2, "env_reward_mean": 1.0, "intrinsic_reward_sum": (0.0 + 1.0) / 2,
+    assert second == pytest.approx({"round": 2, "env_reward_mean": 1.0, "env_reward_shaped_mean": 10.0,
+                                    "intrinsic_reward_sum": (0.0 + 1.0) / 2,
                                     "kl": 0.4, "kl_coef": 0.2, "critiqued": 1, "critic_requests": 1, "cache_hits": 0,
                                     "cache_hit_rate": 0.0, "critic_tokens": 23, "critic_cost_usd": 0.4, "critic_cost_usd_total": 0.7})
 

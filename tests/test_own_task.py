@@ -161,7 +161,8 @@ def test_the_score_stage_stops_on_a_bad_reward_and_keeps_finished_rounds(project
     store.write_table(rollout_rows(4), "rollouts", project / "data/rollouts/round=0001")
     store.write_table(prompt_rows(), "prompts", project / "data/prompts/round=0000")
     finished = store.write_table([{"run_id": "t", "round": 0, "rollout_id": "r0000-00000", "env_reward": 1.0,
-                                   "scorer": "x", "scorer_version": "1"}], "scores", project / "data/scores/round=0000")
+                                   "env_reward_shaped": 1.0, "scorer": "x", "scorer_version": "1"}], "scores",
+                               project / "data/scores/round=0000")
     before = finished.read_bytes()
     result = stage("score", ["--round", "0001", "--rollouts", "data/rollouts/round=0001",
                              "--prompts", "data/prompts/round=0000", "--out", "data/scores/round=0001",
@@ -326,8 +327,9 @@ def test_commongen_declares_coverage_and_brevity_and_by_default_its_total_is_cov
         [1.0 + 0.5 * (2 - 26 / 16)]
 
 
-def test_score_scale_multiplies_a_task_files_total_and_range_but_not_its_terms():
-    """sparse_scaled (drlc study) sets score.scale: a task file must honour it as a built-in reward does."""
+def test_a_task_files_total_and_range_stay_in_the_tasks_units_at_any_score_scale():
+    """score.scale is applied once, after the reward (pipeline/rewards/shaping.py), for a task file as for a
+    built-in reward: the file's totals, terms and RANGE are the task's own numbers."""
     task = load_task_file("tasks/commongen.py", root=ROOT)
     profile = load_params(ROOT / "configs/commongen.yaml")
     scaled = load_params(ROOT / "configs/commongen.yaml", ["score.scale=2.5"]).score
@@ -335,9 +337,9 @@ def test_score_scale_multiplies_a_task_files_total_and_range_but_not_its_terms()
     call = dict(ids=["a", "b", "c"], queries=[""] * 3, columns={"concepts": [["field", "look", "stand"]] * 3})
     (totals, terms), (totals_k, terms_k) = (task.make_reward(s).score_terms(completions, **call)
                                             for s in (profile.score, scaled))
-    assert totals == [1.0, 2 / 3, 0.0] and totals_k == pytest.approx([2.5, 2.5 * 2 / 3, 0.0], rel=1e-12)
-    assert terms_k == terms  # each reward's own value stays in the task's units
-    assert task.reward_range(scaled) == tuple(None if b is None else 2.5 * b for b in task.reward_range(profile.score))
+    assert totals == totals_k == [1.0, 2 / 3, 0.0]
+    assert terms_k == terms
+    assert task.reward_range(scaled) == task.reward_range(profile.score) == (0.0, 1.0)
 
 
 def test_commongen_prompts_from_train_lines_and_dev_rows(commongen):

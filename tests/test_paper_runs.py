@@ -184,9 +184,10 @@ def test_summarization_rm_dense_sft_reward_model_normalised_and_score_scaling(tm
     tuned = AutoModelForCausalLM.from_pretrained(project / "models/base")
     assert any(not torch.equal(p, untuned[n]) for n, p in tuned.named_parameters())  # SFT changed the base
     scores = store.read_table(project / "data/scores/round=0001", "scores")
-    rewards = torch.tensor([s["env_reward"] for s in scores], dtype=torch.float64)
+    rewards = torch.tensor([s["env_reward_shaped"] for s in scores], dtype=torch.float64)  # score.normalize
     assert abs(rewards.mean().item()) < 1e-6 and abs(rewards.std(unbiased=False).item() - 1) < 1e-6
-    assert all(s["scorer_version"].endswith("+znorm") for s in scores)
+    raw = torch.tensor([s["env_reward"] for s in scores], dtype=torch.float64)  # the RM's own scores, kept
+    assert torch.allclose((raw - raw.mean()) / raw.std(unbiased=False), rewards)
     metrics = json.loads((project / "metrics/eval.json").read_text())
     world = metrics["round=0001"]["world"]
     assert {"rm_score", "win_rate", "rouge1"} <= set(world) and 0 <= world["win_rate"] <= 1

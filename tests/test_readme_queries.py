@@ -53,8 +53,8 @@ def test_queries_run_on_the_current_schemas(tmp_path, monkeypatch):
     statuses = ["ok", "ok", "no_match", "none", "parse_error", "skipped"]
     rows = [_annotation(1, i, status=s, env=0.1 * i, hit=i == 1) for i, s in enumerate(statuses)]
     store.write_table(rows, "annotations", store.partition_dir(tmp_path / "data", "annotations", 1))
-    scores = [{"run_id": "r", "round": 1, "rollout_id": r["rollout_id"], "env_reward": 0.1 * i, "scorer": "toy",
-               "scorer_version": "1"} for i, r in enumerate(rows)]
+    scores = [{"run_id": "r", "round": 1, "rollout_id": r["rollout_id"], "env_reward": 0.1 * i,
+               "env_reward_shaped": 0.1 * i, "scorer": "toy", "scorer_version": "1"} for i, r in enumerate(rows)]
     store.write_table(scores, "scores", store.partition_dir(tmp_path / "data", "scores", 1))
     result = run_queries(tmp_path)
     by_key = {q["key"]: dict(zip(["columns", "rows"], [q["columns"], q["rows"]])) for q in result["queries"]}

@@ -45,7 +45,8 @@ def make_round(tmp: Path, port: int, **critic) -> Path:
     rollouts = [keys | {"rollout_id": f"r{i}", "prompt_id": f"p{i}", "query": "", "response": text, "query_ids": [],
                         "response_ids": ids[i], "behaviour_logprobs": [0.0] * len(ids[i]), "seed": 0,
                         "max_new_tokens": 16, "policy": "base"} for i, text in enumerate(TEXTS)]
-    scores = [keys | {"rollout_id": f"r{i}", "env_reward": -1.0, "scorer": "test", "scorer_version": "1"}
+    scores = [keys | {"rollout_id": f"r{i}", "env_reward": -1.0, "env_reward_shaped": -1.0, "scorer": "test",
+                      "scorer_version": "1"}
               for i in range(len(TEXTS))]
     store.write_table(rollouts, "rollouts", tmp / "data" / "rollouts")
     store.write_table(scores, "scores", tmp / "data" / "scores")

@@ -62,7 +62,8 @@ def round_tables(policy, round_: int) -> tuple[list[dict], list[dict], list[dict
         ids, rollout_id = sample["response_ids"], f"r{round_:04d}-{i:05d}"
         rollouts.append({"rollout_id": rollout_id, "query_ids": query, "response_ids": ids,
                          "behaviour_logprobs": sample["behaviour_logprobs"]})
-        scores.append({"rollout_id": rollout_id, "env_reward": sum(t < 20 for t in ids) / len(ids)})
+        reward = sum(t < 20 for t in ids) / len(ids)
+        scores.append({"rollout_id": rollout_id, "env_reward": reward, "env_reward_shaped": reward})
         annotations.append({"rollout_id": rollout_id, "token_rewards": [0.3 if t % 2 else 0.0 for t in ids]})
     return rollouts, scores, annotations
 

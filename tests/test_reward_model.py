@@ -207,25 +207,28 @@ def test_reward_model_scorer_raw_and_z_normalised_per_round(tmp_path, tokenizer)
     kw = dict(task="summarization", run_id="t", round_=1)
     raw = score(rollouts, prompts, params=ScoreParams(scorer="reward_model", model=str(folder), scale=2.0), **kw)
     direct = _direct_scores(tokenizer, trunk, head, [f"{q} {r.strip()}" for q, r in pairs])
-    assert [r["env_reward"] for r in raw] == pytest.approx([2.0 * d for d in direct], abs=1e-5)
+    assert [r["env_reward"] for r in raw] == pytest.approx(direct, abs=1e-5)  # the task's units: no scale
+    assert [r["env_reward_shaped"] for r in raw] == pytest.approx([2.0 * d for d in direct], abs=1e-5)
     assert {r["scorer"] for r in raw} == {"reward_model"} and raw[0]["scorer_version"] == "local-trunk_head"
     rows = score(rollouts, prompts, params=ScoreParams(scorer="reward_model", model=str(folder), normalize=True), **kw)
-    values = [r["env_reward"] for r in rows]
+    assert [r["env_reward"] for r in rows] == pytest.approx(direct, abs=1e-5)
+    values = [r["env_reward_shaped"] for r in rows]
     assert statistics.fmean(values) == pytest.approx(0.0, abs=1e-9)
     assert statistics.pstdev(values) == pytest.approx(1.0, abs=1e-9)
     mean, std = statistics.fmean(direct), statistics.pstdev(direct)
     assert values == pytest.approx([(d - mean) / std for d in direct], abs=1e-4)
-    assert rows[0]["scorer_version"] == "local-trunk_head+znorm"
+    assert rows[0]["scorer_version"] == "local-trunk_head"
 
 
 def test_normalize_is_generic_and_a_constant_batch_becomes_zeros():
     rollouts, prompts = _rows([("q", "good movie"), ("q", "bad movie"), ("q", "ok movie")])
     rows = score(rollouts, None, task="sentiment", run_id="t", round_=1, params=ScoreParams(normalize=True))
-    assert statistics.fmean(r["env_reward"] for r in rows) == pytest.approx(0.0, abs=1e-9)
-    assert statistics.pstdev(r["env_reward"] for r in rows) == pytest.approx(1.0)
+    assert statistics.fmean(r["env_reward_shaped"] for r in rows) == pytest.approx(0.0, abs=1e-9)
+    assert statistics.pstdev(r["env_reward_shaped"] for r in rows) == pytest.approx(1.0)
+    assert statistics.pstdev(r["env_reward"] for r in rows) != pytest.approx(1.0)  # VADER's own compound, kept
     same, _ = _rows([("q", "a"), ("q", "a")])
     rows = score(same, None, task="sentiment", run_id="t", round_=1, params=ScoreParams(normalize=True))
-    assert [r["env_reward"] for r in rows] == [0.0, 0.0]
+    assert [r["env_reward_shaped"] for r in rows] == [0.0, 0.0]
 
 
 def test_reward_model_scorer_needs_a_model_folder():

@@ -30,11 +30,11 @@ def test_tokens_are_lowercased_and_split_on_non_alphanumerics():
     assert rouge_n("The CAT!", "the cat", 1) == 1.0
 
 
-def test_reward_is_rouge1_times_100_times_scale_and_needs_references():
+def test_reward_is_rouge1_times_100_and_needs_references():
     reward = RougeReward()
     assert reward.score(["the cat sat on the mat", "x"], references=["the cat is on the mat", "y"]) == pytest.approx(
         [100 * 5 / 6, 0.0])
-    assert RougeReward(scale=0.01).score(["a b"], references=["a b"]) == pytest.approx([1.0])
+    assert RougeReward().score(["a b"], references=["a b"]) == pytest.approx([100.0])  # the task's units
     with pytest.raises(DataError, match="reference"):
         reward.score(["a"], references=None)
     with pytest.raises(DataError, match="--prompts"):

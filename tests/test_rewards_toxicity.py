@@ -21,8 +21,8 @@ def test_noisy_or_by_hand():
     assert all(0 <= t < 1 for t in (one, two, repeat))
 
 
-def test_reward_is_scale_times_one_minus_toxicity():
-    reward = ToxicityReward(LexiconToxicity(), scale=2.0)
+def test_reward_is_one_minus_toxicity():
+    reward = ToxicityReward(LexiconToxicity())
     assert reward.name == "lexicon" and reward.version == "1"
     assert reward.score(["Thanks.", "You idiot."], references=["", ""]) == pytest.approx(
-        [2.0, 2.0 * (1 - TOXIC_TERMS["idiot"])])
+        [1.0, 1 - TOXIC_TERMS["idiot"]])

@@ -7,7 +7,7 @@ from pipeline.core.errors import StoreError
 
 def score_row(round_, i, reward):
     return {"run_id": "t", "round": round_, "rollout_id": f"r{round_}-{i}", "env_reward": reward,
-            "scorer": "vader", "scorer_version": "3.3.2"}
+            "env_reward_shaped": reward, "scorer": "vader", "scorer_version": "3.3.2"}
 
 
 def test_write_then_read_round_trip(tmp_path):

@@ -242,10 +242,10 @@ def test_a_critic_that_subtracts_is_matched_by_spread_and_by_mean_is_told_to():
     assert study_report.choose_scale(refs_of, "auto") == (pytest.approx(0.3 / 0.15), "mean") and asked[2:] == [False]
 
 
-def test_final_eval_reads_the_trained_policy_unscaled():
+def test_final_eval_reads_the_trained_policy():
     metrics = {"base": {"world": {"coverage": 0.1}}, "round=0002": {"world": {"coverage": 0.4, "env_reward_mean": 0.8,
                                                                                 "n_samples": 64}}}
-    assert study_report.final_eval(metrics, 2.0) == {"world/coverage": 0.4, "world/env_reward_mean": 0.4}
+    assert study_report.final_eval(metrics) == {"world/coverage": 0.4, "world/env_reward_mean": 0.8}
 
 
 def test_kl_at_the_end_is_the_final_policys_where_measured_else_the_last_ppo_rounds():

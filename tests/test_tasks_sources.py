@@ -140,13 +140,13 @@ def classifier_dir(tmp_path_factory):
 
 def test_hf_sentiment_reward_is_the_positive_logit(classifier_dir):
     reward = get_task("sentiment").make_reward(ScoreParams(scorer="hf_classifier", model=str(classifier_dir),
-                                                           batch_size=2, scale=2.0))
+                                                           batch_size=2, scale=2.0))  # not read by the reward
     texts = ["a good film", "a bad film", "film"]
     tok = AutoTokenizer.from_pretrained(classifier_dir)
     model = DistilBertForSequenceClassification.from_pretrained(classifier_dir).eval()
     with torch.no_grad():
         direct = [model(**tok([t], return_tensors="pt")).logits[0, 1].item() for t in texts]
-    assert reward.score(texts, references=None) == pytest.approx([2.0 * d for d in direct], abs=1e-5)
+    assert reward.score(texts, references=None) == pytest.approx(direct, abs=1e-5)
 
 
 def test_hf_toxicity_reward_is_one_minus_the_label_probability(classifier_dir):

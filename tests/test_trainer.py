@@ -24,7 +24,7 @@ QUERIES = [[2 + i % 5, 3] for i in range(32)]
 STEP_KEYS = {
     "policy_loss", "value_loss", "approx_kl", "policy_kl", "clipfrac", "vf_clipfrac",
     "entropy", "ratio_mean", "skipped", "grad_norm", "lr", "epoch", "tokens_per_s",
-    "kl", "kl_coef", "env_reward_mean", "intrinsic_reward_sum",
+    "kl", "kl_coef", "env_reward_shaped_mean", "intrinsic_reward_sum",
     "behaviour_logprob_gap",
 }
 
@@ -110,7 +110,7 @@ def test_intrinsic_reward_on_tokens_moves_their_probability(sign):
     assert sign * (after - before) > 0.05
     expected_sum = sum(sum(row) for row in batch.intrinsic_rewards) / 32
     assert steps[0]["intrinsic_reward_sum"] == pytest.approx(expected_sum, abs=1e-5)
-    assert steps[0]["env_reward_mean"] == 0.0
+    assert steps[0]["env_reward_shaped_mean"] == 0.0
 
 
 def test_same_seed_gives_identical_stats_and_weights():

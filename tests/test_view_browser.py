@@ -53,7 +53,8 @@ def make_run(run: Path, rounds=(1, 2), kl_rounds=()) -> list[dict]:
                                     "behaviour_logprobs": [0.0] * len(ids), "seed": 0, "max_new_tokens": 20,
                                     "policy": "base"})
             scores.append(keys | {"rollout_id": rid, "env_reward": [-0.8, 0.9, -0.6, -0.2][i] * round_,
-                                  "scorer": "vader", "scorer_version": "1"})
+                                  "env_reward_shaped": [-0.8, 0.9, -0.6, -0.2][i] * round_, "scorer": "vader",
+                                  "scorer_version": "1"})
             marked = {0: [("awful", "negative", -0.5), ("rude", "negative", -0.5)], 2: [("Terrible", "negative", -0.5)],
                       3: [("Fine view", "positive", 0.5)]}.get(i, [])
             spans = [span(t, text, label, reward) for t, label, reward in marked]

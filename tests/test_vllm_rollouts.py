@@ -148,7 +148,7 @@ def test_a_round_trains_on_vllm_rollouts_from_recomputed_old_logprobs(tiny_engin
 
     group = 1 if algorithm == "ppo" else 4
     rows, _ = engine_round(tiny_engine, tiny_dir, round_=6, samples_per_prompt=group)
-    scores = [{"rollout_id": r["rollout_id"], "env_reward": float(i % 3) - 1.0} for i, r in enumerate(rows)]
+    scores = [{"rollout_id": r["rollout_id"], "env_reward_shaped": float(i % 3) - 1.0} for i, r in enumerate(rows)]
     annotations = [{"rollout_id": r["rollout_id"], "token_rewards": [0.0] * len(r["response_ids"])} for r in rows]
     params = PPOParams(mini_batch_size=8, ppo_epochs=1, algorithm=algorithm, learning_rate=1e-3)
     state = load_ppo_state(tiny_dir, reference_dir=tiny_dir, params=params, seed=0, round_=1)
@@ -236,7 +236,7 @@ def test_lora_rounds_on_smollm2_serve_each_rounds_adapters_as_a_lora_request(smo
         assert max_gap(engine_lp, with_adapters) < 5e-3
         assert max_gap(engine_lp, base_only) > 10 * max_gap(engine_lp, with_adapters)
         # a LoRA PPO round trains on them, from recomputed old log-probs
-        scores = [{"rollout_id": r["rollout_id"], "env_reward": float(i % 2)} for i, r in enumerate(rows)]
+        scores = [{"rollout_id": r["rollout_id"], "env_reward_shaped": float(i % 2)} for i, r in enumerate(rows)]
         annotations = [{"rollout_id": r["rollout_id"], "token_rewards": [0.0] * len(r["response_ids"])} for r in rows]
         steps = ppo_round(rows, scores, annotations, policy_dir=policy_dir, reference_dir=base_dir,
                           out_dir=str(tmp_path / "round"), run_id="t", round_=2, seed=0,

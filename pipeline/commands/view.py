@@ -4,7 +4,8 @@ The page (`<run>/reports/view.html` by default) needs no network: its data sit i
 and a short script renders them. For each critiqued response: the prompt, the response token by
 token shaded by its reward, the parts PPO adds (README, "Where each reward is computed"):
 
-- env reward: the scorer's, on the last token (`scores.env_reward`, pipeline/rewards/);
+- env reward: the scorer's, on the last token, as PPO put it there (`scores.env_reward_shaped`: pipeline/rewards/,
+  then score.scale and score.normalize, pipeline/rewards/shaping.py);
 - critic: the span rewards per token, toggled per label (`annotations.token_rewards`, pipeline/critic/align.py);
 - KL penalty: −β·KL per token as the round's PPO used it (`kl_rewards.kl_reward`, written by the ppo stage
   from pipeline/train/ppo.py token_kl_rewards; rloo: the per-token terms of its sequence penalty; grpo:
@@ -23,7 +24,7 @@ from pathlib import Path
 from pipeline.core.errors import DataError
 
 ROWS_SQL = """
-SELECT a.round, a.rollout_id, r.query, r.response, r.response_ids, s.env_reward, a.status, a.raw_text,
+SELECT a.round, a.rollout_id, r.query, r.response, r.response_ids, s.env_reward_shaped, a.status, a.raw_text,
        a.spans, a.dropped, a.token_rewards, a.cache_hit, a.attempts, a.error, {kl} AS kl_reward, {kind} AS kl_kind
 FROM annotations a JOIN rollouts r USING (round, rollout_id) JOIN scores s USING (round, rollout_id) {join}
 WHERE a.critiqued ORDER BY a.round, a.rollout_id
@@ -59,7 +60,7 @@ def _row(row: dict, tokenizer) -> dict:
     tokens = [tokenizer.decode([int(t)], skip_special_tokens=False) for t in row["response_ids"]]
     return {
         "round": int(row["round"]), "id": row["rollout_id"], "query": row["query"], "response": row["response"],
-        "tokens": tokens, "env": float(row["env_reward"]), "status": row["status"], "raw": row["raw_text"] or "",
+        "tokens": tokens, "env": float(row["env_reward_shaped"]), "status": row["status"], "raw": row["raw_text"] or "",
         "critic": [float(x) for x in row["token_rewards"]], "error": row["error"] or "",
         "spans": [{k: _plain(s[k]) for k in ("label", "text", "start", "end", "reward")} for s in row["spans"]],
         "dropped": [{k: _plain(d[k]) for k in ("label", "text", "reason")} for d in row["dropped"]],

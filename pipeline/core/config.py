@@ -206,7 +206,7 @@ class ScoreParams:
     """The environment reward (pipeline/rewards/<task>.py); valid scorers depend on run.task."""
 
     scorer: str = "vader"  # one of the task's scorers (pipeline/tasks/<task>.py SCORERS)
-    scale: float = 1.0
+    scale: float = 1.0  # PPO reads scale x the task's reward (pipeline/rewards/shaping.py); nothing else does
     model: str | None = None  # hf_classifier: a local HF text-classification folder (or hub id)
     label: str | None = None  # hf_classifier: the label whose logit/probability is read
     train_data: str | None = None  # fitted (toxicity): RealToxicityPrompts JSONL file or folder it is fit to
@@ -245,7 +245,7 @@ class CriticParams:
     model: str = "drlc-lexicon"
     template: str = "prompts/sentiment.md"
     labels: list[str] = field(default_factory=list)  # span labels; [] = the template's front matter (.txt: required)
-    threshold: float = 0.0  # critique responses with env reward <= threshold
+    threshold: float = 0.0  # critique responses with env reward <= threshold, in the task's units (before score.scale)
     rewards: dict[str, float] = field(default_factory=lambda: {"positive": 0.5, "negative": -0.5})
     alignment: str = "exact"  # one of ALIGNMENTS
     zero_mean: bool = False  # subtract each critiqued response's mean token reward (sum 0: no reward scale added)

@@ -45,8 +45,9 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("seed", pa.int64()), ("max_new_tokens", pa.int32()), ("policy", pa.string()),
     ]),
     "scores": pa.schema(KEYS + [
-        ("rollout_id", pa.string()), ("env_reward", pa.float64()), ("scorer", pa.string()),
-        ("scorer_version", pa.string()),
+        # env_reward: the task's units; env_reward_shaped: score.scale then score.normalize (rewards/shaping.py)
+        ("rollout_id", pa.string()), ("env_reward", pa.float64()), ("env_reward_shaped", pa.float64()),
+        ("scorer", pa.string()), ("scorer_version", pa.string()),
     ]),
     "annotations": pa.schema(KEYS + [
         ("rollout_id", pa.string()), ("critiqued", pa.bool_()), ("status", pa.string()),
@@ -63,7 +64,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("clipfrac", pa.float64()), ("vf_clipfrac", pa.float64()), ("entropy", pa.float64()),
         ("ratio_mean", pa.float64()), ("skipped", pa.bool_()), ("grad_norm", pa.float64()),
         ("lr", pa.float64()), ("kl", pa.float64()), ("kl_coef", pa.float64()),
-        ("env_reward_mean", pa.float64()), ("intrinsic_reward_sum", pa.float64()),
+        ("env_reward_shaped_mean", pa.float64()), ("intrinsic_reward_sum", pa.float64()),
         ("behaviour_logprob_gap", pa.float64()), ("tokens_per_s", pa.float64()),
     ]),
     # the ppo stage: per response, the KL part of each response token's reward (pipeline/train/ppo.py

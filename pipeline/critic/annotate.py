@@ -72,7 +72,8 @@ def _check_rows(rows: list[dict]) -> None:
 
 
 def critiqued_indices(rows: list[dict], *, threshold: float) -> list[int]:
-    """Return the positions of the rows sent to the critic: ``env_reward <= threshold``.
+    """Return the positions of the rows sent to the critic: ``env_reward <= threshold``, both in the task's units
+    (the scores table's env_reward, before score.scale and score.normalize: the same rows at any scale).
 
     :raises DataError: if a row lacks a rollout field
     """

@@ -1,7 +1,7 @@
 """Per-round training curves, read from the run's tables with DuckDB (DVC plots read the result).
 
-Each name is defined once in docs/metrics.md. Per round (CURVE_COLUMNS): env_reward_mean
-(scores), intrinsic_reward_sum, kl and kl_coef (ppo_steps: what the trainer used), critiqued,
+Each name is defined once in docs/metrics.md. Per round (CURVE_COLUMNS): env_reward_mean (scores, the
+task's units), env_reward_shaped_mean (scores, as PPO read it: score.scale, score.normalize), intrinsic_reward_sum, kl and kl_coef (ppo_steps: what the trainer used), critiqued,
 critic_requests (the annotations' `attempts`: HTTP attempts actually sent, 0 for a cache hit),
 cache_hits, cache_hit_rate, critic_tokens, critic_cost_usd and critic_cost_usd_total (annotations).
 """
@@ -12,13 +12,15 @@ from pathlib import Path
 from pipeline.core.errors import DataError
 from pipeline.core.store import connect
 
-CURVE_COLUMNS = ["env_reward_mean", "intrinsic_reward_sum", "kl", "kl_coef", "critiqued", "critic_requests",
-                 "cache_hits", "cache_hit_rate", "critic_tokens", "critic_cost_usd", "critic_cost_usd_total"]
+CURVE_COLUMNS = ["env_reward_mean", "env_reward_shaped_mean", "intrinsic_reward_sum", "kl", "kl_coef", "critiqued",
+                 "critic_requests", "cache_hits", "cache_hit_rate", "critic_tokens", "critic_cost_usd",
+                 "critic_cost_usd_total"]
 
 CURVES_SQL = """
 WITH per_round AS (
     SELECT s.round,
            avg(s.env_reward)                                        AS env_reward_mean,
+           avg(s.env_reward_shaped)                                 AS env_reward_shaped_mean,
            sum(a.critiqued::INT)                                    AS critiqued,
            sum(a.attempts)                                          AS critic_requests,
            sum((a.critiqued AND coalesce(a.cache_hit, false))::INT) AS cache_hits,
@@ -31,7 +33,7 @@ WITH per_round AS (
     SELECT round, avg(intrinsic_reward_sum) AS intrinsic_reward_sum, avg(kl) AS kl, avg(kl_coef) AS kl_coef
     FROM ppo_steps GROUP BY round
 )
-SELECT r.round, r.env_reward_mean, p.intrinsic_reward_sum, p.kl, p.kl_coef, r.critiqued, r.critic_requests,
+SELECT r.round, r.env_reward_mean, r.env_reward_shaped_mean, p.intrinsic_reward_sum, p.kl, p.kl_coef, r.critiqued, r.critic_requests,
        r.cache_hits, coalesce(r.cache_hits / nullif(r.critiqued, 0), 0.0) AS cache_hit_rate,
        r.critic_tokens, r.critic_cost_usd, sum(r.critic_cost_usd) OVER (ORDER BY r.round) AS critic_cost_usd_total
 FROM per_round r JOIN ppo p USING (round)

@@ -14,39 +14,37 @@ from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
 
 
 class VaderReward:
-    """Scores texts with VADER's compound sentiment, times ``scale``.
+    """Scores texts with VADER's compound sentiment.
 
-    Params: scale: factor applied to every compound score (default 1.0).
     Attributes: name ("vader") and version (the installed vaderSentiment version), recorded
     in the scores table as ``scorer`` and ``scorer_version``.
     """
 
     name = "vader"
     version = _package_version("vaderSentiment")
-    RANGE = (-1.0, 1.0)  # before scale: VADER's compound is in [-1, 1]
+    RANGE = (-1.0, 1.0)  # VADER's compound is in [-1, 1]
 
-    def __init__(self, scale: float = 1.0) -> None:
-        self.scale = float(scale)
+    def __init__(self) -> None:
         self._analyzer = SentimentIntensityAnalyzer()
 
     def score(self, texts: list[str], *, references: list[str] | None = None) -> list[float]:
-        """Return ``scale * compound`` for each text, in order (one VADER call per text; references unused)."""
-        return [self.scale * self._analyzer.polarity_scores(text)["compound"] for text in texts]
+        """Return the compound score of each text, in order (one VADER call per text; references unused)."""
+        return [self._analyzer.polarity_scores(text)["compound"] for text in texts]
 
 
 class ClassifierSentiment:
-    """``scale`` times the raw logit of `label` (default POSITIVE) of a HF text classifier, batched.
+    """The raw logit of `label` (default POSITIVE) of a HF text classifier, batched.
 
     Raises: ConfigError (from HFClassifier) if the model cannot be loaded or lacks the label.
     """
 
     RANGE = (None, None)  # a raw logit: unbounded
 
-    def __init__(self, model: str, *, label: str = "POSITIVE", scale: float = 1.0, batch_size: int = 64) -> None:
+    def __init__(self, model: str, *, label: str = "POSITIVE", batch_size: int = 64) -> None:
         from pipeline.rewards.hf_classifier import HFClassifier
 
         self.classifier = HFClassifier(model, label=label, output="logit", batch_size=batch_size)
-        self.name, self.version, self.scale = self.classifier.name, self.classifier.version, float(scale)
+        self.name, self.version = self.classifier.name, self.classifier.version
 
     def to(self, device) -> ClassifierSentiment:
         self.classifier.to(device)
@@ -57,4 +55,4 @@ class ClassifierSentiment:
         return self.classifier.device
 
     def score(self, texts: list[str], *, references: list[str] | None = None) -> list[float]:
-        return [self.scale * v for v in self.classifier.values(texts)]
+        return list(self.classifier.values(texts))

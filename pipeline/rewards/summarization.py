@@ -70,25 +70,22 @@ def rouge_l(candidate: str, reference: str) -> float:
 
 
 class RougeReward:
-    """reward = scale * 100 * ROUGE-1 F1(response, reference), batched over lists."""
+    """reward = 100 * ROUGE-1 F1(response, reference), batched over lists."""
 
     name = "rouge1"
     version = "drlc-1"
-    RANGE = (0.0, 100.0)  # before scale: 100 x an F1
-
-    def __init__(self, scale: float = 1.0) -> None:
-        self.scale = float(scale)
+    RANGE = (0.0, 100.0)  # 100 x an F1
 
     def score(self, texts: list[str], *, references: list[str] | None = None) -> list[float]:
         """Raises DataError if references are missing or do not match the texts one to one."""
         if references is None or len(references) != len(texts) or not all(references):
             raise DataError("The summarization reward needs one reference per response: the prompts table's "
                             "'reference' column is empty or not passed (score stage: --prompts); re-run prepare, or check dvc.yaml.")
-        return [self.scale * 100.0 * rouge_n(t, r, 1) for t, r in zip(texts, references)]
+        return [100.0 * rouge_n(t, r, 1) for t, r in zip(texts, references)]
 
 
 class RewardModelReward:
-    """reward = scale * reward-model score of (query, response); the query is the document ending in "TL;DR:".
+    """reward = the reward-model score of (query, response); the query is the document ending in "TL;DR:".
 
     ``needs_queries`` tells the score and evaluate steps to pass ``queries=`` (the documents).
     Raises: ConfigError (from RewardModel) for a bad model folder; DataError if the queries
@@ -98,11 +95,11 @@ class RewardModelReward:
     needs_queries = True
     RANGE = (None, None)  # a reward model's score is unbounded
 
-    def __init__(self, folder: str, *, scale: float = 1.0, batch_size: int = 8) -> None:
+    def __init__(self, folder: str, *, batch_size: int = 8) -> None:
         from pipeline.rewards.reward_model import RewardModel
 
         self.model = RewardModel(folder, batch_size=batch_size)
-        self.name, self.version, self.scale = "reward_model", self.model.version, float(scale)
+        self.name, self.version = "reward_model", self.model.version
 
     def to(self, device) -> RewardModelReward:
         self.model.to(device)
@@ -117,4 +114,4 @@ class RewardModelReward:
         if queries is None or len(queries) != len(texts):
             raise DataError("The reward-model reward needs the query (document) of every response: the score "
                             "step passes them from the rollouts table; re-run rollout (dvc repro).")
-        return [self.scale * v for v in self.model.score(queries, texts)]
+        return list(self.model.score(queries, texts))

@@ -8,7 +8,7 @@ term scores 0. It is a crude, transparent proxy (no context, no sarcasm, no iden
 attacks without a listed word) that reads the synthetic comment world exactly
 (pipeline/data/toxicity_world.py). The paper profiles use a HF classifier
 (pipeline/rewards/hf_classifier.py) or the Perspective API (pipeline/rewards/perspective.py);
-``ToxicityReward`` turns any of them into the reward ``scale * (1 - toxicity)``.
+``ToxicityReward`` turns any of them into the reward ``1 - toxicity``.
 """
 from __future__ import annotations
 
@@ -47,12 +47,12 @@ class LexiconToxicity:
 
 
 class ToxicityReward:
-    """reward = scale * (1 - toxicity) from any toxicity source with ``toxicity(texts)``."""
+    """reward = 1 - toxicity from any toxicity source with ``toxicity(texts)``."""
 
-    RANGE = (0.0, 1.0)  # before scale: every source's toxicity is a probability
+    RANGE = (0.0, 1.0)  # every source's toxicity is a probability
 
-    def __init__(self, source, scale: float = 1.0) -> None:
-        self.source, self.scale = source, float(scale)
+    def __init__(self, source) -> None:
+        self.source = source
         self.name, self.version = source.name, source.version
 
     def to(self, device) -> ToxicityReward:
@@ -75,4 +75,4 @@ class ToxicityReward:
 
     def score(self, texts: list[str], *, references: list[str] | None = None) -> list[float]:
         """The reward of each text (references are ignored), batched by the source."""
-        return [self.scale * (1.0 - t) for t in self.source.toxicity(texts)]
+        return [1.0 - t for t in self.source.toxicity(texts)]

@@ -20,8 +20,13 @@ from pipeline.train.trainer import RolloutBatch, load_trainer_state, make_optimi
 
 
 def join_round(rollouts: list[dict], scores: list[dict], annotations: list[dict]) -> RolloutBatch:
-    """Line up the round's three tables by rollout_id into one PPO batch."""
-    env_rewards = {row["rollout_id"]: row["env_reward"] for row in scores}
+    """Line up the round's three tables by rollout_id into one PPO batch; its env rewards are the shaped ones
+    (scores.env_reward_shaped: score.scale and score.normalize applied, pipeline/rewards/shaping.py)."""
+    if scores and "env_reward_shaped" not in scores[0]:
+        raise DataError("The scores table has no 'env_reward_shaped' column (written by a drlc before reward "
+                        "shaping moved to one place): re-run the score stage of this round and those after "
+                        "it (dvc repro; cached critic answers cost nothing).")
+    env_rewards = {row["rollout_id"]: row["env_reward_shaped"] for row in scores}
     intrinsic_rewards = {row["rollout_id"]: row["token_rewards"] for row in annotations}  # the critic's, per token
     missing = [r["rollout_id"] for r in rollouts
                if r["rollout_id"] not in env_rewards or r["rollout_id"] not in intrinsic_rewards]

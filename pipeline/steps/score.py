@@ -1,10 +1,10 @@
 """`score` stage: the sparse environment reward of every response (pipeline/rewards/<task>.py).
 
-``score.normalize`` z-normalises the rewards of the whole round (one PPO rollout batch, the
-unit the paper normalised its TL;DR reward-model scores over), for every task, once, before the
-scores table is written; the chunks below only pace the progress bar, so they never change a
-value. It is not ``ppo.use_score_norm``: that one standardises the env rewards again inside the
-trainer, with running moments over every round so far (``pipeline.train.ppo.scale_scores``).
+Each row keeps the reward twice: ``env_reward`` in the task's units, as the reward returned it (what
+``critic.threshold``, the critic and the evaluation read), and ``env_reward_shaped``, what PPO puts on
+the last token: ``score.scale`` then ``score.normalize`` over the whole round (one PPO rollout batch,
+the unit the paper normalised its TL;DR reward-model scores over), in pipeline/rewards/shaping.py.
+The chunks below only pace the progress bar, so they never change a value.
 """
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from tqdm import tqdm
 from pipeline.core.config import ScoreParams
 from pipeline.core.device import holder_device, place, resolve_device
 from pipeline.core.errors import DataError, RewardError
+from pipeline.rewards.shaping import shape
 from pipeline.tasks import get_task
 
 SCORE_CHUNK = 256  # responses per scorer call; the progress bar advances per chunk
-NORMALIZED_VERSION_SUFFIX = "+znorm"  # appended to scorer_version when score.normalize is on
 
 
 def check_score_model(params) -> None:
@@ -38,27 +38,6 @@ def scorer_device(score: ScoreParams, *, task: str, setting: str):
     task_ = get_task(task)  # a task file whose rewards load MODELS runs them there too
     return resolve_device(setting) if score.scorer in task_.MODEL_SCORERS or getattr(task_, "LOADS_MODELS", False) \
         else None
-
-
-def population_std(values: list[float]) -> float:
-    """The standard deviation of `values` with ddof 0: sqrt(Σ (v − mean)² / n).
-
-    >>> population_std([1.0, 3.0])
-    1.0
-    """
-    mean = sum(values) / len(values)
-    return (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
-
-
-def z_normalize(values: list[float]) -> list[float]:
-    """(x - mean) / std with the population std (ddof 0); all zeros when std is 0 (one value, or all equal).
-
-    >>> z_normalize([1.0, 3.0]), z_normalize([2.0, 2.0])
-    ([-1.0, 1.0], [0.0, 0.0])
-    """
-    mean = sum(values) / len(values)
-    std = population_std(values)
-    return [(v - mean) / std if std > 0 else 0.0 for v in values]
 
 
 def reward_inputs(reward, prompt_rows: list[dict], rollout_rows: list[dict] | None = None) -> dict:
@@ -127,7 +106,8 @@ def score_round(rollout_rows: list[dict], prompt_rows: list[dict] | None, *, tas
     (no prompts table given) scores with empty references, which only the reference-free tasks
     (sentiment, toxicity) accept. reward: the task's reward already built and placed (the chunk
     stage keeps one for all its rounds); None builds it (``get_task(task).make_reward``) on `device`.
-    Returns: (score rows, metrics: device (the reward model's, None for a scorer without one),
+    Returns: (score rows (env_reward in the task's units, env_reward_shaped as PPO reads it), metrics: device
+    (the reward model's, None for a scorer without one),
     scorer, scorer_heldout (a fitted scorer's held-out agreement with its labels, else None), rows, seconds).
     Raises: DataError if a rollout's prompt_id is not in the prompts table.
     """
@@ -153,13 +133,11 @@ def score_round(rollout_rows: list[dict], prompt_rows: list[dict] | None, *, tas
         else:
             totals = reward.score(texts[chunk], **inputs)
         values += check_rewards(totals, ids, who=reward_origin(reward))
-    version = reward.version
-    if params.normalize and values:
-        values, version = z_normalize(values), f"{reward.version}{NORMALIZED_VERSION_SUFFIX}"
+    shaped = shape(values, scale=params.scale, normalize=params.normalize)
     rows = [
         {"run_id": run_id, "round": round_, "rollout_id": row["rollout_id"], "env_reward": value,
-         "scorer": reward.name, "scorer_version": version}
-        for row, value in zip(rollout_rows, values)
+         "env_reward_shaped": value_shaped, "scorer": reward.name, "scorer_version": reward.version}
+        for row, value, value_shaped in zip(rollout_rows, values, shaped)
     ]
     if terms:  # the scores table's optional `rewards` map: `drlc sql "SELECT rewards['coverage'] FROM scores"`
         for row, parts in zip(rows, terms):

@@ -19,10 +19,10 @@ from pipeline.core.seeding import round_seed
 from pipeline.critic.annotate import skipped_row
 from pipeline.evaluate.decode import sample_continuations
 from pipeline.model.policy import frozen_copy, load_policy
+from pipeline.rewards.shaping import population_std, shape
 from pipeline.steps.critique import critique_round
 from pipeline.steps.ppo_round import join_round, new_kl_controller
 from pipeline.steps.rollout import encode_query, sample_rollouts
-from pipeline.steps.score import population_std
 from pipeline.studies.arms import Arm
 from pipeline.tasks import get_task
 from pipeline.train.ppo import RunningMoments
@@ -69,8 +69,10 @@ def annotate_arm(rows: list[dict], arm: Arm, ctx: StudyContext, tokenizer, *, re
 
 
 def ppo_batch(rows: list[dict], annotated: list[dict], *, env_scale: float = 1.0):
-    """The PPO batch of the round (pipeline.steps.ppo_round.join_round), env rewards times env_scale."""
-    scores = [{"rollout_id": r["rollout_id"], "env_reward": env_scale * r["env_reward"]} for r in rows]
+    """The PPO batch of the round (pipeline.steps.ppo_round.join_round), its env rewards shaped as the score stage
+    shapes them (pipeline/rewards/shaping.py, score.scale = env_scale)."""
+    shaped = shape([r["env_reward"] for r in rows], scale=env_scale)
+    scores = [{"rollout_id": r["rollout_id"], "env_reward_shaped": s} for r, s in zip(rows, shaped)]
     return join_round(rows, scores, annotated)
 
 

@@ -4,8 +4,9 @@ a PNG of the eval curves, JSON and Markdown.
 
 Inputs are run records (:func:`run_record`): what ``dvc exp show`` shows of one experiment (params,
 metrics/eval.json) and what it holds as plots (metrics/rounds.json: the training curves;
-metrics/eval_rounds.json: the held-out eval every ``evaluate.every`` rounds). Env-reward numbers are
-divided by the experiment's ``score.scale``, so sparse_scaled is read in the task's units.
+metrics/eval_rounds.json: the held-out eval every ``evaluate.every`` rounds). Env-reward numbers are in the
+task's units in every arm (the scores table's ``env_reward``, the evaluation's ``env_reward_mean``); the total
+reward is what PPO read (``env_reward_shaped`` plus the critic's token rewards).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from pipeline.core import store
 from pipeline.core.errors import DataError
-from pipeline.steps.score import population_std
+from pipeline.rewards.shaping import population_std
 from pipeline.studies.analysis import scale_factor
 from pipeline.studies.paired import first_reaching, interval, paired_difference, seed_mean_points
 
@@ -34,14 +35,10 @@ def git_json(project: Path, rev: str, path: str) -> dict | None:
     return json.loads(shown.stdout) if shown.returncode == 0 and shown.stdout.strip() else None
 
 
-def _unscaled(metric: str, value: float, scale: float) -> float:
-    return value / scale if metric.endswith("env_reward_mean") else value
-
-
-def final_eval(metrics: dict, scale: float) -> dict[str, float]:
+def final_eval(metrics: dict) -> dict[str, float]:
     """{"<set>/<metric>": value} of the trained policy in metrics/eval.json ({policy: {set: {metric}}})."""
     trained = [sets for policy, sets in metrics.items() if policy != "base"]
-    return {f"{s}/{m}": _unscaled(m, v, scale) for sets in trained for s, values in sets.items()
+    return {f"{s}/{m}": v for sets in trained for s, values in sets.items()
             for m, v in values.items() if isinstance(v, (int, float)) and m != "n_samples"}
 
 
@@ -52,19 +49,18 @@ def run_record(project: Path, exp: dict, arm: str, seed: int, with_spread: bool 
     scale = float(params["score"]["scale"])
     rounds = (git_json(project, exp["rev"], "metrics/rounds.json") or {}).get("rounds", [])
     curve = (git_json(project, exp["rev"], "metrics/eval_rounds.json") or {}).get("rounds", [])
-    evaluated = final_eval(exp["metrics"].get("metrics/eval.json", {}), scale)
+    evaluated = final_eval(exp["metrics"].get("metrics/eval.json", {}))
     kl_end, kl_source = end_kl(evaluated, rounds)
     return {
         "arm": arm, "seed": seed, "rev": exp["rev"], "scale": scale,
         "rollouts_per_round": int(params["rollout"]["batch_size"]),
         "eval": evaluated,
-        "eval_curve": [{k: _unscaled(k, v, scale) if k != "round" else v for k, v in point.items()}
-                       for point in curve],
+        "eval_curve": curve,
         "kl_end": kl_end, "kl_source": kl_source,
-        "env_reward": [r["env_reward_mean"] / scale for r in rounds],
-        "total_reward": [r["env_reward_mean"] + r["intrinsic_reward_sum"] for r in rounds],
+        "env_reward": [r["env_reward_mean"] for r in rounds],
+        "total_reward": [r["env_reward_shaped_mean"] + r["intrinsic_reward_sum"] for r in rounds],
         "critic": {key: sum(r.get(key) or 0 for r in rounds) for key in CRITIC_KEYS},
-    } | ({"spread": [response_spread(project, exp["rev"], r["round"], scale, params.get("chunks") or {})
+    } | ({"spread": [response_spread(project, exp["rev"], r["round"], params.get("chunks") or {})
                      for r in rounds]} if with_spread else {})
 
 
@@ -121,9 +117,10 @@ def matched_scale(dense: list[dict], sparse: list[dict], method: str = "mean") -
     return k
 
 
-def response_spread(project: Path, rev: str, round_: int, scale: float, chunks: dict) -> dict:
-    """Within-round population std of the (unscaled) env reward and of the total reward (env + the response's
-    token rewards, as PPO saw it), and the critic's prompt and completion tokens, from the round's tables in
+def response_spread(project: Path, rev: str, round_: int, chunks: dict) -> dict:
+    """Within-round population std of the env reward (the task's units) and of the total reward (the shaped env
+    reward + the response's token rewards, as PPO saw it), and the critic's prompt and completion tokens, from the
+    round's tables in
     experiment `rev`. chunks: the experiment's params `chunks` (where a chunked run keeps each round)."""
     import dvc.api
     import pyarrow.parquet as pq
@@ -135,8 +132,8 @@ def response_spread(project: Path, rev: str, round_: int, scale: float, chunks: 
 
     scores, notes = table("scores"), table("annotations")
     env = [scores[i]["env_reward"] for i in scores]
-    total = [scores[i]["env_reward"] + sum(notes[i]["token_rewards"] or []) for i in scores]
-    return {"env_reward_std": population_std(env) / scale, "total_reward_std": population_std(total),
+    total = [scores[i]["env_reward_shaped"] + sum(notes[i]["token_rewards"] or []) for i in scores]
+    return {"env_reward_std": population_std(env), "total_reward_std": population_std(total),
             "critic_prompt_tokens": sum(notes[i]["prompt_tokens"] or 0 for i in notes),
             "critic_completion_tokens": sum(notes[i]["completion_tokens"] or 0 for i in notes)}
 

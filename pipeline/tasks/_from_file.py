@@ -14,8 +14,8 @@ reference, ...), with ``score.settings``. Everything else is optional, each with
 
 - ``prompt(record) -> dict``: a record of ``world.source`` -> ``{"prompt": text, **columns}``
   (default: the record itself; the text is its ``prompt`` or ``text`` field);
-- ``RANGE = (low, high)``: the total's bounds before ``score.scale`` (which multiplies the total, as it does
-  a built-in reward) for ``drlc estimate`` (default: unbounded);
+- ``RANGE = (low, high)``: the total's bounds, in the task's units as every reward is (``score.scale``
+  applies after, pipeline/rewards/shaping.py), for ``drlc estimate`` (default: unbounded);
 - ``LABELS = (...)``: the span labels its critic may name; a template with another label is
   refused (default: any label);
 - ``critic_fields(row) -> dict``: the template's placeholders for a scored rollout row
@@ -192,13 +192,11 @@ class FileTask:
                                       f"prompt(record) for every source, set it in score.settings, or give it a default.")
 
     def make_reward(self, score) -> "FileReward":
-        return FileReward(self, score.scorer or DEFAULT_SCORER, score.settings, scale=score.scale)
+        return FileReward(self, score.scorer or DEFAULT_SCORER, score.settings)
 
     def reward_range(self, score) -> tuple[float | None, float | None]:
-        """The file's RANGE times score.scale, as a built-in task's reward_range scales its reward class's."""
-        from pipeline.rewards import scaled_range
-
-        return scaled_range(getattr(self.module, "RANGE", (None, None)), score.scale)
+        """The file's RANGE: its total's bounds in the task's units (None, None when it declares none)."""
+        return tuple(getattr(self.module, "RANGE", (None, None)))
 
     def make_evaluator(self, evaluate, reward, *, seed: int) -> "FileEvaluator":
         return FileEvaluator(self)
@@ -243,19 +241,18 @@ def columns_of(prompt_rows: list[dict]) -> dict[str, list]:
 
 
 class FileReward:
-    """The task file's rewards, called on batches as a built-in reward's ``score``: ``scale`` (score.scale)
-    times their weighted total.
+    """The task file's rewards, called on batches as a built-in reward's ``score``: their weighted total, in the
+    task's units (``score.scale`` applies afterwards, in pipeline/rewards/shaping.py).
 
     ``score`` returns the totals; ``score_terms`` also each reward's own values (and a dict reward's
-    extra numbers), unscaled, which the score stage stores beside the total (the scores table's ``rewards``).
+    extra numbers), which the score stage stores beside the total (the scores table's ``rewards``).
     """
 
     needs_queries = True
     needs_columns = True
 
-    def __init__(self, task: FileTask, scorer: str, settings: dict | None = None, *, scale: float = 1.0) -> None:
+    def __init__(self, task: FileTask, scorer: str, settings: dict | None = None) -> None:
         self.task, self.rewards, self.settings = task, task.reward_function(scorer, settings), dict(settings or {})
-        self.scale = float(scale)
         self.name = f"{task.name}.{scorer}"
         # an edit of the file, or of a tasks/ module it imports, shows in every score row
         self.version = code_sha(task.path, root=task.root)
@@ -274,7 +271,7 @@ class FileReward:
 
     def score_terms(self, texts: list[str], *, ids: list[str], queries: list[str],
                     columns: dict[str, list] | None = None) -> tuple[list[float], list[dict[str, float | None]]]:
-        """(scale x weighted totals, per response {reward name: value or None, "name.key": a dict reward's extra
+        """(weighted totals, per response {reward name: value or None, "name.key": a dict reward's extra
         number}).
 
         Each reward's None (does not apply) is left out of that response's total, as TRL does; a
@@ -285,7 +282,7 @@ class FileReward:
         values = call_rewards(self.rewards, list(queries), list(texts), dict(columns or {}), path=self.task.path,
                               settings=self.settings, models=self.models)
         totals, terms = weighted_totals(self.rewards, values, ids=ids, who=f"reward {self.name} ({self.task.path})")
-        return [self.scale * total for total in totals], terms
+        return totals, terms
 
 
 class LoadedModels:

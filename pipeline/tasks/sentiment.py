@@ -73,11 +73,11 @@ def _prefix(review: str, k: int, tokenizer) -> str:
 
 
 def reward_range(score) -> tuple[float | None, float | None]:
-    """The bounds of make_reward(score)'s rewards (vader: [-scale, scale]; a classifier logit: unbounded)."""
-    from pipeline.rewards import scaled_range
+    """The bounds of make_reward(score)'s rewards, in the task's units (vader: [-1, 1]; a classifier logit:
+    unbounded)."""
     from pipeline.rewards.sentiment import ClassifierSentiment, VaderReward
 
-    return scaled_range((VaderReward if score.scorer == "vader" else ClassifierSentiment).RANGE, score.scale)
+    return (VaderReward if score.scorer == "vader" else ClassifierSentiment).RANGE
 
 
 def make_reward(score):
@@ -85,12 +85,11 @@ def make_reward(score):
     from pipeline.rewards.sentiment import ClassifierSentiment, VaderReward
 
     if score.scorer == "vader":
-        return VaderReward(scale=score.scale)
+        return VaderReward()
     if not score.model:
         raise ConfigError("'score.scorer' = 'hf_classifier' needs 'score.model': a saved HF text classifier "
                           "folder such as a local copy of lvwerra/distilbert-imdb.")
-    return ClassifierSentiment(score.model, label=score.label or "POSITIVE", scale=score.scale,
-                               batch_size=score.batch_size)
+    return ClassifierSentiment(score.model, label=score.label or "POSITIVE", batch_size=score.batch_size)
 
 
 def critic_fields(row: dict) -> dict[str, str]:

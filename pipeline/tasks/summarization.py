@@ -62,11 +62,11 @@ def _build_local(world, *, seed: int) -> tuple[list[str], dict[str, list[dict]]]
 
 
 def reward_range(score) -> tuple[float | None, float | None]:
-    """The bounds of make_reward(score)'s rewards (rouge1: [0, 100 scale]; a reward model: unbounded)."""
-    from pipeline.rewards import scaled_range
+    """The bounds of make_reward(score)'s rewards, in the task's units (rouge1: [0, 100]; a reward model:
+    unbounded)."""
     from pipeline.rewards.summarization import RewardModelReward, RougeReward
 
-    return scaled_range((RougeReward if score.scorer == "rouge1" else RewardModelReward).RANGE, score.scale)
+    return (RougeReward if score.scorer == "rouge1" else RewardModelReward).RANGE
 
 
 def make_reward(score):
@@ -74,11 +74,11 @@ def make_reward(score):
     from pipeline.rewards.summarization import RewardModelReward, RougeReward
 
     if score.scorer == "rouge1":
-        return RougeReward(scale=score.scale)
+        return RougeReward()
     if not score.model:
         raise ConfigError("'score.scorer' = 'reward_model' needs 'score.model': a local reward-model folder "
                           "(docs/evaluation.md: sequence classifier, or trunk config + state dict).")
-    return RewardModelReward(score.model, scale=score.scale, batch_size=score.batch_size)
+    return RewardModelReward(score.model, batch_size=score.batch_size)
 
 
 def critic_fields(row: dict) -> dict[str, str]:

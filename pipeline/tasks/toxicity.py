@@ -89,18 +89,17 @@ def toxicity_source(score):
 
 
 def reward_range(score) -> tuple[float | None, float | None]:
-    """The bounds of make_reward(score)'s rewards: scale x (1 - toxicity) is in [0, scale] for every source."""
-    from pipeline.rewards import scaled_range
+    """The bounds of make_reward(score)'s rewards, in the task's units: 1 - toxicity is in [0, 1] for every source."""
     from pipeline.rewards.toxicity import ToxicityReward
 
-    return scaled_range(ToxicityReward.RANGE, score.scale)
+    return ToxicityReward.RANGE
 
 
 def make_reward(score):
-    """reward = scale * (1 - toxicity) (pipeline/rewards/toxicity.py)."""
+    """reward = 1 - toxicity (pipeline/rewards/toxicity.py)."""
     from pipeline.rewards.toxicity import ToxicityReward
 
-    return ToxicityReward(toxicity_source(score), scale=score.scale)
+    return ToxicityReward(toxicity_source(score))
 
 
 def critic_fields(row: dict) -> dict[str, str]:

@@ -60,7 +60,7 @@ class RolloutBatch:
     query_ids: list[list[int]]
     response_ids: list[list[int]]
     behaviour_logprobs: list[list[float]]  # log-prob of each response token when sampled
-    env_rewards: list[float]  # environment reward per response (scores table: env_reward)
+    env_rewards: list[float]  # environment reward per response as PPO reads it (scores table: env_reward_shaped)
     intrinsic_rewards: list[list[float]]  # critic reward per response token (annotations table: token_rewards)
     # an external engine's log-probs of the response tokens (rollouts.engine_logprobs, rollout.engine vllm); when
     # set, the old log-probs are recomputed by the training model and the gap to these is recorded
@@ -282,7 +282,7 @@ def train_round(
     round_stats = {  # names: docs/metrics.md
         "kl": kl.sum(-1).mean().item(),
         "kl_coef": kl_coef,
-        "env_reward_mean": env_rewards.mean().item(),
+        "env_reward_shaped_mean": env_rewards.mean().item(),  # before ppo.use_score_scaling / score_clip
         "intrinsic_reward_sum": intrinsic_reward_sum(batch.intrinsic_rewards),
         "behaviour_logprob_gap": behaviour_gap,
     }
