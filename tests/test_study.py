@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def arm_params(profile: str, arm: str, k: float = 2.0):
-    settings = study.load_arms()[arm]
-    sets = [f"{key}={json.dumps(k if value == study.MATCHED else value)}" for key, value in settings.items()]
+    settings = study.matched_settings(study.load_arms()[arm], k, load_params(ROOT / profile).ppo.init_kl_coef)
+    sets = [f"{key}={json.dumps(value)}" for key, value in settings.items()]
     return load_params(ROOT / profile, sets + ["run.seed=3"])
 
 
@@ -27,7 +27,7 @@ def test_every_shipped_arm_makes_a_valid_project_of_the_profile(profile):
     configured = load_params(ROOT / profile).critic
     expect = {"sparse": (False, "tokens", "ppo"), "dense": (True, "tokens", "ppo"), "summed": (True, "summed", "ppo"),
               "random": (True, "random", "ppo"), "sparse_scaled": (False, None, "ppo"),
-              "dense_scaled": (True, "tokens", "ppo"),
+              "sparse_lowkl": (False, None, "ppo"), "dense_scaled": (True, "tokens", "ppo"),
               "grpo_sparse": (False, None, "grpo"), "grpo_dense": (True, "tokens", "grpo")}
     assert set(study.load_arms()) == set(expect)
     for arm, (enabled, placement, algorithm) in expect.items():
@@ -41,6 +41,10 @@ def test_every_shipped_arm_makes_a_valid_project_of_the_profile(profile):
         same = ("backend", "template", "threshold", "rewards", "model_dir", "cache_dir")
         assert all(getattr(params.critic, key) == getattr(configured, key) for key in same), arm
     assert [arm_params(profile, arm, k=2.5).score.scale for arm in ("sparse_scaled", "dense_scaled")] == [2.5, 2.5]
+    # sparse_lowkl: the reward as it is, the KL coefficient divided by k, the controller's other settings kept
+    plain, low = load_params(ROOT / profile).ppo, arm_params(profile, "sparse_lowkl", k=2.5)
+    assert low.score.scale == 1.0 and low.ppo.init_kl_coef == pytest.approx(plain.init_kl_coef / 2.5)
+    assert (low.ppo.adap_kl_ctrl, low.ppo.target, low.ppo.horizon) == (plain.adap_kl_ctrl, plain.target, plain.horizon)
 
 
 @pytest.mark.parametrize("profile", ["params.yaml", "configs/commongen.yaml"])
@@ -79,8 +83,10 @@ def test_arms_file_errors_name_the_bad_arm(tmp_path):
         study.load_arms(tmp_path / "none.yaml")
     with pytest.raises(ConfigError, match=r"unknown arm\(s\) \['densest'\]"):
         study.pick_arms(study.load_arms(), ["sparse", "densest"])
-    with pytest.raises(ConfigError, match="needs the sparse and dense arms"):
+    with pytest.raises(ConfigError, match=r"\['sparse_scaled'\] match k from the sparse and dense arms"):
         study.pick_arms(study.load_arms(), ["sparse", "sparse_scaled"])
+    with pytest.raises(ConfigError, match=r"\['sparse_lowkl'\] match k"):
+        study.pick_arms(study.load_arms(), ["dense", "sparse_lowkl"])
 
 
 def test_queue_command_by_hand():
@@ -149,13 +155,20 @@ def test_a_partial_report_takes_k_from_the_scaled_experiments_that_ran():
     done = {"sparse_scaled-s0": ran(2.5), "sparse_scaled-s1": ran(2.5)}
     assert study.scale_run_with(done, [("sparse_scaled", 0), ("sparse_scaled", 1)]) == 2.5
     assert study.scale_run_with(done, []) is None  # none finished: the report has no k
-    with pytest.raises(DataError, match=r"sparse_scaled-s1.*\[2\.5, 3\.0\]"):
+    with pytest.raises(DataError, match=r"different k: .*'sparse_scaled-s1': 3\.0"):
         study.scale_run_with({**done, "sparse_scaled-s1": ran(3.0)}, [("sparse_scaled", 0), ("sparse_scaled", 1)])
+    # sparse_lowkl's k is read back from its coefficient: the project's 0.2 / its 0.08 = 2.5
+    arms = study.load_arms()
+    lowkl = {"rev": "b" * 40, "params": {"score": {"scale": 1.0}, "ppo": {"init_kl_coef": 0.2 / 2.5}}, "metrics": {}}
+    both = [("sparse_scaled", 0), ("sparse_lowkl", 0)]
+    assert study.scale_run_with({**done, "sparse_lowkl-s0": lowkl}, both, arms, 0.2) == pytest.approx(2.5)
+    with pytest.raises(DataError, match="sparse_lowkl-s0"):
+        study.scale_run_with({**done, "sparse_lowkl-s0": lowkl}, both, arms, 0.3)
 
 
 def test_interval_and_paired_difference_by_hand():
-    assert t975(2) == 4.303
-    # 0.2, 0.4, 0.6: mean 0.4, s = 0.2, half = 4.303 * 0.2 / sqrt(3) = 0.49687
+    assert t975(2) == 4.3027  # the printed table (pipeline/studies/paired.py serves both study systems)
+    # 0.2, 0.4, 0.6: mean 0.4, s = 0.2, half = 4.3027 * 0.2 / sqrt(3) = 0.49687
     ci = interval([0.2, 0.4, 0.6])
     assert ci["mean"] == pytest.approx(0.4) and ci["half"] == pytest.approx(0.4969, abs=1e-4)
     assert ci["low"] == pytest.approx(0.4 - 0.4969, abs=1e-4) and ci["n"] == 3
@@ -164,7 +177,7 @@ def test_interval_and_paired_difference_by_hand():
     d = paired_difference({0: 0.5, 1: 0.7, 2: 0.4}, {2: 0.35, 0: 0.3, 1: 0.4})
     diffs = [0.2, 0.3, 0.05]
     s = math.sqrt(sum((x - 0.55 / 3) ** 2 for x in diffs) / 2)
-    assert d["mean"] == pytest.approx(0.55 / 3) and d["half"] == pytest.approx(4.303 * s / math.sqrt(3), abs=1e-4)
+    assert d["mean"] == pytest.approx(0.55 / 3) and d["half"] == pytest.approx(4.3027 * s / math.sqrt(3), abs=1e-4)
     # paired is narrower than the unpaired spread of either arm here: the seed effect cancels
     assert d["half"] < interval([0.5, 0.7, 0.4])["half"]
     with pytest.raises(ValueError, match="share no seed"):
@@ -256,3 +269,111 @@ def test_kl_at_the_end_is_the_final_policys_where_measured_else_the_last_ppo_rou
     by_arm = {"sparse": [dict(record("sparse", 0, 0.3, [0.1, 0.3], kl=1.25), kl_source="ppo")]}
     text = study_report.markdown(study_report.build_report(by_arm), "t")
     assert "the last PPO round's mean KL" in text and "kl_to_base on the eval prompts" not in text
+
+
+def kl_record(arm, seed, kls, values):
+    """A run whose eval curve carries kl_to_base (round 0, the base, at KL 0)."""
+    run = record(arm, seed, values[-1], values, kl=kls[-1])
+    run["eval_curve"] = [{"round": r, "world/coverage": v, "world/kl_to_base": k}
+                         for r, (k, v) in enumerate(zip(kls, values))]
+    return run
+
+
+def test_matched_kl_by_hand():
+    # seed 0: dense reaches KL 1.0, sparse_scaled 2.0; read both at 1.0: dense 0.5, sparse_scaled 0.2 (its round 1)
+    # seed 1: dense ends at 0.8 (0.4); sparse_scaled at 0.8 lies between (0.4, 0.2) and (1.6, 0.5): 0.3
+    by_arm = {"dense": [kl_record("dense", 0, [0, 0.5, 1.0], [0.1, 0.3, 0.5]),
+                        kl_record("dense", 1, [0, 0.4, 0.8], [0.1, 0.2, 0.4])],
+              "sparse_scaled": [kl_record("sparse_scaled", 0, [0, 1.0, 2.0], [0.1, 0.2, 0.6]),
+                                kl_record("sparse_scaled", 1, [0, 0.4, 1.6], [0.1, 0.2, 0.5])]}
+    report = study_report.build_report(by_arm)
+    d = report["matched_kl"]["dense-sparse_scaled"]
+    assert d["seeds"] == [0, 1] and d["mean"] == pytest.approx(0.2)  # per seed 0.3 and 0.1
+    assert d["half"] == pytest.approx(12.7062 * math.sqrt(0.02) / math.sqrt(2))  # s of (0.3, 0.1), t(1)
+    assert d["kl"]["mean"] == pytest.approx(0.9)
+    end = report["differences"]["dense-sparse_scaled"]["world/coverage"]  # per seed -0.1 and -0.1: the other sign
+    assert end["mean"] == pytest.approx(-0.1)
+    text = study_report.markdown(report, "t")
+    assert "| dense-sparse_scaled | 2 | 0.90 ± " in text and "| +0.200 ± " in text and "| -0.100 ± 0.000 |" in text
+    front = report["arms"]["dense"]["frontier"]  # seed means per round: KL 0, 0.45, 0.9; coverage 0.1, 0.25, 0.45
+    assert front["kl"] == pytest.approx([0, 0.45, 0.9]) and front["metric"] == pytest.approx([0.1, 0.25, 0.45])
+
+
+def test_a_frontier_is_isotonic_and_never_read_past_either_runs_kl():
+    # a coverage that falls with KL is pooled (0.4 and 0.3 -> 0.35), the frontier's "best for the KL spent"
+    falling = kl_record("dense", 0, [0, 0.5, 1.0], [0.1, 0.4, 0.3])
+    assert study_report.frontier(list(study_report.kl_curve(falling, "world/coverage").values())) == \
+        ([0, 0.5, 1.0], pytest.approx([0.1, 0.35, 0.35]))
+    flat = kl_record("sparse", 0, [0, 0.25, 0.5], [0.1, 0.2, 0.3])
+    kl, gain = study_report.at_matched_kl(falling, flat, "world/coverage")
+    assert kl == 0.5 and gain == pytest.approx(0.35 - 0.3)
+    # an experiment evaluated before kl_to_base: no frontier, no matched-KL difference; the table says why
+    old = record("sparse", 0, 0.3, [0.1, 0.3])
+    assert study_report.at_matched_kl(falling, old, "world/coverage") is None
+    report = study_report.build_report({"dense": [falling], "sparse": [old]})
+    assert report["matched_kl"]["dense-sparse"] is None
+    assert "| dense-sparse | - | - | no kl_to_base on the eval curves |" in study_report.markdown(report, "t")
+
+
+def test_the_frontier_rows_are_what_dvc_plots_draws(tmp_path):
+    rows = study_report.frontier_rows({"dense": [kl_record("dense", 3, [0, 0.5], [0.1, 0.3])]}, "world/coverage")
+    assert rows == [{"arm": "dense", "seed": 3, "round": 0, "kl_to_base": 0, "world/coverage": 0.1},
+                    {"arm": "dense", "seed": 3, "round": 1, "kl_to_base": 0.5, "world/coverage": 0.3}]
+    by_arm = {"dense": [kl_record("dense", 0, [0, 0.5, 1.0], [0.1, 0.3, 0.5])]}
+    png = study_report.plot_curves(by_arm, "world/coverage", tmp_path / "c.png", study_report.build_report(by_arm))
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.fixture
+def bare_project(tmp_path, monkeypatch):
+    """A committed git repo holding the demo's params.yaml, in a home with no git identity (a new user's)."""
+    for name in ("HOME", "XDG_CONFIG_HOME"):
+        monkeypatch.setenv(name, str(tmp_path / "home"))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    for who in ("AUTHOR", "COMMITTER"):
+        for part in ("NAME", "EMAIL"):
+            monkeypatch.delenv(f"GIT_{who}_{part}", raising=False)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    import subprocess
+
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    subprocess.run(["git", "add", "params.yaml"], cwd=project, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@x", "commit", "-qm", "p"], cwd=project, check=True)
+    study.git_identity.cache_clear()
+    yield project
+    study.git_identity.cache_clear()
+
+
+@pytest.mark.slow  # git, a few seconds
+def test_with_no_git_identity_drlc_signs_only_its_experiment_commits(bare_project, capsys):
+    import subprocess
+
+    assert study.git_identity(bare_project) == study.IDENTITY
+    assert study.dvc_env(bare_project)["GIT_COMMITTER_EMAIL"] == "drlc-study@localhost"
+    arms = study.pick_arms(study.load_arms(), ["sparse", "dense", "sparse_scaled"])
+    assert study.preflight(bare_project, arms, []) == pytest.approx(0.2)  # the demo's KL coefficient
+    assert "signed 'drlc study <drlc-study@localhost>'" in capsys.readouterr().out
+    unset = subprocess.run(["git", "config", "--get", "user.name"], cwd=bare_project, capture_output=True)
+    assert unset.returncode != 0  # the user's git config is not written
+    subprocess.run(["git", "config", "user.name", "Ann"], cwd=bare_project, check=True)
+    subprocess.run(["git", "config", "user.email", "ann@x"], cwd=bare_project, check=True)
+    study.git_identity.cache_clear()
+    assert study.git_identity(bare_project) == {}  # a user with an identity signs their own
+
+
+@pytest.mark.slow  # git, a few seconds
+def test_what_the_second_phase_needs_is_checked_before_the_first_runs(bare_project, tmp_path):
+    arms_file = tmp_path / "arms.yaml"
+    arms_file.write_text("sparse: {critic.enabled: false}\ndense: {critic.enabled: true}\n"
+                         "sparse_scaled: {critic.enabled: false, score.scale: matched, ppo.init_kl: 0.1}\n")
+    arms = study.pick_arms(study.load_arms(arms_file), ["sparse", "dense", "sparse_scaled"])
+    with pytest.raises(ConfigError, match=r"arm 'sparse_scaled' on .*params.yaml: .*'ppo.init_kl'"):
+        study.study(bare_project, arms=arms, seeds=[0])  # fails at once: no experiment is queued
+    lowkl = study.pick_arms(study.load_arms(), ["sparse", "dense", "sparse_lowkl"])
+    with pytest.raises(ConfigError, match=r"ppo.init_kl_coef = 0.0 .*sparse_lowkl divides it by k"):
+        study.preflight(bare_project, lowkl, ["ppo.init_kl_coef=0.0"])
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(DataError, match="not a git repository with a commit"):
+        study.preflight(tmp_path / "plain", arms, [])

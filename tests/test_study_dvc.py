@@ -122,3 +122,36 @@ def test_a_leftover_queue_stop_does_not_strand_the_queue(tmp_path, monkeypatch, 
             break
         time.sleep(1)
     assert not study.worker_alive(project)
+
+
+@pytest.mark.slow  # three one-round experiments of one seed on one worker, through the CLI
+def test_a_grid_finishes_in_an_empty_home_with_no_git_identity(tmp_path, monkeypatch):
+    """A new user's machine: no ~/.gitconfig, no user.name/user.email. The second phase (sparse_scaled) queues
+    and runs too; drlc signs DVC's experiment commits, and leaves the user's git config unwritten."""
+    import sys
+
+    project = experiment_project(tmp_path, tiny_params(n_rounds=1), monkeypatch)
+    for key in ("user.name", "user.email"):
+        subprocess.run(["git", "config", "--unset", key], cwd=project, check=True)
+    for name in ("HOME", "XDG_CONFIG_HOME"):
+        monkeypatch.setenv(name, str(tmp_path / "home"))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    for variable in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL"):
+        monkeypatch.delenv(variable, raising=False)
+    out = project / "study"  # the default --out: inside the project, where `dvc plots show` reads files
+    result = subprocess.run([sys.executable, "-m", "pipeline", "study", "--arms", "sparse", "dense", "sparse_scaled",
+                             "--seeds", "0", "--rounds", "1", "-S", "evaluate.n_prompts=4", "--project", str(project)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "signed 'drlc study <drlc-study@localhost>'" in result.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["arms"]) == {"sparse", "dense", "sparse_scaled"} and report["scale_k"] > 0
+    assert set(report["matched_kl"]) == {"dense-sparse", "dense-sparse_scaled", "sparse_scaled-sparse"}
+    assert report["arms"]["sparse_scaled"]["frontier"]["kl"][0] == 0.0  # the base, on every frontier
+    assert subprocess.run(["git", "config", "--get", "user.name"], cwd=project).returncode != 0
+    points = json.loads((out / "frontier.json").read_text())["points"]
+    assert {p["arm"] for p in points} == {"sparse", "dense", "sparse_scaled"}
+    drawn = json.loads(dvc(["plots", "show", "study/frontier.json", "-x", "kl_to_base", "-y", report["metric"],
+                            "--json"], project).stdout)["data"]["study/frontier.json"][0]["content"]["data"]["values"]
+    assert [(p["kl_to_base"], p[report["metric"]]) for p in drawn] == \
+        [(p["kl_to_base"], p[report["metric"]]) for p in points]  # dvc plots draws the frontier's points

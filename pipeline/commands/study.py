@@ -6,14 +6,18 @@ From the project's params.yaml (any task, task files included) every (arm, seed)
 ``git show <rev>:metrics/...`` (the per-round curves, which are DVC plots). An experiment that has
 finished under its name is collected, not run again: re-running the command resumes, and a new seed
 runs only that seed. The arms are params overrides in a YAML file (configs/study/arms.yaml; copy it
-and pass --arms-file). ``score.scale: matched`` (sparse_scaled) is a second phase: k is computed from
-the finished sparse and dense experiments of the same seeds. Queued experiments share the workspace's
-critic cache (pipeline/core/cache.py ``shared_directory``). The report: pipeline/studies/study_report.py.
-Docs: docs/study.md.
+and pass --arms-file). ``score.scale: matched`` (sparse_scaled) and ``ppo.init_kl_coef: matched``
+(sparse_lowkl) are a second phase: k is computed from the finished sparse and dense experiments of the
+same seeds. Everything the second phase needs is checked before the first starts (:func:`preflight`).
+Queued experiments share the workspace's critic cache (pipeline/core/cache.py ``shared_directory``).
+The report: pipeline/studies/study_report.py. Docs: docs/study.md.
 """
 from __future__ import annotations
 
+import functools
 import json
+import math
+import os
 import shlex
 import subprocess
 import sys
@@ -25,8 +29,12 @@ from pipeline.core.cache import link_outside
 from pipeline.core.errors import ConfigError, DataError
 
 ARMS_FILE = Path(__file__).resolve().parents[2] / "configs" / "study" / "arms.yaml"
-MATCHED = "matched"  # score.scale: matched = sparse_scaled's k, from the finished sparse and dense arms
+MATCHED = "matched"  # filled in the second phase, from the finished sparse and dense arms (matched_settings)
+MATCHED_KEYS = ("score.scale", "ppo.init_kl_coef")  # k, and the project's KL coefficient / k
 DEFAULT_ARMS = ("sparse", "dense", "summed", "random", "sparse_scaled")
+# DVC commits each experiment (to refs/exps, never to a branch); where git has no identity, it signs them as:
+IDENTITY = {"GIT_AUTHOR_NAME": "drlc study", "GIT_AUTHOR_EMAIL": "drlc-study@localhost",
+            "GIT_COMMITTER_NAME": "drlc study", "GIT_COMMITTER_EMAIL": "drlc-study@localhost"}
 
 
 def load_arms(path: str | Path = ARMS_FILE) -> dict[str, dict]:
@@ -48,9 +56,28 @@ def pick_arms(arms: dict[str, dict], names: list[str]) -> dict[str, dict]:
     if unknown:
         raise ConfigError(f"unknown arm(s) {unknown}; the arms file has {list(arms)} (add yours to a copy of it)")
     picked = {n: arms[n] for n in names}
-    if any(s.get("score.scale") == MATCHED for s in picked.values()) and not {"sparse", "dense"} <= set(picked):
-        raise ConfigError("an arm with score.scale: matched needs the sparse and dense arms in --arms too")
+    if any(is_matched(s) for s in picked.values()) and not {"sparse", "dense"} <= set(picked):
+        matched = [n for n, s in picked.items() if is_matched(s)]
+        raise ConfigError(f"{matched} match k from the sparse and dense arms: put sparse and dense in --arms too")
     return picked
+
+
+def is_matched(settings: dict) -> bool:
+    """Whether an arm has a value of the second phase (``matched``, filled by :func:`matched_settings`)."""
+    return any(settings.get(key) == MATCHED for key in MATCHED_KEYS)
+
+
+def matched_settings(settings: dict, k, kl_coef: float) -> dict:
+    """An arm's settings with its matched values filled: ``score.scale`` = k (sparse_scaled, dense_scaled), and
+    ``ppo.init_kl_coef`` = the project's coefficient / k (sparse_lowkl). The adaptive controller multiplies β by a
+    factor of the KL alone (pipeline.train.ppo.AdaptiveKLController), so dividing its start divides its whole
+    path by k. k may be the dry run's placeholder string."""
+    filled = dict(settings)
+    if filled.get("score.scale") == MATCHED:
+        filled["score.scale"] = k
+    if filled.get("ppo.init_kl_coef") == MATCHED:
+        filled["ppo.init_kl_coef"] = f"<{kl_coef:g}/k>" if isinstance(k, str) else kl_coef / k
+    return filled
 
 
 def exp_name(arm: str, seed: int) -> str:
@@ -82,9 +109,28 @@ def queue_command(arm: str, seed: int, settings: dict, extra: list[str]) -> list
             *[part for s in overrides(seed, settings, extra) for part in ("-S", s)]]
 
 
+@functools.cache
+def git_identity(project: Path) -> dict[str, str]:
+    """The environment DVC's experiment commits need in `project`: {} when git has an identity there (user.name and
+    user.email in any git config, or the GIT_AUTHOR_*/GIT_COMMITTER_* variables), else :data:`IDENTITY`. DVC signs
+    experiments with git's identity (scmrepo reads these variables), and only these commits: a user with none
+    is never blocked an hour into a grid, and their git config is never written."""
+    def has(key: str, variable: str) -> bool:
+        found = subprocess.run(["git", "config", "--get", key], cwd=project, capture_output=True, text=True)
+        return bool(os.environ.get(variable) or found.stdout.strip())
+    named = all(has(key, f"GIT_{who}_{part}") for who in ("AUTHOR", "COMMITTER")
+                for key, part in (("user.name", "NAME"), ("user.email", "EMAIL")))
+    return {} if named else dict(IDENTITY)
+
+
+def dvc_env(project: Path) -> dict[str, str]:
+    return {**os.environ, **git_identity(project)}
+
+
 def dvc(project: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     """Run `python -m dvc ARGS` in project (this interpreter's DVC); DataError with its stderr on failure."""
-    result = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=project, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=project, capture_output=True, text=True,
+                            env=dvc_env(project))
     if check and result.returncode != 0:
         raise DataError(f"`dvc {' '.join(args)[:200]}` failed in {project} ({result.returncode}): "
                         f"{result.stderr.strip()[-1500:]}")
@@ -152,7 +198,8 @@ def run_all(project: Path, jobs: int) -> None:
     a row find experiments queued or running and no worker process alive (then it would wait forever)."""
     import time
 
-    run = subprocess.Popen([sys.executable, "-m", "dvc", "exp", "run", "--run-all", "-j", str(jobs)], cwd=project)
+    run = subprocess.Popen([sys.executable, "-m", "dvc", "exp", "run", "--run-all", "-j", str(jobs)], cwd=project,
+                           env=dvc_env(project))
     gone = 0
     try:
         while run.poll() is None and gone < 2:
@@ -293,18 +340,19 @@ def study(project: Path, *, arms: dict[str, dict], seeds: list[int], jobs: int =
 
     Returns the report, or None for a dry run (which prints the dvc commands only)."""
     from pipeline.commands.rounds import exp_run_overrides
-    from pipeline.studies.study_report import build_report, markdown, match_method, plot_curves
+    from pipeline.studies.study_report import build_report, frontier_rows, markdown, match_method, plot_curves
 
     project = project.resolve()
     extra = ([] if rounds is None else exp_run_overrides(rounds)) + list(sets)
-    first = [(a, s) for a in arms for s in seeds if arms[a].get("score.scale") != MATCHED]
-    second = [(a, s) for a in arms for s in seeds if arms[a].get("score.scale") == MATCHED]
+    first = [(a, s) for a in arms for s in seeds if not is_matched(arms[a])]
+    second = [(a, s) for a in arms for s in seeds if is_matched(arms[a])]
+    kl_coef = preflight(project, arms, sets, report_only=report_only)
     if report_only:
         kill_stale_running(project)  # only entries no worker runs: a live grid is left alone
         ran = 0
     else:
         ran = run_grid(project, arms, first, second, extra, jobs=jobs, seeds=seeds, rounds=rounds,
-                       dry_run=dry_run, scale_match=scale_match)
+                       dry_run=dry_run, scale_match=scale_match, kl_coef=kl_coef)
     if dry_run:
         return None
     done = existing(project)
@@ -314,7 +362,7 @@ def study(project: Path, *, arms: dict[str, dict], seeds: list[int], jobs: int =
     if not first + second:
         raise DataError(f"no experiment of this grid has finished in {project}: run `drlc study` without "
                         "--report-only first")
-    k = scale_run_with(done, second)  # the k the scaled experiments ran with; one k, or an error
+    k = scale_run_with(done, second, arms, kl_coef)  # the k the matched experiments ran with; one k, or an error
     by_arm = collect(project, first + second, arms, rounds, done=done)
     method = match_method(by_arm["dense"], by_arm["sparse"], scale_match) \
         if {"dense", "sparse"} <= set(by_arm) else scale_match
@@ -326,16 +374,47 @@ def study(project: Path, *, arms: dict[str, dict], seeds: list[int], jobs: int =
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     text = markdown(report, f"drlc study: {', '.join(arms)} × seeds {seeds}")
     (out / "report.md").write_text(text)
-    plot_curves(by_arm, report["metric"], out / "curves.png")
-    print(text + f"\nran {ran} experiment(s); report in {out}/report.md, report.json, curves.png", flush=True)
+    plot_curves(by_arm, report["metric"], out / "curves.png", report)
+    (out / "frontier.json").write_text(json.dumps({"points": frontier_rows(by_arm, report["metric"])}, indent=1) + "\n")
+    print(text + f"\nran {ran} experiment(s); report in {out}/report.md, report.json, curves.png, frontier.json",
+          flush=True)
     return report
+
+
+def preflight(project: Path, arms: dict[str, dict], sets: list[str], *, report_only: bool = False) -> float:
+    """Check, before the first phase starts, everything the second needs; returns the project's
+    ppo.init_kl_coef (sparse_lowkl divides it by k). One-line ConfigError or DataError naming the fix for: a
+    project that is no git repo with a commit (DVC experiments start from one), an arm whose settings (its
+    matched values filled with stand-ins) the project's params.yaml refuses, and sparse_lowkl on a project whose
+    KL coefficient is 0. Git's identity is not needed: :func:`git_identity` supplies one, said here."""
+    from pipeline.core.config import load_params
+
+    head = subprocess.run(["git", "rev-parse", "--verify", "HEAD"], cwd=project, capture_output=True, text=True)
+    if head.returncode != 0:
+        raise DataError(f"{project} is not a git repository with a commit, which DVC experiments start from: run "
+                        "`git init && git add -A && git commit -m project` there (dvc init too, if new)")
+    base = [s.lstrip("+") for s in sets]
+    for name, settings in arms.items():
+        filled = matched_settings(settings, 2.0, 1.0)
+        try:
+            load_params(project / "params.yaml", base + [f"{k}={hydra_value(v)}" for k, v in filled.items()])
+        except ConfigError as error:
+            raise ConfigError(f"arm {name!r} on {project / 'params.yaml'}: {error}") from None
+    kl_coef = load_params(project / "params.yaml", base).ppo.init_kl_coef
+    if kl_coef <= 0 and any(s.get("ppo.init_kl_coef") == MATCHED for s in arms.values()):
+        raise ConfigError(f"ppo.init_kl_coef = {kl_coef} in {project / 'params.yaml'}: sparse_lowkl divides it by "
+                          "k, so it would run the sparse arm again; drop sparse_lowkl or set a coefficient")
+    if git_identity(project) and not report_only:
+        print("drlc study: git has no user.name/user.email here, so DVC's experiment commits (refs/exps, never your "
+              f"branches) are signed '{IDENTITY['GIT_AUTHOR_NAME']} <{IDENTITY['GIT_AUTHOR_EMAIL']}>'", flush=True)
+    return kl_coef
 
 
 def run_grid(project: Path, arms: dict[str, dict], first: list[tuple[str, int]], second: list[tuple[str, int]],
              extra: list[str], *, jobs: int, seeds: list[int], rounds: int | None, dry_run: bool,
-             scale_match: str = "auto") -> int:
-    """Run the first phase, then the matched-scale arms with k from the finished sparse and dense arms;
-    returns how many experiments ran."""
+             scale_match: str = "auto", kl_coef: float = 0.0) -> int:
+    """Run the first phase, then the matched arms (matched_settings) with k from the finished sparse and dense
+    arms; returns how many experiments ran."""
     from pipeline.studies.study_report import choose_scale
 
     ran = run_phase(project, first, lambda a, s: arms[a], extra, jobs=jobs, dry_run=dry_run)
@@ -349,17 +428,27 @@ def run_grid(project: Path, arms: dict[str, dict], first: list[tuple[str, int]],
         why = " (auto: dense's or sparse's mean reward is not positive, so no k matches the mean)" \
             if scale_match == "auto" and method == "std" else ""
         print(f"score.scale matched by {method}{why}: k = {k:.4f}", flush=True)
-    scaled = {a: {**arms[a], "score.scale": k} for a, _ in second}
-    return ran + run_phase(project, second, lambda a, s: scaled[a], extra, jobs=jobs, dry_run=dry_run)
+    matched = {a: matched_settings(arms[a], k, kl_coef) for a, _ in second}
+    return ran + run_phase(project, second, lambda a, s: matched[a], extra, jobs=jobs, dry_run=dry_run)
 
 
-def scale_run_with(done: dict[str, dict], scaled: list[tuple[str, int]]) -> float | None:
-    """The k the finished matched-scale experiments ran with (None when none has finished)."""
-    ks = {done[exp_name(a, s)]["params"]["score"]["scale"] for a, s in scaled}
-    if len(ks) > 1:
-        raise DataError(f"the matched-scale experiments {[exp_name(a, s) for a, s in scaled]} ran with different "
-                        f"score.scale values {sorted(ks)}; remove the odd ones (`dvc exp remove <name>`)")
-    return ks.pop() if ks else None
+def scale_run_with(done: dict[str, dict], matched: list[tuple[str, int]], arms: dict[str, dict] | None = None,
+                   kl_coef: float = 0.0) -> float | None:
+    """The k the finished matched experiments ran with (None when none has finished): score.scale of a scaled
+    arm, the project's ppo.init_kl_coef / the experiment's of sparse_lowkl. DataError when they disagree."""
+    ks = {}
+    for a, s in matched:
+        params = done[exp_name(a, s)]["params"]
+        if (arms or {}).get(a, {"score.scale": MATCHED}).get("score.scale") == MATCHED:
+            ks[exp_name(a, s)] = float(params["score"]["scale"])
+        else:
+            ks[exp_name(a, s)] = kl_coef / float(params["ppo"]["init_kl_coef"])
+    first = next(iter(ks.values()), None)
+    odd = {name: k for name, k in ks.items() if not math.isclose(k, first, rel_tol=1e-9)}
+    if odd:
+        raise DataError(f"the matched experiments ran with different k: {ks}; remove the odd ones "
+                        "(`dvc exp remove <name>`) and run again")
+    return first
 
 
 def cmd_study(args) -> None:

@@ -18,50 +18,29 @@ a plain function of those lists, so the tests recompute them by hand.
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from pipeline.core.errors import DataError
 from pipeline.studies import critics
 from pipeline.studies.analysis import matched_kl, mean, seed_mean_curve, sparse_target, steps_to_reach
+from pipeline.studies.paired import paired_difference
 
 EVAL_METRICS = ("expected_max_toxicity", "toxicity_probability", "perplexity", "dist_1", "dist_2", "dist_3",
                 "env_reward_mean")
 API_PRICE = ("gpt-3.5-turbo", 0.5, 1.5)  # the paper's critic; USD per 1M prompt and per 1M completion tokens
 
 
-def t_quantile_975(df: int) -> float:
-    """The 0.975 quantile of Student's t with ``df`` degrees of freedom: scipy's; without scipy (not a drlc
-    dependency) the printed table to df 10, then the Cornish-Fisher series in 1/df (within 1e-3 there)."""
-    try:
-        from scipy.stats import t
-
-        return float(t.ppf(0.975, df))
-    except ImportError:
-        table = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 5: 2.5706, 6: 2.4469, 7: 2.3646, 8: 2.3060, 9: 2.2622,
-                 10: 2.2281}
-        z = 1.959964
-        series = (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
-                  + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3))
-        return table.get(df, series)
-
-
 def paired_interval(arm: dict[int, float], control: dict[int, float]) -> dict:
-    """Mean of (arm - control) over the seeds both have, with its 95 % t interval.
+    """Mean of (arm - control) over the seeds both have, with its 95 % t interval (paired.paired_difference).
 
     :param arm: {seed: value}
     :param control: {seed: value}
-    :return: {"mean", "low", "high", "n"}; low/high None with fewer than 2 paired seeds, all None with none
+    :return: {"mean", "half", "low", "high", "n", "seeds"}; half, low, high None with one paired seed; mean None too
+        with none
     """
-    diffs = [arm[s] - control[s] for s in sorted(arm) if s in control]
-    if not diffs:
-        return {"mean": None, "low": None, "high": None, "n": 0}
-    m = mean(diffs)
-    if len(diffs) < 2:
-        return {"mean": m, "low": None, "high": None, "n": 1}
-    half = t_quantile_975(len(diffs) - 1) * math.sqrt(sum((d - m) ** 2 for d in diffs) / (len(diffs) - 1)) \
-        / math.sqrt(len(diffs))
-    return {"mean": m, "low": m - half, "high": m + half, "n": len(diffs)}
+    if not set(arm) & set(control):
+        return {"mean": None, "half": None, "low": None, "high": None, "n": 0, "seeds": []}
+    return paired_difference(arm, control)
 
 
 def by_seed(runs: list[dict], value) -> dict[int, float]:

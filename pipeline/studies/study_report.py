@@ -1,6 +1,7 @@
 """`drlc study`'s report, from the experiments alone: eval metrics per arm with 95 % intervals over seeds,
-differences paired by seed, episodes to reach sparse's final score, KL to the base, the critic's bill,
-a PNG of the eval curves, JSON and Markdown.
+differences paired by seed at the end point and at matched KL (each arm's metric-vs-KL frontier), episodes to
+reach sparse's final score, KL to the base, the critic's bill, a PNG of the eval curves and frontiers, JSON and
+Markdown.
 
 Inputs are run records (:func:`run_record`): what ``dvc exp show`` shows of one experiment (params,
 metrics/eval.json) and what it holds as plots (metrics/rounds.json: the training curves;
@@ -20,12 +21,13 @@ from pathlib import Path
 from pipeline.core import store
 from pipeline.core.errors import DataError
 from pipeline.rewards.shaping import population_std
-from pipeline.studies.analysis import scale_factor
+from pipeline.studies.analysis import interpolate_at, isotonic_frontier, scale_factor
 from pipeline.studies.paired import first_reaching, interval, paired_difference, seed_mean_points
 
 GENERIC = ("env_reward_mean", "perplexity", "dist_1", "dist_2", "dist_3", "kl_to_base", "n_samples")  # not the task's own
 PAIRS = (("dense", "sparse"), ("dense", "summed"), ("dense", "random"), ("dense", "sparse_scaled"),
-         ("dense_scaled", "sparse_scaled"), ("grpo_dense", "grpo_sparse"))
+         ("dense", "sparse_lowkl"), ("dense_scaled", "sparse_scaled"), ("sparse_scaled", "sparse"),
+         ("sparse_lowkl", "sparse"), ("sparse_scaled", "sparse_lowkl"), ("grpo_dense", "grpo_sparse"))
 CRITIC_KEYS = ("critic_requests", "cache_hits", "critic_tokens", "critic_cost_usd")
 
 
@@ -155,6 +157,63 @@ def curve_points(run: dict, metric: str) -> list[tuple[int, float]]:
     return [(p["round"] * run["rollouts_per_round"], p[metric]) for p in run["eval_curve"] if metric in p]
 
 
+def kl_key(metric: str) -> str:
+    """The eval curve's KL to the base beside `metric`: the kl_to_base of the metric's prompt set."""
+    return f"{metric.rsplit('/', 1)[0]}/kl_to_base"
+
+
+def kl_curve(run: dict, metric: str) -> dict[int, tuple[float, float]]:
+    """{round: (kl_to_base, metric)} of each evaluated round of a run (round 0, the base, at KL 0); empty for an
+    experiment evaluated before drlc measured kl_to_base."""
+    kl = kl_key(metric)
+    return {p["round"]: (p[kl], p[metric]) for p in run["eval_curve"] if kl in p and metric in p}
+
+
+def frontier(points: list[tuple[float, float]]) -> tuple[list[float], list[float]] | None:
+    """The metric-vs-KL frontier of (KL, metric) points: the metric's least-squares non-decreasing fit on KL
+    (analysis.isotonic_frontier: "the best metric for the KL spent"); None for fewer than two points."""
+    if len(points) < 2:
+        return None
+    return isotonic_frontier([x for x, _ in points], [y for _, y in points])
+
+
+def at_matched_kl(a: dict, b: dict, metric: str) -> tuple[float, float] | None:
+    """(KL, a − b) of two runs of one seed: both frontiers read at the largest KL both reached (where the run that
+    drifted less ended), by linear interpolation, never extrapolated. None when either run has no frontier or
+    neither left the base (that KL is not above 0)."""
+    fronts = frontier(list(kl_curve(a, metric).values())), frontier(list(kl_curve(b, metric).values()))
+    if None in fronts:
+        return None
+    level = min(xs[-1] for xs, _ in fronts)
+    values = [interpolate_at(xs, ys, [level])[0] for xs, ys in fronts]
+    if level <= 0 or None in values:
+        return None
+    return level, values[0] - values[1]
+
+
+def matched_kl_difference(a_runs: list[dict], b_runs: list[dict], metric: str) -> dict | None:
+    """The interval over seeds of the per-seed difference at matched KL (:func:`at_matched_kl`), with the seeds
+    and the KL it was read at (an interval over the same seeds); None when no seed of both has frontiers."""
+    others = {run["seed"]: run for run in b_runs}
+    per_seed = {run["seed"]: at_matched_kl(run, others[run["seed"]], metric) for run in a_runs
+                if run["seed"] in others}
+    per_seed = {seed: read for seed, read in per_seed.items() if read is not None}
+    if not per_seed:
+        return None
+    seeds = sorted(per_seed)
+    return interval([per_seed[s][1] for s in seeds]) | {"seeds": seeds, "kl": interval([per_seed[s][0] for s in seeds])}
+
+
+def arm_frontier(runs: list[dict], metric: str) -> dict | None:
+    """An arm's frontier over seeds: per evaluated round, the seed-mean KL and metric, and their isotonic fit."""
+    by_round = [kl_curve(run, metric) for run in runs]
+    rounds = sorted(set.intersection(*(set(r) for r in by_round))) if by_round else []
+    points = [(sum(r[n][0] for r in by_round) / len(runs), sum(r[n][1] for r in by_round) / len(runs))
+              for n in rounds]
+    fitted = frontier(points)
+    return None if fitted is None else {"points": points, "kl": fitted[0], "metric": fitted[1]}
+
+
 def arm_summary(runs: list[dict], metric: str, target: float | None) -> dict:
     metrics = sorted({m for run in runs for m in run["eval"]})
     curve = seed_mean_points([curve_points(run, metric) for run in runs])
@@ -166,6 +225,7 @@ def arm_summary(runs: list[dict], metric: str, target: float | None) -> dict:
         "kl_source": sorted({run.get("kl_source") for run in runs if run.get("kl_source")}),
         "episodes_to_target": None if target is None else first_reaching(curve, target),
         "curve": curve,
+        "frontier": arm_frontier(runs, metric),
         "critic": {key: sum(run["critic"][key] for run in runs) for key in CRITIC_KEYS},
     }
 
@@ -177,16 +237,20 @@ def build_report(by_arm: dict[str, list[dict]], *, metric: str | None = None, k:
     sparse_curve = seed_mean_points([curve_points(r, metric) for r in by_arm.get("sparse", [])])
     target = sparse_curve[-1][1] if sparse_curve else None
     arms = {arm: arm_summary(runs, metric, target) for arm, runs in by_arm.items()}
-    differences = {}
+    differences, matched = {}, {}
     for a, b in PAIRS:
         if a in by_arm and b in by_arm:
+            matched[f"{a}-{b}"] = matched_kl_difference(by_arm[a], by_arm[b], metric)
             per_seed = [{run["seed"]: run["eval"] for run in by_arm[arm]} for arm in (a, b)]
             shared = sorted({m for ev in per_seed[0].values() for m in ev})
             differences[f"{a}-{b}"] = {m: paired_difference({s: e[m] for s, e in per_seed[0].items() if m in e},
                                                             {s: e[m] for s, e in per_seed[1].items() if m in e})
                                        for m in shared}
     return {"metric": metric, "target": target, "target_note": "sparse's seed-mean eval curve at its last point",
-            "scale_k": k, "arms": arms, "differences": differences, "settings": settings or {}}
+            "scale_k": k, "arms": arms, "differences": differences, "matched_kl": matched,
+            "matched_kl_note": "per seed, both arms' metric-vs-KL frontiers (isotonic) read at the largest "
+                               "kl_to_base both reached; never extrapolated",
+            "settings": settings or {}}
 
 
 def _ci(v: dict | None, digits: int = 3) -> str:
@@ -202,6 +266,32 @@ def _kl_note(arms: dict) -> str:
     notes = {"eval": "the final policy's kl_to_base on the eval prompts",
              "ppo": "the last PPO round's mean KL of its rollouts (experiments evaluated before kl_to_base)"}
     return "; ".join(notes[s] for s in sorted(sources)) + "." if sources else "-."
+
+
+def _signed(d: dict) -> str:
+    return f"{d['mean']:+.3f}" + ("" if d["half"] is None else f" ± {d['half']:.3f}")
+
+
+def _span(d: dict) -> str:
+    return "-" if d["half"] is None else f"[{d['low']:+.3f}, {d['high']:+.3f}]"
+
+
+def _matched_kl_lines(report: dict) -> list[str]:
+    """The paired differences at matched KL beside the end-point ones (:func:`at_matched_kl`)."""
+    rows = [(pair, d, report["differences"][pair].get(report["metric"]))
+            for pair, d in (report.get("matched_kl") or {}).items()]
+    if not rows:
+        return []
+    lines = ["", f"At matched KL ({report['metric']}; per seed, both arms' metric-vs-KL frontiers read at the largest "
+             "kl_to_base both reached, never extrapolated), beside the end point:", "",
+             "| difference | seeds | at KL | mean ± half | interval | end point |", "|---|---|---|---|---|---|"]
+    for pair, d, end in rows:
+        if d is None:
+            lines.append(f"| {pair} | - | - | no kl_to_base on the eval curves | - | {_signed(end) if end else '-'} |")
+        else:
+            lines.append(f"| {pair} | {d['n']} | {_ci(d['kl'], 2)} | {_signed(d)} | {_span(d)} | "
+                         f"{_signed(end) if end else '-'} |")
+    return lines
 
 
 def markdown(report: dict, title: str) -> str:
@@ -229,9 +319,8 @@ def markdown(report: dict, title: str) -> str:
         for pair, by_metric in report["differences"].items():
             d = by_metric.get(metric)
             if d is not None:
-                span = "-" if d["half"] is None else f"[{d['low']:+.3f}, {d['high']:+.3f}]"
-                lines.append(f"| {pair} | {d['n']} | {d['mean']:+.3f}"
-                             + ("" if d["half"] is None else f" ± {d['half']:.3f}") + f" | {span} |")
+                lines.append(f"| {pair} | {d['n']} | {_signed(d)} | {_span(d)} |")
+        lines += _matched_kl_lines(report)
     lines += ["", "| arm | critic requests | cache hits | critic tokens | critic cost (USD) |", "|---|---|---|---|---|"]
     for arm, a in arms.items():
         c = a["critic"]
@@ -242,29 +331,47 @@ def markdown(report: dict, title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_curves(by_arm: dict[str, list[dict]], metric: str, path: Path) -> Path:
-    """PNG of each arm's eval curve against episodes: the seed mean and its 95 % interval band."""
+def plot_curves(by_arm: dict[str, list[dict]], metric: str, path: Path, report: dict | None = None) -> Path:
+    """PNG of each arm's eval curve against episodes (the seed mean and its 95 % interval band) and, beside it, its
+    metric-vs-KL frontier (report["arms"][arm]["frontier"]: seed-mean points per evaluated round and their fit)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, (ax, kl_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
     for arm, runs in by_arm.items():
         curves = [dict(curve_points(run, metric)) for run in runs]
         xs = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
         if not xs:
             continue
         bands = [interval([c[x] for c in curves]) for x in xs]
-        ax.plot(xs, [b["mean"] for b in bands], marker="o", label=f"{arm} (n={len(runs)})")
+        line, = ax.plot(xs, [b["mean"] for b in bands], marker="o", label=f"{arm} (n={len(runs)})")
         if all(b["half"] is not None for b in bands):
             ax.fill_between(xs, [b["low"] for b in bands], [b["high"] for b in bands], alpha=0.2)
+        front = ((report or {}).get("arms", {}).get(arm) or {}).get("frontier")
+        if front:
+            kl_ax.scatter(*zip(*front["points"]), color=line.get_color(), s=14, alpha=0.6)
+            kl_ax.plot(front["kl"], front["metric"], color=line.get_color(), drawstyle="default", label=arm)
     ax.set_xlabel("episodes (rollouts trained on)")
     ax.set_ylabel(f"eval {metric}")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    kl_ax.set_xlabel(f"{kl_key(metric)} (nats per response)")
+    kl_ax.set_ylabel(f"eval {metric}")
+    kl_ax.set_title("frontier: seed-mean points per evaluated round, isotonic fit", fontsize=9)
+    for axis in (ax, kl_ax):
+        axis.grid(alpha=0.3)
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def frontier_rows(by_arm: dict[str, list[dict]], metric: str) -> list[dict]:
+    """Every evaluated round of every experiment as {arm, seed, round, kl_to_base, <metric>}: the frontier panel's
+    points per seed, as a table `dvc plots show` draws (docs/study.md)."""
+    return [{"arm": arm, "seed": run["seed"], "round": round_, "kl_to_base": kl, metric: value}
+            for arm, runs in by_arm.items() for run in runs
+            for round_, (kl, value) in sorted(kl_curve(run, metric).items())]
