@@ -147,6 +147,11 @@ def test_a_finished_experiment_with_other_settings_is_named_not_collected():
     assert study.mismatch(params, {"critic.enabled": True}, 1, 2) == \
         "evaluate.policy='round=0002' (experiment: 'round=0004')"
     assert study.mismatch(params, {"score.scale": study.MATCHED}, 1, None) is None  # k is the study's to choose
+    # a grid at another -S (a length sweep's rollout.max_new_tokens) never collects this experiment
+    longer = {**params, "rollout": {"max_new_tokens": 24}}
+    assert study.mismatch(longer, {}, 1, None, ["rollout.max_new_tokens=24"]) is None
+    assert study.mismatch(longer, {}, 1, None, ["rollout.max_new_tokens=64"]) == \
+        "rollout.max_new_tokens=64 (experiment: 24)"
 
 
 def test_a_partial_report_takes_k_from_the_scaled_experiments_that_ran():

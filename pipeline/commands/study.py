@@ -288,15 +288,19 @@ def run_phase(project: Path, todo: list[tuple[str, int]], settings_of, extra: li
     return len(new)
 
 
-def mismatch(params: dict, settings: dict, seed: int, rounds: int | None) -> str | None:
-    """The first of an arm's settings (its seed, its number of rounds) a finished experiment's params lack, as
-    "key=value (experiment: value)"; None when it has them all. A matched scale is not compared."""
+def mismatch(params: dict, settings: dict, seed: int, rounds: int | None, sets: list[str] = ()) -> str | None:
+    """The first of an arm's settings (its seed, its number of rounds, the grid's -S overrides) a finished
+    experiment's params lack, as "key=value (experiment: value)"; None when it has them all. A matched value is not
+    compared. So a grid at another -S (say rollout.max_new_tokens) never collects another grid's experiments."""
     def value(key):
         node = params
         for part in key.split("."):
             node = node.get(part) if isinstance(node, dict) else None
         return node
     wanted = {"run.seed": seed, **{k: v for k, v in settings.items() if v != MATCHED}}
+    for assignment in sets:
+        key, _, text = assignment.lstrip("+").partition("=")
+        wanted[key] = yaml.safe_load(text)
     if rounds is not None:
         wanted["evaluate.policy"] = f"round={rounds:04d}"
     return next((f"{k}={v!r} (experiment: {value(k)!r})" for k, v in wanted.items() if value(k) != v), None)
@@ -304,9 +308,9 @@ def mismatch(params: dict, settings: dict, seed: int, rounds: int | None) -> str
 
 def collect(project: Path, todo: list[tuple[str, int]], arms: dict[str, dict] | None = None,
             rounds: int | None = None, with_spread: bool = False,
-            done: dict[str, dict] | None = None) -> dict[str, list[dict]]:
+            done: dict[str, dict] | None = None, sets: list[str] = ()) -> dict[str, list[dict]]:
     """{arm: [run record per seed]} of the finished experiments of todo; DataError naming any missing, or any
-    whose params are not its arm's (arms given: an experiment of that name run with other settings).
+    whose params are not its arm's (arms given: an experiment of that name run with other settings or -S sets).
     with_spread: the records carry each round's reward spread (a scale matched by std).
     done: :func:`existing` of the project, when the caller has just read it."""
     from pipeline.studies.study_report import run_record
@@ -317,7 +321,7 @@ def collect(project: Path, todo: list[tuple[str, int]], arms: dict[str, dict] | 
         raise DataError(f"experiments {missing} are missing in {project}: see `dvc queue status`, then run the "
                         "same command again")
     for arm, seed in todo if arms else ():
-        wrong = mismatch(done[exp_name(arm, seed)]["params"], arms[arm], seed, rounds)
+        wrong = mismatch(done[exp_name(arm, seed)]["params"], arms[arm], seed, rounds, sets)
         if wrong:
             raise DataError(f"experiment {exp_name(arm, seed)} was run with other settings than arm {arm!r} has "
                             f"now: {wrong}; remove it (`dvc exp remove {exp_name(arm, seed)}`) to run it again")
@@ -352,7 +356,7 @@ def study(project: Path, *, arms: dict[str, dict], seeds: list[int], jobs: int =
         ran = 0
     else:
         ran = run_grid(project, arms, first, second, extra, jobs=jobs, seeds=seeds, rounds=rounds,
-                       dry_run=dry_run, scale_match=scale_match, kl_coef=kl_coef)
+                       dry_run=dry_run, scale_match=scale_match, kl_coef=kl_coef, sets=sets)
     if dry_run:
         return None
     done = existing(project)
@@ -363,7 +367,7 @@ def study(project: Path, *, arms: dict[str, dict], seeds: list[int], jobs: int =
         raise DataError(f"no experiment of this grid has finished in {project}: run `drlc study` without "
                         "--report-only first")
     k = scale_run_with(done, second, arms, kl_coef)  # the k the matched experiments ran with; one k, or an error
-    by_arm = collect(project, first + second, arms, rounds, done=done)
+    by_arm = collect(project, first + second, arms, rounds, done=done, sets=sets)
     method = match_method(by_arm["dense"], by_arm["sparse"], scale_match) \
         if {"dense", "sparse"} <= set(by_arm) else scale_match
     report = build_report(by_arm, metric=metric, k=k, settings=arms) | {
@@ -412,7 +416,7 @@ def preflight(project: Path, arms: dict[str, dict], sets: list[str], *, report_o
 
 def run_grid(project: Path, arms: dict[str, dict], first: list[tuple[str, int]], second: list[tuple[str, int]],
              extra: list[str], *, jobs: int, seeds: list[int], rounds: int | None, dry_run: bool,
-             scale_match: str = "auto", kl_coef: float = 0.0) -> int:
+             scale_match: str = "auto", kl_coef: float = 0.0, sets: list[str] = ()) -> int:
     """Run the first phase, then the matched arms (matched_settings) with k from the finished sparse and dense
     arms; returns how many experiments ran."""
     from pipeline.studies.study_report import choose_scale
@@ -424,7 +428,7 @@ def run_grid(project: Path, arms: dict[str, dict], first: list[tuple[str, int]],
         k = "<k>"
     else:
         done, todo = existing(project), [(a, s) for a in ("sparse", "dense") for s in seeds]
-        k, method = choose_scale(lambda spread: collect(project, todo, arms, rounds, spread, done), scale_match)
+        k, method = choose_scale(lambda spread: collect(project, todo, arms, rounds, spread, done, sets), scale_match)
         why = " (auto: dense's or sparse's mean reward is not positive, so no k matches the mean)" \
             if scale_match == "auto" and method == "std" else ""
         print(f"score.scale matched by {method}{why}: k = {k:.4f}", flush=True)

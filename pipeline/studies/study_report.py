@@ -375,3 +375,72 @@ def frontier_rows(by_arm: dict[str, list[dict]], metric: str) -> list[dict]:
     return [{"arm": arm, "seed": run["seed"], "round": round_, "kl_to_base": kl, metric: value}
             for arm, runs in by_arm.items() for run in runs
             for round_, (kl, value) in sorted(kl_curve(run, metric).items())]
+
+
+CONTROLS = ("sparse_scaled", "sparse_lowkl")  # the scale- and KL-matched sparse controls
+
+
+def best_control(report: dict, controls: tuple[str, ...] = CONTROLS) -> str | None:
+    """The matched sparse control with the higher seed-mean final metric (None when the report has neither)."""
+    ran = [arm for arm in controls if arm in report["arms"] and report["metric"] in report["arms"][arm]["eval"]]
+    return max(ran, key=lambda arm: report["arms"][arm]["eval"][report["metric"]]["mean"], default=None)
+
+
+def versus_best_control(report: dict, arm: str = "dense") -> dict:
+    """`arm` against the best matched control of one grid: the paired differences at matched KL and at the end
+    point, and the critic's cost per point (0.01) of the matched-KL gain, per experiment (None without a gain)."""
+    control = best_control(report)
+    pair = f"{arm}-{control}"
+    at_kl = (report.get("matched_kl") or {}).get(pair)
+    end = report["differences"].get(pair, {}).get(report["metric"])
+    critic, seeds = report["arms"][arm]["critic"], len(report["arms"][arm]["seeds"])
+    points = None if at_kl is None or at_kl["mean"] <= 0 else at_kl["mean"] / 0.01
+    return {"control": control, "at_kl": at_kl, "end": end,
+            "critic_per_experiment": {key: value / seeds for key, value in critic.items()},
+            "critic_per_point": None if points is None else {key: value / seeds / points
+                                                             for key, value in critic.items()}}
+
+
+def sweep_markdown(rows: dict[str, dict], key: str, metric: str) -> str:
+    """The sweep table: per value of `key`, dense − the best matched control at matched KL and at the end point,
+    and the critic's requests per experiment and per point of gain."""
+    lines = [f"| {key} | best control | seeds | at KL | dense − control at matched KL | end point | "
+             "critic requests / experiment | per point of gain |", "|---" * 8 + "|"]
+    for value, row in rows.items():
+        at_kl, end = row["at_kl"], row["end"]
+        per = row["critic_per_point"]
+        lines.append(f"| {value} | {row['control'] or '-'} | {at_kl['n'] if at_kl else '-'} | "
+                     f"{_ci(at_kl['kl'], 2) if at_kl else '-'} | "
+                     + (f"{_signed(at_kl)} {_span(at_kl)}" if at_kl else "-") + " | "
+                     + (f"{_signed(end)} {_span(end)}" if end else "-") + " | "
+                     f"{row['critic_per_experiment']['critic_requests']:.0f} | "
+                     + ("no gain" if per is None else f"{per['critic_requests']:.3g}") + " |")
+    return f"Metric: **{metric}**; ± = 95 % half-width over paired seeds, [low, high].\n\n" + "\n".join(lines) + "\n"
+
+
+def plot_sweep(rows: dict[str, dict], key: str, metric: str, path: Path) -> Path:
+    """PNG of dense − the best matched control against `key`: at matched KL and at the end point, 95 % bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    xs = [float(value) for value in rows]
+    for name, offset, label in (("at_kl", -0.015, "at matched KL"), ("end", 0.015, "end point")):
+        found = [(x, row[name]) for x, row in zip(xs, rows.values()) if row[name]]
+        if found:
+            ax.errorbar([x * (1 + offset) for x, _ in found], [d["mean"] for _, d in found],
+                        yerr=[d["half"] or 0.0 for _, d in found], marker="o", capsize=3, label=label)
+    ax.axhline(0.0, color="grey", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xticks(xs, [str(v) for v in rows])
+    ax.set_xlabel(key)
+    ax.set_ylabel(f"dense − best matched control ({metric})")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
