@@ -217,7 +217,7 @@ def test_sql_names_a_corrupt_partition_and_other_tables_still_answer(workdir):
     bad.write_bytes(bad.read_bytes()[:40])  # a truncated copy: no footer
     result = drlc(["sql", "SELECT count(*) AS n FROM scores"], workdir)
     assert_clean_failure(result, "Table 'scores'", "data/scores/round=0002/part-0.parquet",
-                         "dvc checkout data/scores/round=0002", "dvc repro")
+                         "re-create it with the stage that writes it", "dvc repro")  # no dvc.lock here to compare
     other = drlc(["sql", "SELECT split, count(*) AS n FROM prompts GROUP BY 1"], workdir)
     assert other.returncode == 0 and "eval" in other.stdout, other.stderr
     assert bad.stat().st_size == 40  # nothing rewritten

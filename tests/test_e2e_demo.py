@@ -16,6 +16,7 @@ import yaml
 from e2e import dvc, make_project, run, tiny_params
 
 from pipeline.core.device import stage_devices
+from pipeline.core.integrity import file_md5
 from pipeline.core.store import VOLATILE_COLUMNS, connect
 
 pytestmark = pytest.mark.slow  # every test here runs `dvc repro` (or uses a fixture that does)
@@ -149,3 +150,27 @@ def test_bad_params_stop_the_dag_with_one_line_and_keep_finished_outputs(finishe
     assert len(errors) == 1 and "ppo.clip_range" in errors[0] and "cliprange" in errors[0], errors
     assert {p: p.read_bytes() for p in kept} == before
 
+
+
+def test_a_truncated_output_is_repaired_by_following_drlc_sql_word_for_word(finished_run):
+    """With the project's own cache.type (hardlinks, docs/disk.md), truncating an output in place corrupts its
+    cache copy too; drlc sql names it against dvc.lock, and its commands, run as written, repair it."""
+    dvc(["config", "cache.type", "hardlink,symlink"], finished_run)
+    dvc(["checkout", "--relink"], finished_run)
+    count = "SELECT count(*) AS n FROM scores"
+    rows = connect(finished_run / "data").sql(count).fetchall()[0][0]
+    file = finished_run / "data/scores/round=0002/part-0.parquet"
+    assert file.stat().st_nlink == 2  # the workspace file is the cache object
+    file.chmod(0o644)
+    file.write_bytes(file.read_bytes()[:40])
+    failed = run([sys.executable, "-m", "pipeline", "sql", count], finished_run, check=False)
+    assert failed.returncode == 2 and "is corrupt" in failed.stderr, failed.stderr
+    commands = re.findall(r"`([^`]+)`", failed.stderr.split("cannot restore it: run ")[1])
+    assert [c.split()[:2] for c in commands] == [["rm", "-f"], ["dvc", "repro"]], failed.stderr
+    for command in commands:
+        words = command.split()
+        run(words, finished_run) if words[0] == "rm" else dvc(words[1:], finished_run)
+    repaired = run([sys.executable, "-m", "pipeline", "sql", count], finished_run)
+    assert repaired.stdout.split() == ["n", str(rows)]
+    recorded = re.search(r"dvc\.lock records (\w+)", failed.stderr).group(1)
+    assert file_md5(file) == recorded  # the file dvc.lock records again, so the stages after it stay up to date

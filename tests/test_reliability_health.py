@@ -104,7 +104,8 @@ def test_failures_over_the_limit_stop_the_round_and_a_rerun_sends_only_them(tmp_
         line = assert_failed_cleanly(run_stage(workdir, "run1"), workdir, "run1")
         assert server.stats()["requests"] == 6 + 4 * 2  # each failure tried twice (critic.max_retries 1)
     assert line == ("drlc: error: critique: 4 of 10 critiqued responses failed (40% > critic.max_error_rate 20%); "
-                    "most common: http_500: Error code: 500 - backend failed: this request fails on purpose (4); "
+                    "most common, 4 of them: http_500: Error code: 500 - backend failed: this request fails on "
+                    "purpose; "
                     "every good answer is cached, re-run to retry only the failures")
     assert cached_keys(workdir) == set(keys) - bad  # the six good answers, no failure
 
@@ -159,9 +160,9 @@ def test_a_dead_endpoint_stops_the_round_with_one_line(tmp_path, dead):
         with critic_server(port=port, error_rate=1.0) as server:
             line = assert_failed_cleanly(run_stage(workdir, "run"), workdir, "run")
             assert server.stats()["requests"] == 10 * 2
-        assert "most common: http_500: Error code: 500" in line and "injected server error" in line
         assert "critique: 10 of 10 critiqued responses failed (100% > critic.max_error_rate 20%)" in line
-        assert "(10); every good answer is cached, re-run to retry only the failures" in line
+        assert "most common, 10 of them: http_500: Error code: 500" in line and "injected server error" in line
+        assert "server error; every good answer is cached, re-run to retry only the failures" in line
     else:  # nothing listens on the port: the first refused connect stops the stage, naming the URL
         started = time.monotonic()
         line = assert_failed_cleanly(run_stage(workdir, "run"), workdir, "run")
@@ -191,8 +192,8 @@ def test_check_health_groups_errors_and_names_what_to_do():
     with pytest.raises(CriticError) as failure:
         check_health(rows, max_error_rate=0.5)
     assert str(failure.value) == (
-        "critique: 6 of 11 critiqued responses failed (55% > critic.max_error_rate 50%); most common: truncated "
-        "(finish_reason=length) (3); every good answer is cached, re-run to retry only the failures; raise "
+        "critique: 6 of 11 critiqued responses failed (55% > critic.max_error_rate 50%); most common, 3 of them: "
+        "truncated (finish_reason=length); every good answer is cached, re-run to retry only the failures; raise "
         "critic.max_tokens (a truncated answer is cached under its max_tokens); parse errors come from cached answers: check "
         "critic.template and critic.model")
     check_health(rows, max_error_rate=6 / 11)  # at the limit passes

@@ -65,30 +65,73 @@ def _shell_word(value: str) -> str:
     return f'"{value}"' if not set(value) & set('"$`\\!') else shlex.quote(value)
 
 
+EXPORTS = (".csv", ".parquet")  # drlc sql --out FILE: the result as a file, by its suffix
+
+
+def query_only(sql: str) -> str:
+    """sql when it is one query (SELECT, WITH, FROM, VALUES, SHOW, DESCRIBE, SUMMARIZE); else DrlcError in one line.
+
+    `drlc sql` reads: a COPY, CREATE, INSERT, ATTACH, INSTALL, SET or a second statement is refused here,
+    before DuckDB runs anything, and a result goes to a file only through --out."""
+    import duckdb
+
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as error:
+        raise DrlcError(f"Query failed: {str(error).splitlines()[0]}") from None
+    export = "to export a result, run `drlc sql --out FILE.csv \"SELECT ...\"` (or FILE.parquet)"
+    if len(statements) != 1:
+        raise DrlcError(f"drlc sql runs one query per call, and this holds {len(statements)} statements: "
+                        f"run them one by one; {export}")
+    kind = statements[0].type
+    if kind != duckdb.StatementType.SELECT:
+        raise DrlcError(f"drlc sql only reads, and this is a {kind.name} statement: write a SELECT; {export}")
+    return sql
+
+
 def cmd_sql(args) -> None:
     import duckdb
 
     from pipeline.core.store import connect_skipping_broken
 
+    if args.out and Path(args.out).suffix not in EXPORTS:
+        raise ConfigError(f"--out {args.out}: name a file ending in {' or '.join(EXPORTS)}")
+    query = query_only(args.query)
     con, broken = connect_skipping_broken(args.data)
     try:
-        result = con.sql(args.query)
+        result = con.sql(query)
     except duckdb.Error as err:
-        named = [message for table, message in broken.items() if re.search(rf"\b{table}\b", args.query)]
+        named = [message for table, message in broken.items() if re.search(rf"\b{table}\b", query)]
         raise DrlcError(named[0] if named else f"Query failed: {str(err).splitlines()[0]}") from None
-    if result is None:
-        return
-    print(result.df().to_string(index=False) if args.format == "table" else result.df().to_csv(index=False))
+    if args.out:
+        export(result.fetch_arrow_table(), Path(args.out))
+    else:
+        print(result.df().to_string(index=False) if args.format == "table" else result.df().to_csv(index=False))
+
+
+def export(table, out: Path) -> None:
+    """`drlc sql --out`: the result as CSV or Parquet, written by pyarrow (the DuckDB connection writes nothing)."""
+    import pyarrow.csv
+    import pyarrow.parquet
+
+    from pipeline.core.atomic import atomic_file
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(out) as temp:
+        (pyarrow.csv.write_csv if out.suffix == ".csv" else pyarrow.parquet.write_table)(table, temp)
+    print(f"wrote {out} ({table.num_rows} rows)")
 
 
 def cmd_catalog(args) -> None:
-    from pipeline.core.store import view_statements
+    from pipeline.core.store import sandbox_statements, table_folder, view_statements
 
-    statements = view_statements(args.data)
-    if not statements:
+    views = view_statements(args.data)
+    if not views:
         raise DrlcError(f"No tables under '{args.data}': run `dvc repro` first.")
-    Path(args.out).write_text(";\n".join(statements) + ";\n")
-    print(f"wrote {args.out} ({len(statements)} views); open with: duckdb -init {args.out}")
+    folders = [table_folder(args.data, sql.split()[4]) for sql in views]  # CREATE OR REPLACE VIEW <table> AS ...
+    Path(args.out).write_text(";\n".join(views + sandbox_statements(folders)) + ";\n")
+    print(f"wrote {args.out} ({len(views)} views, read-only: this session reads only {args.data}'s tables); "
+          f"open with: duckdb -init {args.out}")
 
 
 def cmd_cache(args) -> None:
@@ -336,13 +379,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "rest (docs/tagger.md); without it `switch: {}`")
     rounds.set_defaults(func=cmd_rounds)
 
-    sql = sub.add_parser("sql", help="run a DuckDB query over the Parquet tables")
+    sql = sub.add_parser("sql", help="run one read-only DuckDB query over the project's Parquet tables")
     sql.add_argument("query", help='e.g. "SELECT round, avg(env_reward) FROM scores GROUP BY 1"')
     sql.add_argument("--data", default="data", help="folder holding the tables (default: data)")
-    sql.add_argument("--format", choices=["table", "csv"], default="table")
+    sql.add_argument("--format", choices=["table", "csv"], default="table", help="how the result is printed")
+    sql.add_argument("--out", metavar="FILE", help="write the result to FILE.csv or FILE.parquet, not the terminal")
     sql.set_defaults(func=cmd_sql)
 
-    catalog = sub.add_parser("catalog", help="write catalog.sql: DuckDB views over the tables")
+    catalog = sub.add_parser("catalog", help="write catalog.sql: read-only DuckDB views over the tables")
     catalog.add_argument("--data", default="data")
     catalog.add_argument("--out", default="catalog.sql")
     catalog.set_defaults(func=cmd_catalog)

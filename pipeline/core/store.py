@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from pipeline.core.atomic import atomic_file, write_text
 from pipeline.core.errors import StoreError
+from pipeline.core.integrity import repair_hint
 
 if TYPE_CHECKING:  # duckdb is imported by the functions that query (drlc sql), not by a stage that writes tables
     import duckdb
@@ -194,13 +195,15 @@ def read_table(path: str | Path, table: str | None = None) -> list[dict]:
             return parquet.read().to_pylist()
     except (pa.ArrowInvalid, OSError) as error:
         raise StoreError(f"Table file '{file}' is not a readable Parquet file ({str(error).splitlines()[0]}): "
-                         f"delete it and re-run the stage that writes it (dvc repro).") from None
+                         f"{repair_hint(file)}.") from None
 
 
 def connect(data_root: str | Path = "data") -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with one view per table that has data under data_root.
+    """An in-memory DuckDB connection with one view per table that has data under data_root, for reading them.
 
-    Raises StoreError naming the file when a partition is unreadable (connect_skipping_broken names it too).
+    The connection is sandboxed (:func:`read_only`): it reads the tables' folders and nothing else, loads no
+    extension, and its configuration is locked. Raises StoreError naming the file when a partition is
+    unreadable (connect_skipping_broken names it too).
     """
     con, broken = connect_skipping_broken(data_root)
     if broken:
@@ -219,14 +222,39 @@ def connect_skipping_broken(data_root: str | Path = "data") -> tuple[duckdb.Duck
     con, broken = duckdb.connect(), {}
     # a missing table is DuckDB's own 'does not exist', never a Python variable of that name in the caller
     con.execute("SET python_enable_replacements = false")
+    folders = []
     for sql in view_statements(data_root):
         table = sql.split()[4]  # CREATE OR REPLACE VIEW <table> AS ...
         try:
             con.execute(sql)
+            folders.append(table_folder(data_root, table))
         except duckdb.Error as error:
             broken[table] = unreadable_partition(Path(data_root), table) or \
                 f"Table '{table}' cannot be read: {str(error).splitlines()[0]}"
+    read_only(con, folders)
     return con, broken
+
+
+def table_folder(data_root: str | Path, table: str) -> str:
+    """The folder that holds a table's partitions, as DuckDB's allowed_directories takes it."""
+    return f"{(Path(data_root) / table).as_posix()}/"
+
+
+def read_only(con: duckdb.DuckDBPyConnection, folders: list[str]) -> None:
+    """Lock con to the tables' folders (:func:`sandbox_statements`)."""
+    for sql in sandbox_statements(folders):
+        con.execute(sql)
+
+
+def sandbox_statements(folders: list[str]) -> list[str]:
+    """SET statements that confine a DuckDB session to folders: it refuses any other file or URL (reading,
+    COPY, ATTACH, EXPORT), installs and loads no extension, and refuses every later SET. Within the folders
+    DuckDB would still let a statement write: `drlc sql` runs queries only (pipeline/commands/cli.py
+    `query_only`)."""
+    return [f"SET allowed_directories = {folders!r}",
+            *(f"SET {setting} = false" for setting in ("enable_external_access", "autoinstall_known_extensions",
+                                                         "autoload_known_extensions", "allow_community_extensions")),
+            "SET lock_configuration = true"]
 
 
 def unreadable_partition(data_root: Path, table: str) -> str | None:
@@ -238,7 +266,7 @@ def unreadable_partition(data_root: Path, table: str) -> str | None:
                 pq.read_metadata(path)
             except (pa.ArrowException, OSError) as error:
                 return (f"Table '{table}': Parquet file '{path}' is unreadable ({str(error).splitlines()[0]}); "
-                        f"restore it with `dvc checkout {path.parent}` or re-create it with `dvc repro`.")
+                        f"{repair_hint(path)}.")
     return None
 
 

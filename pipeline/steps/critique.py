@@ -287,7 +287,7 @@ def check_health(annotations: list[dict], *, max_error_rate: float) -> None:
     raise CriticError(
         f"critique: {len(failed)} of {len(critiqued)} critiqued responses failed "
         f"({len(failed) / len(critiqued):.0%} > critic.max_error_rate {max_error_rate:.0%}); "
-        f"most common: {shown} ({count})" + (f"; {hints}" if hints else "")
+        f"most common, {count} of them: {shown}" + (f"; {hints}" if hints else "")
     )
 
 
