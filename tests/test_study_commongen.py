@@ -16,11 +16,23 @@ def reports():
 
 def test_the_record_counts_experiments_against_the_grid_and_drops_local_paths():
     result = sc.record(reports())
-    assert result["experiments_done"] == 3 and result["experiments_planned"] == 6 * 5 + 2 * 3
+    assert result["experiments_done"] == 3 and result["experiments_planned"] == 5 * 5
     assert "project" not in result["reports"][0]
     text = sc.render(json.loads(json.dumps(result)))  # as read back from the committed file
-    assert "in progress: 3 of 36 experiments" in text
+    assert "in progress: 3 of 25 experiments" in text
     assert "#### CommonGen: sparse, dense × seeds [0, 1]" in text and "| dense-sparse | 1 | +0.100 |" in text
+    assert "**dense −" not in text  # no matched control in this grid, so no headline
+
+
+def test_the_headline_puts_dense_against_the_better_matched_control():
+    by_arm = {arm: [run(arm, seed, final, [0.2, final]) for seed, final in enumerate(finals)]
+              for arm, finals in {"sparse": (0.30, 0.20), "dense": (0.40, 0.36), "sparse_scaled": (0.45, 0.47),
+                                  "sparse_lowkl": (0.35, 0.33)}.items()}
+    line = sc.headline(build_report(by_arm) | {"seeds": [0, 1]})
+    # sparse_scaled has the higher end point; dense - sparse_scaled per seed -0.05, -0.11: mean -0.080,
+    # half = t(1) * (0.06 / sqrt(2)) / sqrt(2) = 12.706 * 0.03
+    assert line.startswith("**dense − sparse_scaled** (the better matched control at the end point)")
+    assert f"at the end point -0.080 ± {12.706 * 0.03:.3f}" in line
 
 
 def test_the_page_holds_the_block_rendered_from_the_committed_json():
