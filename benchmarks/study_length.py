@@ -34,11 +34,13 @@ def markers(name: str) -> tuple[str, str]:
     return f"<!-- length-sweep-{name}:start -->", f"<!-- length-sweep-{name}:end -->"
 
 
-def record(reports: dict[str, dict], *, name: str, note: str = "") -> dict:
-    """The committed JSON: each length's report (local paths dropped) and the machine it ran on."""
+def record(reports: dict[str, dict], *, name: str, note: str = "", measured_on: date | None = None) -> dict:
+    """The committed JSON: each length's report (local paths dropped), the day the last grid finished (today
+    unless given) and the machine it ran on."""
+    day = (measured_on or date.today()).isoformat()
     return {"name": name, "key": KEY, "note": note,
             "reports": {length: {k: v for k, v in r.items() if k != "project"} for length, r in reports.items()},
-            "measured": {"date": date.today().isoformat(), "cpus": os.cpu_count(), "machine": platform.machine()}}
+            "measured": {"date": day, "cpus": os.cpu_count(), "machine": platform.machine()}}
 
 
 def rows(result: dict) -> dict[str, dict]:
@@ -65,11 +67,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--note", default="", help="one sentence on what the grids are (task, rounds, budget)")
     parser.add_argument("--doc", type=Path, default=None, help="splice the block into this page (docs/results.md)")
     args = parser.parse_args(argv)
-    reports = {}
+    reports, finished = {}, []
     for item in args.report:
         length, _, path = item.partition("=")
         reports[length] = json.loads(Path(path).read_text())
-    result = record(reports, name=args.name, note=args.note)
+        finished.append(date.fromtimestamp(Path(path).stat().st_mtime))
+    result = record(reports, name=args.name, note=args.note, measured_on=max(finished))
     (RESULTS / f"study_length_{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
     plot_sweep(rows(result), KEY, next(iter(reports.values()))["metric"], RESULTS / f"study_length_{args.name}.png")
     if args.doc:

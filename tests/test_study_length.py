@@ -35,6 +35,15 @@ def test_dense_is_read_against_the_better_control_at_matched_kl_and_at_the_end()
     assert worse["critic_per_point"] is None
 
 
+def test_a_point_of_a_percent_metric_is_one_percent():
+    assert study_report.point("world/positive_percent") == 1.0 and study_report.point("world/coverage") == 0.01
+    report = grid(dense_end=0.5, lowkl_end=0.6) | {"metric": "world/positive_percent"}
+    for arm in report["arms"].values():
+        arm["eval"]["world/positive_percent"] = arm["eval"]["world/coverage"]
+    report["matched_kl"] = {"dense-sparse_lowkl": {"mean": 4.0}}  # 4 percentage points of gain
+    assert study_report.versus_best_control(report)["critic_per_point"]["critic_requests"] == pytest.approx(6 / 4)
+
+
 def test_the_sweep_renders_from_its_committed_json_alone(tmp_path):
     result = study_length.record({"64": grid(0.5, 0.6), "24": grid(0.4, 0.3)}, name="t", note="Tiny grids.")
     text = study_length.render(json.loads(json.dumps(result)))

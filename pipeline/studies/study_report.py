@@ -386,15 +386,21 @@ def best_control(report: dict, controls: tuple[str, ...] = CONTROLS) -> str | No
     return max(ran, key=lambda arm: report["arms"][arm]["eval"][report["metric"]]["mean"], default=None)
 
 
+def point(metric: str) -> float:
+    """One point of `metric`: 1 for a metric already in percent (world/positive_percent), else 0.01."""
+    return 1.0 if metric.endswith("percent") else 0.01
+
+
 def versus_best_control(report: dict, arm: str = "dense") -> dict:
     """`arm` against the best matched control of one grid: the paired differences at matched KL and at the end
-    point, and the critic's cost per point (0.01) of the matched-KL gain, per experiment (None without a gain)."""
+    point, and the critic's cost per point (see `point`) of the matched-KL gain, per experiment (None without a
+    gain)."""
     control = best_control(report)
     pair = f"{arm}-{control}"
     at_kl = (report.get("matched_kl") or {}).get(pair)
     end = report["differences"].get(pair, {}).get(report["metric"])
     critic, seeds = report["arms"][arm]["critic"], len(report["arms"][arm]["seeds"])
-    points = None if at_kl is None or at_kl["mean"] <= 0 else at_kl["mean"] / 0.01
+    points = None if at_kl is None or at_kl["mean"] <= 0 else at_kl["mean"] / point(report["metric"])
     return {"control": control, "at_kl": at_kl, "end": end,
             "critic_per_experiment": {key: value / seeds for key, value in critic.items()},
             "critic_per_point": None if points is None else {key: value / seeds / points
@@ -415,7 +421,8 @@ def sweep_markdown(rows: dict[str, dict], key: str, metric: str) -> str:
                      + (f"{_signed(end)} {_span(end)}" if end else "-") + " | "
                      f"{row['critic_per_experiment']['critic_requests']:.0f} | "
                      + ("no gain" if per is None else f"{per['critic_requests']:.3g}") + " |")
-    return f"Metric: **{metric}**; ± = 95 % half-width over paired seeds, [low, high].\n\n" + "\n".join(lines) + "\n"
+    return (f"Metric: **{metric}**; ± = 95 % half-width over paired seeds, [low, high]; a point of gain is "
+            f"{point(metric):g} of it.\n\n" + "\n".join(lines) + "\n")
 
 
 def plot_sweep(rows: dict[str, dict], key: str, metric: str, path: Path) -> Path:
@@ -434,9 +441,10 @@ def plot_sweep(rows: dict[str, dict], key: str, metric: str, path: Path) -> Path
                         yerr=[d["half"] or 0.0 for _, d in found], marker="o", capsize=3, label=label)
     ax.axhline(0.0, color="grey", lw=0.8)
     ax.set_xscale("log")
+    ax.minorticks_off()
     ax.set_xticks(xs, [str(v) for v in rows])
     ax.set_xlabel(key)
-    ax.set_ylabel(f"dense − best matched control ({metric})")
+    ax.set_ylabel(f"dense − best control\n({metric})")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
