@@ -367,3 +367,28 @@ def test_the_results_page_shows_the_committed_quick_results():
     assert section.strip() == markdown(recompute_headlines(committed)).strip(), \
         "docs/results.md's sample-efficiency block differs from the JSON: re-render it with " \
         "`python benchmarks/sample_efficiency.py --quick --report-only --doc docs/results.md`"
+
+
+def test_the_in_process_study_scores_its_rounds_with_the_score_stage():
+    """runner._rollouts scores through pipeline/steps/score.py score_round: the world's reward in the task's units,
+    score.scale applied once by shaping, and a bad value refused as the score stage refuses it."""
+    from pipeline.core.config import ScoreParams
+    from pipeline.core.errors import RewardError
+    from pipeline.steps.score import score_round
+    from pipeline.studies.runner import WorldReward
+    from pipeline.studies.world_toxicity import ToxicityStudyWorld
+
+    world = ToxicityStudyWorld(world_seed=0, n_train_prompts=8, n_eval_prompts=2, classifier_size=400)
+    responses = [" a kind friend.", " a stupid idiot.", ""]
+    rows = [{"rollout_id": f"r{i}", "prompt_id": f"p{i}", "query": "Say", "response": text}
+            for i, text in enumerate(responses)]
+    scores, metrics = score_round(rows, None, task="toxicity", run_id="t", round_=1, params=ScoreParams(scale=3.0),
+                                  reward=WorldReward(world), progress=False)
+    assert [s["env_reward"] for s in scores] == world.env_rewards(responses)
+    assert [s["env_reward_shaped"] for s in scores] == pytest.approx([3.0 * s["env_reward"] for s in scores])
+    assert metrics["scorer"] == "study:ToxicityStudyWorld"
+    world.env_rewards = lambda texts, queries=None: [float("nan")] * len(texts)
+    refused = r"scorer 'study:ToxicityStudyWorld' \(pipeline/studies/runner.py\) returned nan .* response r0"
+    with pytest.raises(RewardError, match=refused):
+        score_round(rows, None, task="toxicity", run_id="t", round_=1, params=ScoreParams(),
+                    reward=WorldReward(world), progress=False)

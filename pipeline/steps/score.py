@@ -99,13 +99,14 @@ def score(rollout_rows: list[dict], prompt_rows: list[dict] | None, *, task: str
 
 
 def score_round(rollout_rows: list[dict], prompt_rows: list[dict] | None, *, task: str, run_id: str, round_: int,
-                params: ScoreParams, device="cpu", reward=None) -> tuple[list[dict], dict]:
+                params: ScoreParams, device="cpu", reward=None, progress: bool = True) -> tuple[list[dict], dict]:
     """Score each response with the task's environment reward, against its prompt's reference.
 
     A reward with a model (HF classifier, reward model) runs it on `device`. prompt_rows None
     (no prompts table given) scores with empty references, which only the reference-free tasks
     (sentiment, toxicity) accept. reward: the task's reward already built and placed (the chunk
     stage keeps one for all its rounds); None builds it (``get_task(task).make_reward``) on `device`.
+    progress: the per-chunk progress bar (off for the in-process study, which scores many small rounds).
     Returns: (score rows (env_reward in the task's units, env_reward_shaped as PPO reads it), metrics: device
     (the reward model's, None for a scorer without one),
     scorer, scorer_heldout (a fitted scorer's held-out agreement with its labels, else None), rows, seconds).
@@ -123,7 +124,7 @@ def score_round(rollout_rows: list[dict], prompt_rows: list[dict] | None, *, tas
     prompts = [by_id[row["prompt_id"]] for row in rollout_rows]
     texts = [row["response"] for row in rollout_rows]
     values, terms = [], []
-    for start in tqdm(range(0, len(texts), SCORE_CHUNK), desc="score", unit="chunk"):
+    for start in tqdm(range(0, len(texts), SCORE_CHUNK), desc="score", unit="chunk", disable=not progress):
         chunk = slice(start, start + SCORE_CHUNK)
         ids = [row["rollout_id"] for row in rollout_rows[chunk]]
         inputs = reward_inputs(reward, prompts[chunk], rollout_rows[chunk])

@@ -1,4 +1,6 @@
-"""PPO rounds of one arm and seed, in-process, with drlc's rollout step, critic annotation and trainer.
+"""PPO rounds of one arm and seed, in-process, with the steps the stages call: rollout (sample_rollouts), score
+(score_round, the world's reward in a task reward's shape), critique (critique_round), PPO (join_round + the
+trainer).
 
 Every arm and seed starts from the same cached base model. For a given seed the train prompts
 picked in each round and the sampler seed are the same in every arm, so round 1 (sampled from
@@ -15,14 +17,16 @@ import time
 
 import torch
 
+from pipeline.core.config import ScoreParams
 from pipeline.core.seeding import round_seed
 from pipeline.critic.annotate import skipped_row
 from pipeline.evaluate.decode import sample_continuations
 from pipeline.model.policy import frozen_copy, load_policy
 from pipeline.rewards.shaping import population_std, shape
-from pipeline.steps.critique import critique_round
+from pipeline.steps.critique import critique_round, scored_rows
 from pipeline.steps.ppo_round import join_round, new_kl_controller
 from pipeline.steps.rollout import encode_query, sample_rollouts
+from pipeline.steps.score import score_round
 from pipeline.studies.arms import Arm
 from pipeline.tasks import get_task
 from pipeline.train.ppo import RunningMoments
@@ -39,18 +43,35 @@ class StudyContext:
         self.template, self.critic, self.cache = template, critic, cache
 
 
+class WorldReward:
+    """A synthetic world's environment reward in the shape the score stage calls a task's reward with
+    (pipeline/steps/score.py score_round): scores in the task's units, read with the responses' queries."""
+
+    needs_queries = True
+    version = "study"
+
+    def __init__(self, world):
+        self.world, self.name = world, f"study:{type(world).__name__}"
+
+    def score(self, responses: list[str], *, references: list[str], queries: list[str]) -> list[float]:
+        return self.world.env_rewards(responses, queries)
+
+
 def _rollouts(policy, tokenizer, ctx: StudyContext, *, picker: random.Random, seed: int, round_: int,
-              group: int = 1) -> list[dict]:
-    """The round's config.batch_size rollout rows (pipeline.steps.rollout.sample_rollouts) with env_reward:
-    `group` responses to each of batch_size / group prompts `picker` draws."""
+              group: int = 1, env_scale: float = 1.0) -> tuple[list[dict], list[dict]]:
+    """The round's config.batch_size rollout rows (pipeline.steps.rollout.sample_rollouts), `group` responses to
+    each of batch_size / group prompts `picker` draws, each with its env_reward; and their score rows, from the
+    score stage's own score_round (score.scale = env_scale: env_reward_shaped is what PPO reads)."""
     prompts = ctx.world.train_prompts
     chosen = [{"prompt_id": f"train-{i:05d}", "text": prompts[i]}
               for i in picker.sample(range(len(prompts)), ctx.config.batch_size // group)]  # as sampling `prompts`
-    rows, _ = sample_rollouts(policy, tokenizer, chosen, policy_name="study", run_id=f"sample-efficiency:{seed}",
+    run_id = f"sample-efficiency:{seed}"
+    rows, _ = sample_rollouts(policy, tokenizer, chosen, policy_name="study", run_id=run_id,
                               round_=round_, seed=seed, max_new_tokens=ctx.config.max_new_tokens,
                               generation_batch_size=ctx.config.batch_size, progress=False, samples_per_prompt=group)
-    env = ctx.world.env_rewards([row["response"] for row in rows], [row["query"] for row in rows])
-    return [row | {"env_reward": e} for row, e in zip(rows, env)]
+    scores, _ = score_round(rows, None, task=ctx.config.task, run_id=run_id, round_=round_,
+                            params=ScoreParams(scale=env_scale), reward=WorldReward(ctx.world), progress=False)
+    return scored_rows(rows, scores), scores
 
 
 def annotate_arm(rows: list[dict], arm: Arm, ctx: StudyContext, tokenizer, *, rewards: dict[str, float],
@@ -69,8 +90,9 @@ def annotate_arm(rows: list[dict], arm: Arm, ctx: StudyContext, tokenizer, *, re
 
 
 def ppo_batch(rows: list[dict], annotated: list[dict], *, env_scale: float = 1.0):
-    """The PPO batch of the round (pipeline.steps.ppo_round.join_round), its env rewards shaped as the score stage
-    shapes them (pipeline/rewards/shaping.py, score.scale = env_scale)."""
+    """The PPO batch of recorded rows (with their env_reward; the ablation replays them): their env rewards shaped
+    as the score stage shapes them (pipeline/rewards/shaping.py, score.scale = env_scale), joined by
+    pipeline.steps.ppo_round.join_round."""
     shaped = shape([r["env_reward"] for r in rows], scale=env_scale)
     scores = [{"rollout_id": r["rollout_id"], "env_reward_shaped": s} for r, s in zip(rows, shaped)]
     return join_round(rows, scores, annotated)
@@ -105,10 +127,11 @@ def run_arm(arm: Arm, seed: int, ctx: StudyContext, *, keep_rollouts: bool = Fal
     ctx.critic.arm = arm.name
     for round_ in range(1, cfg.rounds + 1):
         round_started = time.perf_counter()
-        rows = _rollouts(policy, tokenizer, ctx, picker=picker, seed=seed, round_=round_, group=arm.samples_per_prompt)
+        rows, scores = _rollouts(policy, tokenizer, ctx, picker=picker, seed=seed, round_=round_,
+                                 group=arm.samples_per_prompt, env_scale=arm.env_scale)
         annotated = annotate_arm(rows, arm, ctx, tokenizer, rewards=rewards)
         stats = train_round(policy=policy, ref_model=reference, optimizer=optimizer,
-                            batch=ppo_batch(rows, annotated, env_scale=arm.env_scale), params=params,
+                            batch=join_round(rows, scores, annotated), params=params,
                             kl_controller=kl_controller, score_moments=moments, seed=round_seed(seed, round_, 4),
                             progress=False, group_size=arm.samples_per_prompt, max_completion_length=cfg.max_new_tokens)
         records.append(_round_record(round_, rows, annotated, arm, stats, ctx,
