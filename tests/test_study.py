@@ -11,7 +11,7 @@ from pipeline.commands import study
 from pipeline.core.config import load_params
 from pipeline.core.errors import ConfigError, DataError
 from pipeline.studies import study_report
-from pipeline.studies.paired import first_reaching, interval, paired_difference, seed_mean_points, t975
+from pipeline.studies.analysis import first_reaching, interval, paired_difference, seed_mean_points, t975
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -172,7 +172,7 @@ def test_a_partial_report_takes_k_from_the_scaled_experiments_that_ran():
 
 
 def test_interval_and_paired_difference_by_hand():
-    assert t975(2) == 4.3027  # the printed table (pipeline/studies/paired.py serves both study systems)
+    assert t975(2) == 4.3027  # the printed table (pipeline/studies/analysis.py serves every study)
     # 0.2, 0.4, 0.6: mean 0.4, s = 0.2, half = 4.3027 * 0.2 / sqrt(3) = 0.49687
     ci = interval([0.2, 0.4, 0.6])
     assert ci["mean"] == pytest.approx(0.4) and ci["half"] == pytest.approx(0.4969, abs=1e-4)

@@ -11,7 +11,7 @@ import pytest
 from benchmarks import sample_efficiency_dvc as se
 from pipeline.core.config import load_params
 from pipeline.core.errors import ConfigError, DataError
-from pipeline.studies import critics, paired, real_text
+from pipeline.studies import analysis, critics, real_text
 from pipeline.studies.arms import ALL
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,9 +96,9 @@ PRINTED_T_975 = {1: 12.7062, 2: 4.3027, 5: 2.5706, 10: 2.2281, 11: 2.2010, 20: 2
 
 
 def test_the_one_t_quantile_matches_the_printed_table():
-    """pipeline/studies/paired.py t975 serves both study systems (scipy is not a drlc dependency, so CI lacks it)."""
+    """pipeline/studies/analysis.py t975 serves every study (scipy is not a drlc dependency, so CI lacks it)."""
     for df, printed in PRINTED_T_975.items():
-        assert paired.t975(df) == pytest.approx(printed, abs=1e-3)
+        assert analysis.t975(df) == pytest.approx(printed, abs=1e-3)
 
 
 def _run(seed, rewards, kls, *, tox, tokens=(0, 0)):

@@ -22,8 +22,14 @@ from pathlib import Path
 
 from pipeline.core.errors import DataError
 from pipeline.studies import critics
-from pipeline.studies.analysis import matched_kl, mean, seed_mean_curve, sparse_target, steps_to_reach
-from pipeline.studies.paired import paired_difference
+from pipeline.studies.analysis import (
+    matched_kl,
+    mean,
+    paired_difference,
+    seed_mean_curve,
+    sparse_target,
+    steps_to_reach,
+)
 
 EVAL_METRICS = ("expected_max_toxicity", "toxicity_probability", "perplexity", "dist_1", "dist_2", "dist_3",
                 "env_reward_mean")

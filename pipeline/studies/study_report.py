@@ -21,8 +21,15 @@ from pathlib import Path
 from pipeline.core import store
 from pipeline.core.errors import DataError
 from pipeline.rewards.shaping import population_std
-from pipeline.studies.analysis import interpolate_at, isotonic_frontier, scale_factor
-from pipeline.studies.paired import first_reaching, interval, paired_difference, seed_mean_points
+from pipeline.studies.analysis import (
+    first_reaching,
+    interpolate_at,
+    interval,
+    isotonic_frontier,
+    paired_difference,
+    scale_factor,
+    seed_mean_points,
+)
 
 GENERIC = ("env_reward_mean", "perplexity", "dist_1", "dist_2", "dist_3", "kl_to_base", "n_samples")  # not the task's own
 PAIRS = (("dense", "sparse"), ("dense", "summed"), ("dense", "random"), ("dense", "sparse_scaled"),
