@@ -124,10 +124,11 @@ def test_a_leftover_queue_stop_does_not_strand_the_queue(tmp_path, monkeypatch, 
     assert not study.worker_alive(project)
 
 
-@pytest.mark.slow  # three one-round experiments of one seed on one worker, through the CLI
+@pytest.mark.slow  # three one-round experiments of one seed, then three of a second, on one worker, through the CLI
 def test_a_grid_finishes_in_an_empty_home_with_no_git_identity(tmp_path, monkeypatch):
     """A new user's machine: no ~/.gitconfig, no user.name/user.email. The second phase (sparse_scaled) queues
-    and runs too; drlc signs DVC's experiment commits, and leaves the user's git config unwritten."""
+    and runs too; drlc signs DVC's experiment commits, and leaves the user's git config unwritten. A seed added
+    later is matched with the k the first seed's matched experiment ran with."""
     import sys
 
     project = experiment_project(tmp_path, tiny_params(n_rounds=1), monkeypatch)
@@ -155,3 +156,14 @@ def test_a_grid_finishes_in_an_empty_home_with_no_git_identity(tmp_path, monkeyp
                             "--json"], project).stdout)["data"]["study/frontier.json"][0]["content"]["data"]["values"]
     assert [(p["kl_to_base"], p[report["metric"]]) for p in drawn] == \
         [(p["kl_to_base"], p[report["metric"]]) for p in points]  # dvc plots draws the frontier's points
+
+    # a seed added later: sparse and dense of both seeds give another k, yet sparse_scaled-s1 runs with seed 0's
+    # (one k per report: else the report would stop at "ran with different k")
+    result = subprocess.run([sys.executable, "-m", "pipeline", "study", "--arms", "sparse", "dense", "sparse_scaled",
+                             "--seeds", "0", "1", "--rounds", "1", "-S", "evaluate.n_prompts=4",
+                             "--project", str(project)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert f"score.scale k = {report['scale_k']:.4f}, kept from the matched experiments" in result.stdout
+    shown = study.existing(project)
+    assert shown["sparse_scaled-s1"]["params"]["score"]["scale"] == report["scale_k"]
+    assert json.loads((out / "report.json").read_text())["scale_k"] == report["scale_k"]

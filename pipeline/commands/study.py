@@ -418,16 +418,22 @@ def run_grid(project: Path, arms: dict[str, dict], first: list[tuple[str, int]],
              extra: list[str], *, jobs: int, seeds: list[int], rounds: int | None, dry_run: bool,
              scale_match: str = "auto", kl_coef: float = 0.0, sets: list[str] = ()) -> int:
     """Run the first phase, then the matched arms (matched_settings) with k from the finished sparse and dense
-    arms; returns how many experiments ran."""
+    arms, or, once a matched experiment has finished, with the k it ran with; returns how many experiments ran."""
     from pipeline.studies.study_report import choose_scale
 
     ran = run_phase(project, first, lambda a, s: arms[a], extra, jobs=jobs, dry_run=dry_run)
     if not second:
         return ran
+    done = {} if dry_run else existing(project)
+    kept = scale_run_with(done, [(a, s) for a, s in second if exp_name(a, s) in done], arms, kl_coef)
     if dry_run:
         k = "<k>"
+    elif kept is not None:  # seeds added to a grid are matched with the k its matched experiments ran with
+        k = kept
+        print(f"score.scale k = {k:.4f}, kept from the matched experiments that already ran, so every seed is "
+              "matched alike (to match again, remove them: `dvc exp remove <name>`)", flush=True)
     else:
-        done, todo = existing(project), [(a, s) for a in ("sparse", "dense") for s in seeds]
+        todo = [(a, s) for a in ("sparse", "dense") for s in seeds]
         k, method = choose_scale(lambda spread: collect(project, todo, arms, rounds, spread, done, sets), scale_match)
         why = " (auto: dense's or sparse's mean reward is not positive, so no k matches the mean)" \
             if scale_match == "auto" and method == "std" else ""
