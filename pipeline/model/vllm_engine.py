@@ -40,6 +40,7 @@ from pathlib import Path
 
 from pipeline.core.errors import ConfigError, DataError
 from pipeline.model.lora import ADAPTER_CONFIG, is_adapter_folder
+from pipeline.parallel.shard import batch_seed
 
 LOGPROBS_MODE = "processed_logprobs"
 # files of a drlc policy folder that are not the LM's: vLLM would try to load every *.safetensors it finds
@@ -142,7 +143,8 @@ class VLLMEngine:
     vllm_args: further ``vllm.LLM`` keyword arguments, passed through (tensor_parallel_size, enforce_eager,
     max_model_len, dtype, ...); seed: the engine's seed (each request carries its own); mixed_precision: the
     policy's ppo.mixed_precision, which sets the dtype (:func:`engine_dtype`). Raises ConfigError naming the setting
-    when vLLM is missing or refuses an argument.
+    when vLLM is missing or refuses an argument. A rollout sampler (pipeline.model.sampler.RolloutSampler):
+    :meth:`sample_rows` and :meth:`sampler_info`.
     """
 
     def __init__(self, policy_dir: str | Path, *, gpu_memory_utilization: float, vllm_args: dict | None = None,
@@ -301,6 +303,23 @@ class VLLMEngine:
         with self._one_thread():
             outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.adapter)
         return [_sample_of(out.outputs[0], row) for row, out in enumerate(outputs)]
+
+    def sample_rows(self, queries: list[list[int]], *, seeds: list[int], limits: list[int], eos_id: int | None,
+                    pad_id: int | None = None) -> list[dict]:
+        """The rollout sampler protocol (pipeline.model.sampler.RolloutSampler): one request per row i = p · G + k,
+        seeded batch_seed(seeds[k], p) (as if each prompt were a generation batch of its own; the row's seed) and
+        stopping at limits[i]. behaviour_logprobs are vLLM's log-probs, kept in engine_logprobs too; pad_id is unused.
+        """
+        group = len(seeds)
+        request_seeds = [batch_seed(seeds[i % group], i // group) for i in range(len(limits))]
+        samples = self.sample([queries[i // group] for i in range(len(limits))], limits=limits, seeds=request_seeds,
+                              eos_id=eos_id)
+        return [{**s, "behaviour_logprobs": s["engine_logprobs"], "seed": seed}
+                for s, seed in zip(samples, request_seeds, strict=True)]
+
+    def sampler_info(self) -> dict:
+        """The rollout metrics' fields of the protocol: this engine's device, engine vllm, one process."""
+        return {"device": self.device, "engine": "vllm", "processes": 1}
 
     @contextmanager
     def _one_thread(self):

@@ -18,7 +18,9 @@ with the same prompts, length limits and groups. vLLM takes one request per resp
 in stream k is seeded with batch_seed(sample_seeds[k], p), as if each prompt were a generation batch of its own,
 and that seed is the row's ``seed``; it stops at the response's own limit instead of being cut. Its rows add
 ``engine_logprobs`` (vLLM's log-probs of the sampled tokens; ``behaviour_logprobs`` holds the same numbers), which
-tells the PPO stage to recompute the old log-probs with the training model (docs/rollout-engines.md).
+tells the PPO stage to recompute the old log-probs with the training model (docs/rollout-engines.md). Both sample
+through one protocol, pipeline.model.sampler.RolloutSampler: a torch policy is wrapped in its HFSampler, an
+engine is passed as it is.
 """
 from __future__ import annotations
 
@@ -27,11 +29,10 @@ import time
 
 import torch
 
-from pipeline.core.device import module_device
 from pipeline.core.seeding import round_seed
 from pipeline.model.policy import load_policy
-from pipeline.model.sampling import sample_responses
-from pipeline.parallel.shard import Shard, batch_seed
+from pipeline.model.sampler import as_sampler
+from pipeline.parallel.shard import Shard
 
 
 def encode_query(tokenizer, text: str) -> list[int]:
@@ -118,67 +119,43 @@ def sample_rollouts(policy, tokenizer, chosen: list[dict], *, policy_name: str, 
                     shard: Shard | None = None, progress: bool = True,
                     samples_per_prompt: int = 1) -> tuple[list[dict], dict]:
     """Sample `samples_per_prompt` responses from `policy` to each of the `chosen` prompt rows (prompt_id, text),
-    in order; a prompt's responses are consecutive rows.
+    in order; a prompt's responses are consecutive rows. `policy`: a torch policy (drlc's sampler, with
+    generation_batch_size, progress and shard) or a rollout sampler such as a VLLMEngine
+    (pipeline.model.sampler.as_sampler; anything else raises TypeError).
 
     The sampling half of :func:`rollout_with` (which picks the round's prompts first), also run by a
     caller that picks its own prompts (the sample-efficiency study's runner). The sampler's
     seed is round_seed(seed, round_, 2), the length limits' round_seed(seed, round_, 3); the global
     torch RNG is not touched. Returns (rollout rows, metrics) as rollout_with.
     """
+    sampler = as_sampler(policy, generation_batch_size=generation_batch_size, progress=progress, shard=shard)
     group = samples_per_prompt
     queries = [encode_query(tokenizer, row["text"]) for row in chosen]
     seeds = sample_seeds(round_seed(seed, round_, 2), group)
     limits = response_limits(len(chosen) * group, min_new_tokens=min_new_tokens, max_new_tokens=max_new_tokens,
                              seed=round_seed(seed, round_, 3))
-    if not isinstance(policy, torch.nn.Module):  # an engine (pipeline/model/vllm_engine.py)
-        return _engine_rollouts(policy, tokenizer, chosen, queries, seeds=seeds, limits=limits, group=group,
-                                policy_name=policy_name, run_id=run_id, round_=round_)
     started = time.perf_counter()
-    by_index = [sample_responses(
-        policy, queries=queries, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
-        max_new_tokens=max_new_tokens, seed=stream, batch_size=generation_batch_size, progress=progress,
-        shard=shard,
-    ) for stream in seeds]  # by_index[k][p]: sample k of prompt p
+    samples = sampler.sample_rows(queries, seeds=seeds, limits=limits, eos_id=tokenizer.eos_token_id,
+                                  pad_id=tokenizer.pad_token_id)
     seconds = time.perf_counter() - started
-    samples = [by_index[k][p] for p in range(len(chosen)) for k in range(group)]  # row i = p · G + k
-    samples = [{"response_ids": s["response_ids"][:limit], "behaviour_logprobs": s["behaviour_logprobs"][:limit]}
-               for s, limit in zip(samples, limits)]
-    rows = _rows(tokenizer, chosen, queries, samples, seeds=[seeds[i % group] for i in range(len(samples))],
-                 limits=limits, group=group, policy_name=policy_name, run_id=run_id, round_=round_)
+    if len(samples) != len(limits):
+        raise ValueError(f"{type(sampler).__qualname__}.sample_rows returned {len(samples)} samples for "
+                         f"{len(limits)} rows ({len(chosen)} prompts x {group}): a sampler returns one per row.")
+    rows = _rows(tokenizer, chosen, queries, samples, limits=limits, group=group, policy_name=policy_name,
+                 run_id=run_id, round_=round_)
     tokens = sum(len(s["response_ids"]) for s in samples)
-    return rows, {"device": module_device(policy), "processes": (shard or Shard()).world_size,
-                  "rows": len(rows), "response_tokens": tokens,
+    return rows, {**sampler.sampler_info(), "rows": len(rows), "response_tokens": tokens,
                   "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else None}
 
 
-def _engine_rollouts(engine, tokenizer, chosen: list[dict], queries: list[list[int]], *,
-                     seeds: list[int], limits: list[int], group: int, policy_name: str, run_id: str,
-                     round_: int) -> tuple[list[dict], dict]:
-    """sample_rollouts with an engine (VLLMEngine's `sample` and `device`): one request per row i = p · G + k,
-    seeded batch_seed(seeds[k], p), at most limits[i] new tokens; rows as drlc's sampler writes them plus engine_logprobs (see the module docstring)."""
-    n = len(chosen) * group
-    request_seeds = [batch_seed(seeds[i % group], i // group) for i in range(n)]
-    started = time.perf_counter()
-    samples = engine.sample([queries[i // group] for i in range(n)], limits=limits, seeds=request_seeds,
-                            eos_id=tokenizer.eos_token_id)
-    seconds = time.perf_counter() - started
-    samples = [{**s, "behaviour_logprobs": s["engine_logprobs"]} for s in samples]
-    rows = _rows(tokenizer, chosen, queries, samples, seeds=request_seeds, limits=limits, group=group,
-                 policy_name=policy_name, run_id=run_id, round_=round_)
-    tokens = sum(len(s["response_ids"]) for s in samples)
-    return rows, {"device": engine.device, "engine": "vllm", "processes": 1, "rows": len(rows),
-                  "response_tokens": tokens,
-                  "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else None}
-
-
-def _rows(tokenizer, chosen, queries, samples, *, seeds, limits, group, policy_name, run_id, round_) -> list[dict]:
-    """The rollout rows of `samples` (row i = sample k = i % G of prompt p = i // G), seeds[i] its sampler seed."""
+def _rows(tokenizer, chosen, queries, samples, *, limits, group, policy_name, run_id, round_) -> list[dict]:
+    """The rollout rows of `samples` (row i = sample k = i % G of prompt p = i // G, as the sampler returned them)."""
     return [
         {"run_id": run_id, "round": round_, "rollout_id": f"r{round_:04d}-{i:05d}",
          "prompt_id": chosen[i // group]["prompt_id"], "query": chosen[i // group]["text"],
          "response": tokenizer.decode(sample["response_ids"], skip_special_tokens=True),
          "query_ids": queries[i // group], "response_ids": sample["response_ids"],
-         "behaviour_logprobs": sample["behaviour_logprobs"], "seed": seeds[i],
+         "behaviour_logprobs": sample["behaviour_logprobs"], "seed": sample["seed"],
          "max_new_tokens": limit, "policy": policy_name,
          **({"group_index": i // group, "sample_index": i % group} if group > 1 else {}),
          **({"engine_logprobs": sample["engine_logprobs"]} if "engine_logprobs" in sample else {})}
