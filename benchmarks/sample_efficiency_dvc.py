@@ -33,19 +33,18 @@ import yaml
 
 from pipeline.commands.rounds import exp_run_overrides
 from pipeline.commands.study import (  # the DVC side of `drlc study`, shared
-    exp_name, finished_experiments, hydra_value, run_queued, set_prefix)
+    dvc,
+    existing,
+    exp_name,
+    hydra_value,
+    run_queued,
+    set_prefix,
+)
 from pipeline.core.cache import link_outside
 from pipeline.core.config import load_params
 from pipeline.core.errors import ConfigError, DataError
 from pipeline.studies import critics, generated_blocks, real_text
-from pipeline.studies.analysis import (
-    mean,
-    mean_std,
-    scale_factor,
-    seed_mean_curve,
-    sparse_target,
-    steps_to_reach,
-)
+from pipeline.studies.analysis import mean, mean_std, scale_factor, seed_mean_curve, sparse_target, steps_to_reach
 from pipeline.studies.arms import ALL, study_arms
 from pipeline.studies.study_report import response_spread
 
@@ -97,12 +96,6 @@ def sh(cmd: list[str], cwd: Path, *, check: bool = True) -> subprocess.Completed
     return result
 
 
-def existing_experiments(project: Path) -> dict[str, dict]:
-    """{experiment name: {"rev", "params", "metrics"}} of the experiments on top of HEAD (dvc exp show --json)."""
-    return finished_experiments(json.loads(sh([sys.executable, "-m", "dvc", "exp", "show", "--json"],
-                                               project).stdout or "[]"))
-
-
 def run_arms(project: Path, commands: list[list[str]], *, runner: str, dry_run: bool) -> None:
     """Queue + run the commands as `drlc study` does (its run_queued), or run each in a temp folder; raise
     DataError if any failed."""
@@ -112,7 +105,7 @@ def run_arms(project: Path, commands: list[list[str]], *, runner: str, dry_run: 
     for cmd in commands:
         print("$", shlex.join(cmd[2:]), flush=True)
         if not dry_run:
-            sh(cmd, project)
+            dvc(project, *cmd[3:])  # drlc study's: with git's identity supplied where the user has none
 
 
 def round_records(project: Path, exp: dict, *, with_spread: bool) -> list[dict]:
@@ -216,10 +209,10 @@ def run_phase(project, arms, seeds_of, settings_of, extra, *, runner, dry_run, m
     max_new: run at most this many of them, then raise Unfinished naming the rest (None: all).
     Returns how many were run.
     """
-    existing = {} if dry_run else existing_experiments(project)
+    done = {} if dry_run else existing(project)
     if not dry_run:
         link_outside(project)
-    todo = [(arm, seed) for arm in arms for seed in seeds_of(arm) if exp_name(arm, seed) not in existing]
+    todo = [(arm, seed) for arm in arms for seed in seeds_of(arm) if exp_name(arm, seed) not in done]
     now = todo if max_new is None or dry_run else todo[:max_new]
     run_arms(project, [run_command(arm, seed, settings_of(arm, seed), extra, runner=runner) for arm, seed in now],
              runner=runner, dry_run=dry_run)
@@ -229,11 +222,11 @@ def run_phase(project, arms, seeds_of, settings_of, extra, *, runner, dry_run, m
 
 
 def collect(project, arms, seeds_of, *, with_spread) -> dict[str, list[dict]]:
-    existing = existing_experiments(project)
-    missing = [exp_name(a, s) for a in arms for s in seeds_of(a) if exp_name(a, s) not in existing]
+    done = existing(project)
+    missing = [exp_name(a, s) for a in arms for s in seeds_of(a) if exp_name(a, s) not in done]
     if missing:
         raise DataError(f"experiments {missing} are missing in {project}: see `dvc queue status`")
-    return {arm: [run_record(project, existing[exp_name(arm, s)], arm, s, with_spread=with_spread)
+    return {arm: [run_record(project, done[exp_name(arm, s)], arm, s, with_spread=with_spread)
                   for s in seeds_of(arm)] for arm in arms}
 
 

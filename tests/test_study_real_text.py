@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import sample_efficiency_dvc as se
+from pipeline.commands import study
 from pipeline.core.config import load_params
 from pipeline.core.errors import ConfigError, DataError
 from pipeline.studies import analysis, critics, real_text
@@ -237,7 +238,7 @@ def test_an_experiment_killed_mid_run_is_not_counted_as_done():
                  {"name": "dense-s0", "revs": [{"rev": "a" * 40, "data": {**data, "rev": "a" * 40, "metrics": {}}}]},
                  {"name": "summed-s0", "revs": [{"rev": "b" * 40, "error": {"type": "killed"},
                                                  "data": {**data, "rev": "b" * 40}}]}]}]
-    found = se.finished_experiments(shown)
+    found = study.finished_experiments(shown)
     assert list(found) == ["sparse-s0"] and found["sparse-s0"]["rev"] == done
     assert found["sparse-s0"]["params"] == {"run": {"seed": 0}}
 
@@ -255,7 +256,7 @@ def test_real_text_arms_run_as_dvc_experiments_and_report(tmp_path, monkeypatch)
     argv = ["--project", str(project), "--critics", "lexicon", "--scale-reference", "dense_lexicon", "--seeds", "0",
             "--runner", "temp", "--critic-quality", str(quality), "--out", str(out)]
     assert se.main(argv + ["--max-new", "1"]) is None and not out.exists()  # one piece: sparse-s0 only
-    first = se.existing_experiments(project)
+    first = se.existing(project)
     assert list(first) == ["sparse-s0"]
     result = se.main(argv)  # the same command goes on where it stopped
     assert set(result["runs"]) == {"sparse", "dense_lexicon", "sparse_scaled"}
