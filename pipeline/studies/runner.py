@@ -98,11 +98,12 @@ def ppo_batch(rows: list[dict], annotated: list[dict], *, env_scale: float = 1.0
     return join_round(rows, scores, annotated)
 
 
-def _round_record(round_: int, rows: list[dict], annotated: list[dict], arm: Arm, stats: list[dict],
+def _round_record(round_: int, rows: list[dict], scores: list[dict], annotated: list[dict], stats: list[dict],
                   ctx: StudyContext, seconds: float) -> dict:
+    """The round's record; its total reward is the shaped env reward PPO read (the score rows') + the span rewards."""
     env, intrinsic = [r["env_reward"] for r in rows], [a["token_rewards"] for a in annotated]
     critiqued = sum(a["critiqued"] for a in annotated)
-    totals = [arm.env_scale * e + sum(t) for e, t in zip(env, intrinsic)]
+    totals = [s["env_reward_shaped"] + sum(t) for s, t in zip(scores, intrinsic, strict=True)]
     return {"round": round_, "rollouts": round_ * len(rows), "env_reward": sum(env) / len(env),
             "total_reward": sum(totals) / len(totals), "env_reward_std": population_std(env),
             "total_reward_std": population_std(totals), "kl": stats[0]["kl"],
@@ -134,7 +135,7 @@ def run_arm(arm: Arm, seed: int, ctx: StudyContext, *, keep_rollouts: bool = Fal
                             batch=join_round(rows, scores, annotated), params=params,
                             kl_controller=kl_controller, score_moments=moments, seed=round_seed(seed, round_, 4),
                             progress=False, group_size=arm.samples_per_prompt, max_completion_length=cfg.max_new_tokens)
-        records.append(_round_record(round_, rows, annotated, arm, stats, ctx,
+        records.append(_round_record(round_, rows, scores, annotated, stats, ctx,
                                      time.perf_counter() - round_started))
         if keep_rollouts:
             recorded.append(rows)
