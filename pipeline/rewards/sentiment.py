@@ -3,7 +3,9 @@
 This is where the sentiment task's environment reward is computed. VADER is a lexicon and
 rule scorer (no model weights, no network), so it runs offline and is deterministic; its
 compound score lies in [-1, 1], positive for positive text. The paper profile instead reads
-the POSITIVE logit of a HF classifier (``ClassifierSentiment``, lvwerra/distilbert-imdb).
+the POSITIVE logit of a HF classifier (``ClassifierSentiment``, lvwerra/distilbert-imdb). The synthetic
+world's study profile (configs/study-sentiment.yaml) reads ``WorldClassifierSentiment``: a reward that is not
+a re-reading of the lexicon critic.
 """
 
 from __future__ import annotations
@@ -30,6 +32,32 @@ class VaderReward:
     def score(self, texts: list[str], *, references: list[str] | None = None) -> list[float]:
         """Return the compound score of each text, in order (one VADER call per text; references unused)."""
         return [self._analyzer.polarity_scores(text)["compound"] for text in texts]
+
+
+class WorldClassifierSentiment:
+    """P(positive) in [0, 1] under a naive Bayes classifier fit on sequence-level tone labels of the synthetic
+    review world (`score.scorer: world_classifier`).
+
+    The labels are each review's tone, not its words' (pipeline/data/world.py generate_labelled_reviews), drawn
+    from a seed stream of their own (world seed 0 + CLASSIFIER_SEED), so the classifier never sees the VADER
+    lexicon the lexicon critic reads, and differs from evaluate's classifier (trained with the world seed).
+    """
+
+    name = "world_classifier"
+    version = "nb-4000-7919"
+    RANGE = (0.0, 1.0)
+    CLASSIFIER_SEED = 7_919
+    CLASSIFIER_SIZE = 4_000
+
+    def __init__(self) -> None:
+        from pipeline.data.world import generate_labelled_reviews
+        from pipeline.evaluate.naive_bayes import NaiveBayesClassifier
+
+        pairs = generate_labelled_reviews(self.CLASSIFIER_SIZE, seed=self.CLASSIFIER_SEED)
+        self.classifier = NaiveBayesClassifier.fit([t for t, _ in pairs], [y for _, y in pairs])
+
+    def score(self, texts: list[str], *, references: list[str] | None = None) -> list[float]:
+        return list(self.classifier.predict_proba(texts))
 
 
 class ClassifierSentiment:

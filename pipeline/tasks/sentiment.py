@@ -22,7 +22,7 @@ import re
 from pipeline.core.errors import ConfigError, DataError
 from pipeline.tasks import prefix_prompt_splits
 
-SCORERS = ("vader", "hf_classifier")
+SCORERS = ("vader", "hf_classifier", "world_classifier")
 MODEL_SCORERS = ("hf_classifier",)  # scorers that read score.model
 DATA_SCORERS = ()  # scorers fit at load time to score.train_data
 EVAL_NEEDS_REFERENCES = False  # evaluation scores against each prompt's reference
@@ -73,19 +73,23 @@ def _prefix(review: str, k: int, tokenizer) -> str:
 
 
 def reward_range(score) -> tuple[float | None, float | None]:
-    """The bounds of make_reward(score)'s rewards, in the task's units (vader: [-1, 1]; a classifier logit:
-    unbounded)."""
-    from pipeline.rewards.sentiment import ClassifierSentiment, VaderReward
+    """The bounds of make_reward(score)'s rewards, in the task's units (vader: [-1, 1]; world_classifier: [0, 1];
+    a classifier logit: unbounded)."""
+    from pipeline.rewards.sentiment import ClassifierSentiment, VaderReward, WorldClassifierSentiment
 
-    return (VaderReward if score.scorer == "vader" else ClassifierSentiment).RANGE
+    return {"vader": VaderReward, "world_classifier": WorldClassifierSentiment}.get(score.scorer,
+                                                                                   ClassifierSentiment).RANGE
 
 
 def make_reward(score):
-    """The environment reward of the ScoreParams section (vader, or hf_classifier's POSITIVE logit)."""
-    from pipeline.rewards.sentiment import ClassifierSentiment, VaderReward
+    """The environment reward of the ScoreParams section (vader, world_classifier's P(positive), or
+    hf_classifier's POSITIVE logit)."""
+    from pipeline.rewards.sentiment import ClassifierSentiment, VaderReward, WorldClassifierSentiment
 
     if score.scorer == "vader":
         return VaderReward()
+    if score.scorer == "world_classifier":
+        return WorldClassifierSentiment()
     if not score.model:
         raise ConfigError("'score.scorer' = 'hf_classifier' needs 'score.model': a saved HF text classifier "
                           "folder such as a local copy of lvwerra/distilbert-imdb.")
