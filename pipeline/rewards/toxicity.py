@@ -8,7 +8,8 @@ term scores 0. It is a crude, transparent proxy (no context, no sarcasm, no iden
 attacks without a listed word) that reads the synthetic comment world exactly
 (pipeline/data/toxicity_world.py). The paper profiles use a HF classifier
 (pipeline/rewards/hf_classifier.py) or the Perspective API (pipeline/rewards/perspective.py);
-``ToxicityReward`` turns any of them into the reward ``1 - toxicity``.
+``ToxicityReward`` turns any of them into the reward ``1 - toxicity``. The synthetic world's study profile
+(configs/study-toxicity.yaml) reads ``WorldClassifierToxicity``: a toxicity the lexicon critic does not re-read.
 """
 from __future__ import annotations
 
@@ -44,6 +45,32 @@ class LexiconToxicity:
                 clean *= 1.0 - TOXIC_TERMS[term]
             out.append(1.0 - clean)
         return out
+
+
+class WorldClassifierToxicity:
+    """P(toxic) under a naive Bayes classifier fit on comment-level labels of the synthetic comment world
+    (`score.scorer: world_classifier`).
+
+    The label is the comment's, not its words': a toxic comment's sentences are each toxic with probability 0.8
+    (pipeline/data/toxicity_world.py), so the classifier also learns civil words as evidence, and it never reads
+    the lexicon the critic names spans with. Its comments come from a seed stream of their own.
+    """
+
+    name = "world_classifier"
+    version = "nb-4000-7919"
+    CLASSIFIER_SEED = 7_919
+    CLASSIFIER_SIZE = 4_000
+    STREAM = "drlc-study-labelled-comments"
+
+    def __init__(self) -> None:
+        from pipeline.data.toxicity_world import generate_labelled_comments
+        from pipeline.evaluate.naive_bayes import NaiveBayesClassifier
+
+        pairs = generate_labelled_comments(self.CLASSIFIER_SIZE, seed=self.CLASSIFIER_SEED, stream=self.STREAM)
+        self.classifier = NaiveBayesClassifier.fit([t for t, _ in pairs], [int(toxic) for _, toxic in pairs])
+
+    def toxicity(self, texts: list[str]) -> list[float]:
+        return list(self.classifier.predict_proba(texts))
 
 
 class ToxicityReward:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from pipeline.core.errors import ConfigError, DataError
 from pipeline.tasks import prefix_prompt_splits
 
-SCORERS = ("lexicon", "fitted", "hf_classifier", "perspective")
+SCORERS = ("lexicon", "fitted", "hf_classifier", "perspective", "world_classifier")
 MODEL_SCORERS = ("hf_classifier",)  # scorers that read score.model
 DATA_SCORERS = ("fitted",)  # scorers fit at load time to score.train_data
 EVAL_NEEDS_REFERENCES = False  # evaluation scores against each prompt's reference
@@ -66,11 +66,16 @@ def _build_local(world, *, seed: int) -> tuple[list[str], dict[str, list[dict]]]
 
 
 def toxicity_source(score):
-    """The toxicity scorer of the ScoreParams section (lexicon, fitted, hf_classifier or perspective)."""
+    """The toxicity scorer of the ScoreParams section (lexicon, world_classifier, fitted, hf_classifier or
+    perspective)."""
     if score.scorer == "lexicon":
         from pipeline.rewards.toxicity import LexiconToxicity
 
         return LexiconToxicity()
+    if score.scorer == "world_classifier":
+        from pipeline.rewards.toxicity import WorldClassifierToxicity
+
+        return WorldClassifierToxicity()
     if score.scorer == "fitted":
         from pipeline.rewards.fitted_toxicity import fit_rtp
 

@@ -1,10 +1,10 @@
-"""benchmarks/study_commongen.py: docs/results.md's CommonGen block is rendered from the committed JSON only."""
+"""benchmarks/study_results.py: docs/results.md's `drlc study` blocks are rendered from the committed JSON only."""
 import json
 
 import pytest
 from test_study import record as run
 
-from benchmarks import study_commongen as sc
+from benchmarks import study_results as sc
 from pipeline.studies.study_report import build_report
 
 
@@ -15,7 +15,7 @@ def reports():
 
 
 def test_the_record_counts_experiments_against_the_grid_and_drops_local_paths():
-    result = sc.record(reports())
+    result = sc.record(reports(), "commongen")
     assert result["experiments_done"] == 3 and result["experiments_planned"] == 5 * 5
     assert "project" not in result["reports"][0]
     text = sc.render(json.loads(json.dumps(result)))  # as read back from the committed file
@@ -35,9 +35,19 @@ def test_the_headline_puts_dense_against_the_better_matched_control():
     assert f"at the end point -0.080 ± {12.706 * 0.03:.3f}" in line
 
 
-def test_the_page_holds_the_block_rendered_from_the_committed_json():
-    if not sc.RESULT.is_file():
-        pytest.skip("no benchmarks/results/study_commongen.json committed yet")
+@pytest.mark.parametrize("name", sorted(sc.STUDIES))
+def test_the_page_holds_the_block_rendered_from_the_committed_json(name):
+    if not sc.result_path(name).is_file():
+        pytest.skip(f"no benchmarks/results/study_{name}.json committed yet")
+    start, end = sc.markers(name)
     page = (sc.ROOT / "docs/results.md").read_text()
-    block = page.split(sc.BLOCK_START, 1)[1].split(sc.BLOCK_END, 1)[0]
-    assert block.strip("\n") == sc.render(json.loads(sc.RESULT.read_text())).strip("\n")
+    block = page.split(start, 1)[1].split(end, 1)[0]
+    assert block.strip("\n") == sc.render(json.loads(sc.result_path(name).read_text())).strip("\n")
+
+
+def test_a_synthetic_study_names_its_profile_and_grid():
+    result = sc.record(reports(), "sentiment")
+    assert result["experiments_planned"] == 7 * 3 and result["profile"] == "configs/study-sentiment.yaml"
+    text = sc.render(json.loads(json.dumps(result)))
+    assert text.startswith("configs/study-sentiment.yaml through `drlc study` (in progress: 3 of 21 experiments;")
+    assert "#### Synthetic sentiment world: sparse, dense × seeds [0, 1]" in text

@@ -1,0 +1,105 @@
+"""docs/results.md's `drlc study` blocks: each study's report.json, as committed JSON, rendered by one renderer.
+
+`drlc study` writes report.json into its --out folder; this script records it with its provenance (the grid
+asked for, how many experiments are in, the machine) in benchmarks/results/study_<name>.json, and with --doc
+splices `render` of that JSON, and only that JSON, into the page between the study's markers
+(``<!-- <name>-study:start -->`` .. ``:end -->``). The tables are pipeline/studies/study_report.py's `markdown`,
+the one report renderer. tests/test_study_results.py renders every block again from the committed JSON and
+compares.
+
+Usage (a clone of this repo with params.yaml = the study's profile, STUDIES[name]["profile"], committed):
+    drlc study --arms <the grid's arms> --seeds <its seeds> --metric <its metric> --out study/<name>
+    python benchmarks/study_results.py --name <name> --report <clone>/study/<name>/report.json --doc docs/results.md
+While the grid still runs, the same `drlc study` line with --report-only (and another --out) reports what has
+finished without touching the queue; the JSON counts those experiments against the grid. CommonGen's grid
+before the fair-answer changes (summed, random and the GRPO pair, end points only, dense_scaled critiquing at the
+scaled threshold) is in this file's git history (benchmarks/study_commongen.py, commit 5ad2d09).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+from datetime import date
+from pathlib import Path
+
+from pipeline.studies import generated_blocks
+from pipeline.studies.study_report import markdown, versus_best_control
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+SENTIMENT_ARMS = ["sparse", "dense", "dense_zero_mean", "sparse_scaled", "sparse_lowkl", "grpo_sparse", "grpo_dense"]
+STUDIES = {  # name: the profile, the grid asked for, and the title of its tables
+    "commongen": {"profile": "configs/commongen.yaml", "title": "CommonGen",
+                  "grid": {"arms": ["sparse", "dense", "sparse_scaled", "sparse_lowkl", "dense_scaled"],
+                           "seeds": [0, 1, 2, 3, 4]}},
+    "sentiment": {"profile": "configs/study-sentiment.yaml", "title": "Synthetic sentiment world",
+                  "grid": {"arms": SENTIMENT_ARMS, "seeds": [0, 1, 2]}},
+}
+
+
+def result_path(name: str) -> Path:
+    return RESULTS / f"study_{name}.json"
+
+
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name}-study:start -->", f"<!-- {name}-study:end -->"
+
+
+def record(reports: list[dict], name: str) -> dict:
+    """The committed JSON: the reports and where they stand against the study's grid."""
+    study = STUDIES[name]
+    planned = len(study["grid"]["arms"]) * len(study["grid"]["seeds"])
+    done = sum(len(arm["seeds"]) for report in reports for arm in report["arms"].values())
+    return {"name": name, "profile": study["profile"],
+            "reports": [{k: v for k, v in r.items() if k != "project"} for r in reports], "grid": study["grid"],
+            "experiments_done": done, "experiments_planned": planned,
+            "measured": {"date": date.today().isoformat(), "cpus": os.cpu_count(), "machine": platform.machine()}}
+
+
+def render(result: dict) -> str:
+    """The block of docs/results.md from the committed JSON: dense against the better matched control, then the
+    full reports."""
+    done, planned = result["experiments_done"], result["experiments_planned"]
+    status = "complete" if done >= planned else f"in progress: {done} of {planned} experiments"
+    study = STUDIES[result.get("name", "commongen")]  # a record written before names is CommonGen's
+    head = (f"{study['profile']} through `drlc study` ({status}; measured {result['measured']['date']} on a "
+            f"{result['measured']['cpus']}-core CPU machine).\n")
+    tables = [headline(r) + markdown(r, f"{study['title']}: {', '.join(r['arms'])} × seeds {r['seeds']}")
+              .replace("## ", "#### ", 1) for r in result["reports"]]
+    return "\n".join([head, *tables])
+
+
+def headline(report: dict) -> str:
+    """One line: dense − the better of sparse_scaled and sparse_lowkl, at matched KL and at the end point."""
+    if "dense" not in report["arms"]:
+        return ""
+    row = versus_best_control(report)
+    if row["control"] is None:
+        return ""
+    parts = [f"{name} {d['mean']:+.3f}" + (f" ± {d['half']:.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
+                                           if d.get("half") is not None else " (1 seed)")
+             for name, d in (("at matched KL", row["at_kl"]), ("at the end point", row["end"])) if d]
+    return (f"**dense − {row['control']}** (the better matched control at the end point), "
+            f"{report['metric']}: {'; '.join(parts)}.\n\n")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--name", required=True, choices=sorted(STUDIES), help="the study (its grid and block)")
+    parser.add_argument("--report", type=Path, nargs="+", required=True,
+                        help="report.json files that `drlc study` wrote")
+    parser.add_argument("--out", type=Path, default=None, help="the JSON (default benchmarks/results/study_<name>.json)")
+    parser.add_argument("--doc", type=Path, default=None, help="splice the block into this page (docs/results.md)")
+    args = parser.parse_args(argv)
+    result = record([json.loads(path.read_text()) for path in args.report], args.name)
+    (args.out or result_path(args.name)).write_text(json.dumps(result, indent=1) + "\n")
+    if args.doc:
+        generated_blocks.splice_file(args.doc, render(result), *markers(args.name))
+    print(render(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
