@@ -17,18 +17,22 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def arm_params(profile: str, arm: str, k: float = 2.0):
-    settings = study.matched_settings(study.load_arms()[arm], k, load_params(ROOT / profile).ppo.init_kl_coef)
+    plain = load_params(ROOT / profile)
+    settings = study.matched_settings(study.load_arms()[arm], k, plain.ppo.init_kl_coef * plain.score.scale)
     sets = [f"{key}={json.dumps(value)}" for key, value in settings.items()]
     return load_params(ROOT / profile, sets + ["run.seed=3"])
 
 
-@pytest.mark.parametrize("profile", ["params.yaml", "configs/commongen.yaml", "configs/demo-grpo.yaml"])
+@pytest.mark.parametrize("profile", ["params.yaml", "configs/commongen.yaml", "configs/demo-grpo.yaml",
+                                     "configs/study-sentiment.yaml", "configs/study-toxicity.yaml",
+                                     "configs/study-summarization.yaml"])
 def test_every_shipped_arm_makes_a_valid_project_of_the_profile(profile):
     configured = load_params(ROOT / profile).critic
     expect = {"sparse": (False, "tokens", "ppo"), "dense": (True, "tokens", "ppo"), "summed": (True, "summed", "ppo"),
               "random": (True, "random", "ppo"), "sparse_scaled": (False, None, "ppo"),
               "sparse_lowkl": (False, None, "ppo"), "dense_scaled": (True, "tokens", "ppo"),
-              "grpo_sparse": (False, None, "grpo"), "grpo_dense": (True, "tokens", "grpo")}
+              "grpo_sparse": (False, None, "grpo"), "grpo_dense": (True, "tokens", "grpo"),
+              "dense_zero_mean": (True, "tokens", "ppo")}
     assert set(study.load_arms()) == set(expect)
     for arm, (enabled, placement, algorithm) in expect.items():
         params = arm_params(profile, arm)
@@ -37,13 +41,16 @@ def test_every_shipped_arm_makes_a_valid_project_of_the_profile(profile):
             assert params.critic.placement == placement, arm
         assert params.ppo.algorithm == algorithm, arm
         assert params.rollout.samples_per_prompt == (4 if algorithm == "grpo" else 1), arm
+        assert params.critic.zero_mean is (arm == "dense_zero_mean"), arm
         # the critic the arm uses is the configured one: no arm changes its backend, template, threshold or rewards
         same = ("backend", "template", "threshold", "rewards", "model_dir", "cache_dir")
         assert all(getattr(params.critic, key) == getattr(configured, key) for key in same), arm
     assert [arm_params(profile, arm, k=2.5).score.scale for arm in ("sparse_scaled", "dense_scaled")] == [2.5, 2.5]
     # sparse_lowkl: the reward as it is, the KL coefficient divided by k, the controller's other settings kept
     plain, low = load_params(ROOT / profile).ppo, arm_params(profile, "sparse_lowkl", k=2.5)
-    assert low.score.scale == 1.0 and low.ppo.init_kl_coef == pytest.approx(plain.init_kl_coef / 2.5)
+    # k = 2.5 is a score.scale: 2.5 / the profile's scale times the profile's reward, so beta is divided by that
+    scale = load_params(ROOT / profile).score.scale
+    assert low.score.scale == scale and low.ppo.init_kl_coef == pytest.approx(plain.init_kl_coef * scale / 2.5)
     assert (low.ppo.adap_kl_ctrl, low.ppo.target, low.ppo.horizon) == (plain.adap_kl_ctrl, plain.target, plain.horizon)
 
 
@@ -169,6 +176,17 @@ def test_a_partial_report_takes_k_from_the_scaled_experiments_that_ran():
     assert study.scale_run_with({**done, "sparse_lowkl-s0": lowkl}, both, arms, 0.2) == pytest.approx(2.5)
     with pytest.raises(DataError, match="sparse_lowkl-s0"):
         study.scale_run_with({**done, "sparse_lowkl-s0": lowkl}, both, arms, 0.3)
+
+
+def test_sparse_lowkl_divides_beta_by_k_relative_to_the_projects_scale():
+    # a project whose PPO reads 0.01 x the task's reward (the summarization demo): dense matches sparse at
+    # score.scale k = 0.025, a reward 2.5 times the project's, so sparse_lowkl runs the project's 0.2 / 2.5
+    kl_coef = 0.2 * 0.01  # what preflight returns: init_kl_coef x score.scale
+    filled = study.matched_settings(study.load_arms()["sparse_lowkl"], 0.025, kl_coef)
+    assert filled["ppo.init_kl_coef"] == pytest.approx(0.08) and "score.scale" not in filled
+    lowkl = {"rev": "c" * 40, "params": {"score": {"scale": 0.01}, "ppo": {"init_kl_coef": 0.08}}, "metrics": {}}
+    assert study.scale_run_with({"sparse_lowkl-s0": lowkl}, [("sparse_lowkl", 0)], study.load_arms(),
+                                kl_coef) == pytest.approx(0.025)
 
 
 def test_interval_and_paired_difference_by_hand():
@@ -317,7 +335,12 @@ def test_a_frontier_is_isotonic_and_never_read_past_either_runs_kl():
     assert study_report.at_matched_kl(falling, old, "world/coverage") is None
     report = study_report.build_report({"dense": [falling], "sparse": [old]})
     assert report["matched_kl"]["dense-sparse"] is None
-    assert "| dense-sparse | - | - | no kl_to_base on the eval curves |" in study_report.markdown(report, "t")
+    assert "| dense-sparse | - | - | no eval curve with kl_to_base and a point between the base and the end |" \
+        in study_report.markdown(report, "t")
+    # a run in one chunk is evaluated at the base and its end only: a straight line is no frontier
+    two_points = kl_record("sparse", 0, [0, 0.5], [0.1, 0.3])
+    assert study_report.frontier(list(study_report.kl_curve(two_points, "world/coverage").values())) is None
+    assert study_report.at_matched_kl(falling, two_points, "world/coverage") is None
 
 
 def test_the_frontier_rows_are_what_dvc_plots_draws(tmp_path):
@@ -358,7 +381,8 @@ def test_with_no_git_identity_drlc_signs_only_its_experiment_commits(bare_projec
     assert study.git_identity(bare_project) == study.IDENTITY
     assert study.dvc_env(bare_project)["GIT_COMMITTER_EMAIL"] == "drlc-study@localhost"
     arms = study.pick_arms(study.load_arms(), ["sparse", "dense", "sparse_scaled"])
-    assert study.preflight(bare_project, arms, []) == pytest.approx(0.2)  # the demo's KL coefficient
+    assert study.preflight(bare_project, arms, []) == pytest.approx(0.2)  # the demo's KL coefficient x scale 1
+    assert study.preflight(bare_project, arms, ["score.scale=0.01"]) == pytest.approx(0.002)
     assert "signed 'drlc study <drlc-study@localhost>'" in capsys.readouterr().out
     unset = subprocess.run(["git", "config", "--get", "user.name"], cwd=bare_project, capture_output=True)
     assert unset.returncode != 0  # the user's git config is not written

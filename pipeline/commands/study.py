@@ -69,9 +69,11 @@ def is_matched(settings: dict) -> bool:
 
 def matched_settings(settings: dict, k, kl_coef: float) -> dict:
     """An arm's settings with its matched values filled: ``score.scale`` = k (sparse_scaled, dense_scaled), and
-    ``ppo.init_kl_coef`` = the project's coefficient / k (sparse_lowkl). The adaptive controller multiplies β by a
-    factor of the KL alone (pipeline.train.ppo.AdaptiveKLController), so dividing its start divides its whole
-    path by k. k may be the dry run's placeholder string."""
+    ``ppo.init_kl_coef`` = kl_coef / k (sparse_lowkl), where kl_coef is the project's coefficient × its score.scale
+    (:func:`preflight`): k is a score.scale, so k / the project's scale is how many times larger the scaled reward
+    is, and sparse_lowkl divides the project's β by that. The adaptive controller multiplies β by a factor of the
+    KL alone (pipeline.train.ppo.AdaptiveKLController), so dividing its start divides its whole path. k may be the
+    dry run's placeholder string."""
     filled = dict(settings)
     if filled.get("score.scale") == MATCHED:
         filled["score.scale"] = k
@@ -387,7 +389,7 @@ def study(project: Path, *, arms: dict[str, dict], seeds: list[int], jobs: int =
 
 def preflight(project: Path, arms: dict[str, dict], sets: list[str], *, report_only: bool = False) -> float:
     """Check, before the first phase starts, everything the second needs; returns the project's
-    ppo.init_kl_coef (sparse_lowkl divides it by k). One-line ConfigError or DataError naming the fix for: a
+    ppo.init_kl_coef × score.scale (sparse_lowkl's coefficient is that / k, :func:`matched_settings`). One-line ConfigError or DataError naming the fix for: a
     project that is no git repo with a commit (DVC experiments start from one), an arm whose settings (its
     matched values filled with stand-ins) the project's params.yaml refuses, and sparse_lowkl on a project whose
     KL coefficient is 0. Git's identity is not needed: :func:`git_identity` supplies one, said here."""
@@ -404,14 +406,15 @@ def preflight(project: Path, arms: dict[str, dict], sets: list[str], *, report_o
             load_params(project / "params.yaml", base + [f"{k}={hydra_value(v)}" for k, v in filled.items()])
         except ConfigError as error:
             raise ConfigError(f"arm {name!r} on {project / 'params.yaml'}: {error}") from None
-    kl_coef = load_params(project / "params.yaml", base).ppo.init_kl_coef
+    params = load_params(project / "params.yaml", base)
+    kl_coef = params.ppo.init_kl_coef
     if kl_coef <= 0 and any(s.get("ppo.init_kl_coef") == MATCHED for s in arms.values()):
         raise ConfigError(f"ppo.init_kl_coef = {kl_coef} in {project / 'params.yaml'}: sparse_lowkl divides it by "
                           "k, so it would run the sparse arm again; drop sparse_lowkl or set a coefficient")
     if git_identity(project) and not report_only:
         print("drlc study: git has no user.name/user.email here, so DVC's experiment commits (refs/exps, never your "
               f"branches) are signed '{IDENTITY['GIT_AUTHOR_NAME']} <{IDENTITY['GIT_AUTHOR_EMAIL']}>'", flush=True)
-    return kl_coef
+    return kl_coef * params.score.scale
 
 
 def run_grid(project: Path, arms: dict[str, dict], first: list[tuple[str, int]], second: list[tuple[str, int]],
@@ -445,7 +448,8 @@ def run_grid(project: Path, arms: dict[str, dict], first: list[tuple[str, int]],
 def scale_run_with(done: dict[str, dict], matched: list[tuple[str, int]], arms: dict[str, dict] | None = None,
                    kl_coef: float = 0.0) -> float | None:
     """The k the finished matched experiments ran with (None when none has finished): score.scale of a scaled
-    arm, the project's ppo.init_kl_coef / the experiment's of sparse_lowkl. DataError when they disagree."""
+    arm; for sparse_lowkl, kl_coef (the project's ppo.init_kl_coef × score.scale) / the experiment's
+    ppo.init_kl_coef. DataError when they disagree."""
     ks = {}
     for a, s in matched:
         params = done[exp_name(a, s)]["params"]

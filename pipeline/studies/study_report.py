@@ -34,7 +34,8 @@ from pipeline.studies.analysis import (
 GENERIC = ("env_reward_mean", "perplexity", "dist_1", "dist_2", "dist_3", "kl_to_base", "n_samples")  # not the task's own
 PAIRS = (("dense", "sparse"), ("dense", "summed"), ("dense", "random"), ("dense", "sparse_scaled"),
          ("dense", "sparse_lowkl"), ("dense_scaled", "sparse_scaled"), ("sparse_scaled", "sparse"),
-         ("sparse_lowkl", "sparse"), ("sparse_scaled", "sparse_lowkl"), ("grpo_dense", "grpo_sparse"))
+         ("sparse_lowkl", "sparse"), ("sparse_scaled", "sparse_lowkl"), ("dense_zero_mean", "dense"),
+         ("dense_zero_mean", "sparse_scaled"), ("grpo_dense", "grpo_sparse"), ("grpo_sparse", "sparse"))
 CRITIC_KEYS = ("critic_requests", "cache_hits", "critic_tokens", "critic_cost_usd")
 
 
@@ -178,8 +179,10 @@ def kl_curve(run: dict, metric: str) -> dict[int, tuple[float, float]]:
 
 def frontier(points: list[tuple[float, float]]) -> tuple[list[float], list[float]] | None:
     """The metric-vs-KL frontier of (KL, metric) points: the metric's least-squares non-decreasing fit on KL
-    (analysis.isotonic_frontier: "the best metric for the KL spent"); None for fewer than two points."""
-    if len(points) < 2:
+    (analysis.isotonic_frontier: "the best metric for the KL spent"); None for fewer than three points: the base
+    and the end alone make a straight line, which says nothing of the path between (a run in one chunk of rounds
+    is evaluated at its end only)."""
+    if len(points) < 3:
         return None
     return isotonic_frontier([x for x, _ in points], [y for _, y in points])
 
@@ -294,7 +297,8 @@ def _matched_kl_lines(report: dict) -> list[str]:
              "| difference | seeds | at KL | mean ± half | interval | end point |", "|---|---|---|---|---|---|"]
     for pair, d, end in rows:
         if d is None:
-            lines.append(f"| {pair} | - | - | no kl_to_base on the eval curves | - | {_signed(end) if end else '-'} |")
+            lines.append(f"| {pair} | - | - | no eval curve with kl_to_base and a point between the base and the end "
+                         f"| - | {_signed(end) if end else '-'} |")
         else:
             lines.append(f"| {pair} | {d['n']} | {_ci(d['kl'], 2)} | {_signed(d)} | {_span(d)} | "
                          f"{_signed(end) if end else '-'} |")
