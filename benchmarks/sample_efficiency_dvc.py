@@ -1,22 +1,20 @@
-"""The sample-efficiency arms as DVC experiments on drlc's real pipeline (dvc.yaml, params.yaml).
+"""The real-text study as DVC experiments on drlc's real pipeline (dvc.yaml, params.yaml): which critic pays?
 
-Usage (from a drlc project, e.g. the repository root = the demo pipeline; it must be a git repo
-with a commit):
+Usage (from a drlc project whose params.yaml is configs/study-detox.yaml; it must be a git repo with a commit):
 
-    python benchmarks/sample_efficiency_dvc.py --seeds 0 1 2 --rounds 4
-    python benchmarks/sample_efficiency_dvc.py --dry-run          # print the dvc commands only
+    python benchmarks/sample_efficiency_dvc.py --critics tagger random --seeds 0 1 2
+    python benchmarks/sample_efficiency_dvc.py --critics tagger random --dry-run   # print the dvc commands only
 
-Phase 1 queues sparse, dense_all, dense_selective, dense_zero_mean, grpo_sparse and grpo_dense for every seed with
-``dvc exp run --queue -n <arm>-s<seed> -S ...`` and runs them (``dvc exp run --run-all -j 1``,
-or one ``dvc exp run --temp`` each with ``--runner temp``). Phase 2 computes sparse_scaled's
-scale k from the finished dense_all and sparse experiments (pipeline/studies/analysis.py's
-``scale_factor``) and runs it with ``score.scale=k``. Results are read without touching the
-workspace: params and metrics with ``dvc exp show --json``, metrics/rounds.json (a DVC plot, so
-not in exp show) with ``git show <exp rev>:metrics/rounds.json``, per-response tables (only for
-``--scale-match std``) with ``dvc.api.open(..., rev=<exp rev>)``. Experiments that already exist
-under an arm's name are collected, not re-run, so an interrupted set resumes. Every arm sets
-all of its keys, so the arms do not depend on what the project's params.yaml holds for them.
-Docs: docs/sample-efficiency-dvc.md.
+Phase 1 queues sparse and one dense arm per critic (pipeline/studies/critics.py) under each of --algorithms with
+``dvc exp run --queue -n <arm>-s<seed> -S ...`` and runs them (``dvc exp run --run-all -j 1``, or one
+``dvc exp run --temp`` each with ``--runner temp``). Phase 2 computes sparse_scaled's scale k from the finished
+reference arm and sparse (pipeline/studies/analysis.py's ``scale_factor``) and runs it with ``score.scale=k``.
+Results are read without touching the workspace: params and metrics with ``dvc exp show --json``,
+metrics/rounds.json (a DVC plot, so not in exp show) with ``git show <exp rev>:metrics/rounds.json``, per-response
+tables with ``dvc.api.open(..., rev=<exp rev>)``. Experiments that already exist under an arm's name are collected,
+not re-run, so an interrupted set resumes. Every arm sets all of its keys, so the arms do not depend on what the
+project's params.yaml holds for them. The synthetic worlds' arms run through `drlc study` (configs/study/arms.yaml).
+Docs: docs/sample-efficiency-dvc.md, docs/study-real-text.md.
 """
 from __future__ import annotations
 
@@ -45,32 +43,9 @@ from pipeline.core.config import load_params
 from pipeline.core.errors import ConfigError, DataError
 from pipeline.studies import critics, generated_blocks, real_text
 from pipeline.studies.analysis import mean, mean_std, scale_factor, seed_mean_curve, sparse_target, steps_to_reach
-from pipeline.studies.arms import ALL, study_arms
 from pipeline.studies.study_report import response_spread
 
 ROOT = Path(__file__).resolve().parents[1]
-
-PHASE_1 = ("sparse", "dense_all", "dense_selective", "dense_zero_mean", "grpo_sparse", "grpo_dense")
-ARMS = PHASE_1 + ("sparse_scaled",)
-ALL_THRESHOLD = ALL  # above any environment reward: every response is critiqued
-
-
-def arm_settings(arm: str, *, selective_threshold: float, k: float | str | None = None) -> dict:
-    """The params every experiment of `arm` sets: its row of the study's arm table (arms.study_arms).
-
-    k: sparse_scaled's env-reward scale (a string is written as it is: the dry run's "<k>").
-    Raises ConfigError for an unknown arm, or sparse_scaled without k.
-    """
-    arms = study_arms(selective_threshold)
-    if arm not in arms:
-        raise ConfigError(f"unknown arm {arm!r}; valid arms: {list(ARMS)}")
-    if arm == "sparse_scaled" and k is None:
-        raise ConfigError("sparse_scaled needs k: run the dense_all and sparse arms first")
-    settings = arms[arm].dvc_settings()
-    if arm == "sparse_scaled":
-        settings["score.scale"] = k if isinstance(k, str) else float(k)
-    return settings
-
 
 def rounds_overrides(n_rounds: int | None, per_stage: int = 1) -> list[str]:
     """-S values replacing the `rounds` section with n rounds, K = per_stage a stage
@@ -242,23 +217,15 @@ def real_text_report(project: Path, by_arm: dict, args, *, policy: str, final_wi
             "plot": plot.name, "curves": curves.name, "batch_size": batch_size, "table": real_text.markdown(rows)}
 
 
-def study_design(args, threshold: float):
-    """(phase-1 arms, the arm sparse_scaled's k is matched to or None, settings_of(arm, seed, k)).
-
-    With --critics: the real-text arms (pipeline/studies/critics.py) for each --algorithms;
-    else the synthetic study's --arms (arms.py).
-    """
-    if args.critics:
-        arms = critics.study_arms(args.critics, args.algorithms, args.value_free_critics)
-        scaled = "sparse_scaled" in arms
-        reference = args.scale_reference or critics.SCALE_REFERENCE
-        first = ["sparse"] + [a for a in arms if a not in ("sparse", "sparse_scaled")]  # sparse: the target
-        first += [reference] if scaled and reference not in first else []
-        return first, reference if scaled else None, lambda a, seed, k=None: critics.settings(a, seed=seed, k=k)
-    reference = args.scale_reference or "dense_all"
-    needs = set(args.arms) | ({"sparse", reference} if "sparse_scaled" in args.arms else set()) | {"sparse"}
-    return ([a for a in PHASE_1 if a in needs], reference if "sparse_scaled" in needs else None,
-            lambda a, seed, k=None: arm_settings(a, selective_threshold=threshold, k=k))
+def study_design(args):
+    """(phase-1 arms, the arm sparse_scaled's k is matched to or None, settings_of(arm, seed, k)): the real-text
+    arms (pipeline/studies/critics.py) of --critics under each of --algorithms."""
+    arms = critics.study_arms(args.critics, args.algorithms, args.value_free_critics)
+    scaled = "sparse_scaled" in arms
+    reference = args.scale_reference or critics.SCALE_REFERENCE
+    first = ["sparse"] + [a for a in arms if a not in ("sparse", "sparse_scaled")]  # sparse: the target
+    first += [reference] if scaled and reference not in first else []
+    return first, reference if scaled else None, lambda a, seed, k=None: critics.settings(a, seed=seed, k=k)
 
 
 def main(argv: list[str] | None = None) -> dict | None:
@@ -268,47 +235,42 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.add_argument("--rounds", type=int, default=None, help="replace params.yaml's rounds with N rounds")
     parser.add_argument("--per-stage", type=int, default=1,
                         help="with --rounds: K rounds a stage (chunk stages: one model load per K rounds)")
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
-    parser.add_argument("--critics", nargs="+", default=None, choices=list(critics.CRITICS),
-                        help="the real-text study: sparse, sparse_scaled and a dense arm per critic (replaces --arms)")
+    parser.add_argument("--critics", nargs="+", required=True, choices=list(critics.CRITICS),
+                        help="sparse, sparse_scaled and a dense arm per critic")
     parser.add_argument("--algorithms", nargs="+", default=["ppo"], choices=list(critics.ALGORITHMS),
                         help="with --critics: run the arms under each algorithm (value-free ones: no sparse_scaled)")
     parser.add_argument("--value-free-critics", nargs="+", default=None, choices=list(critics.CRITICS),
                         help="with --critics: the critics with a dense arm under the value-free --algorithms "
                              "(default: all of --critics)")
     parser.add_argument("--scale-reference", default=None,
-                        help="the dense arm sparse_scaled's k is matched to (default dense_all; with --critics "
-                             f"{critics.SCALE_REFERENCE})")
+                        help=f"the dense arm sparse_scaled's k is matched to (default {critics.SCALE_REFERENCE})")
     parser.add_argument("--main-seeds", type=int, nargs="+", default=None,
-                        help="seeds of sparse, sparse_scaled and the scale reference; with --critics also of "
-                             "dense_random, under every algorithm (default: --seeds)")
+                        help="seeds of sparse, sparse_scaled, the scale reference and dense_random, under every "
+                             "algorithm (default: --seeds)")
     parser.add_argument("--runner", choices=("queue", "temp"), default="queue")
     parser.add_argument("--scale-match", choices=("mean", "std"), default="std")
     parser.add_argument("--final-window", type=int, default=3)
     parser.add_argument("--critic-quality", type=Path, default=ROOT / "benchmarks" / "results" / "study_critics.json",
-                        help="with --critics: each critic's char F1 (benchmarks/study_critics.py)")
+                        help="each critic's char F1 (benchmarks/study_critics.py)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sample_efficiency_dvc.json")
     parser.add_argument("--doc", type=Path, default=None,
-                        help="with --critics: also write the result into this page's real-text block "
-                             "(docs/results.md)")
+                        help="also write the result into this page's real-text block (docs/results.md)")
     parser.add_argument("--dry-run", action="store_true", help="print the dvc commands only")
     parser.add_argument("--max-new", type=int, default=None,
                         help="run at most N new experiments, then stop (run the same command again to go on)")
     args = parser.parse_args(argv)
     started, project = time.perf_counter(), args.project.resolve()
     params = yaml.safe_load((project / "params.yaml").read_text())
-    threshold = float(params["critic"]["threshold"])
     extra = rounds_overrides(args.rounds, args.per_stage)
     n_rounds = args.rounds or len(load_params(project / "params.yaml").round_keys())  # per-round or chunked
-    first, reference, settings_of = study_design(args, threshold)
+    first, reference, settings_of = study_design(args)
     main_seeds = args.main_seeds or args.seeds
-    main_arms = {"sparse", "sparse_scaled", reference}
-    if args.critics:  # the best critic and its random control keep their seeds under every algorithm
-        main_arms |= {args.scale_reference or critics.SCALE_REFERENCE, critics.RANDOM_CONTROL}
+    # the best critic and its random control keep their seeds under every algorithm
+    main_arms = {"sparse", "sparse_scaled", args.scale_reference or critics.SCALE_REFERENCE,
+                 critics.RANDOM_CONTROL}
 
     def seeds_of(arm: str) -> list[int]:  # a real-text arm under any algorithm counts as its reward arm
-        reward_arm = critics.split_name(arm)[0] if args.critics else arm
-        return main_seeds if reward_arm in main_arms else args.seeds
+        return main_seeds if critics.split_name(arm)[0] in main_arms else args.seeds
 
     try:
         return study(project, args, params, first, reference, settings_of, seeds_of, extra, n_rounds, started)
@@ -322,9 +284,9 @@ def study(project, args, params, first, reference, settings_of, seeds_of, extra,
     """Both phases, the collection and the report of :func:`main` (Unfinished when --max-new stops it)."""
     ran = run_phase(project, first, seeds_of, settings_of, extra, runner=args.runner, dry_run=args.dry_run,
                     max_new=args.max_new)
-    k, by_arm, spread = None, {}, args.scale_match == "std"
+    k, by_arm = None, {}
     if not args.dry_run:
-        by_arm = collect(project, first, seeds_of, with_spread=spread or bool(args.critics))
+        by_arm = collect(project, first, seeds_of, with_spread=True)
     if reference is not None:
         k = "<k>" if args.dry_run else scale_factor(by_arm[reference], by_arm["sparse"], args.scale_match)
         if not args.dry_run and not k > 0:
@@ -334,7 +296,7 @@ def study(project, args, params, first, reference, settings_of, seeds_of, extra,
         run_phase(project, ["sparse_scaled"], seeds_of, lambda a, seed: settings_of(a, seed, k), extra,
                   runner=args.runner, dry_run=args.dry_run, max_new=left)
         if not args.dry_run:
-            by_arm.update(collect(project, ["sparse_scaled"], seeds_of, with_spread=spread or bool(args.critics)))
+            by_arm.update(collect(project, ["sparse_scaled"], seeds_of, with_spread=True))
     if args.dry_run:
         return None
     window = min(args.final_window, n_rounds)
@@ -345,15 +307,14 @@ def study(project, args, params, first, reference, settings_of, seeds_of, extra,
               "scale_factor": {"k": k if k is not None else float("nan"), "match": args.scale_match,
                                "reference": reference},
               "runs": by_arm, "headline": headline(by_arm, final_window=window)}
-    if args.critics:
-        policy = f"round={n_rounds:04d}" if args.rounds else params["evaluate"]["policy"]
-        result["real_text"] = real_text_report(project, by_arm, args, policy=policy, final_window=window,
-                                               batch_size=int(params["rollout"]["batch_size"]))
+    policy = f"round={n_rounds:04d}" if args.rounds else params["evaluate"]["policy"]
+    result["real_text"] = real_text_report(project, by_arm, args, policy=policy, final_window=window,
+                                           batch_size=int(params["rollout"]["batch_size"]))
     result["wall_seconds"] = round(time.perf_counter() - started, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
     args.out.with_suffix(".md").write_text(markdown(result))
-    if args.critics and args.doc:
+    if args.doc:
         generated_blocks.splice_file(args.doc, real_text.results_block(result), real_text.BLOCK_START,
                                      real_text.BLOCK_END)
     print(markdown(result))

@@ -29,13 +29,17 @@ from pipeline.studies.study_report import markdown, versus_best_control
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-SENTIMENT_ARMS = ["sparse", "dense", "dense_zero_mean", "sparse_scaled", "sparse_lowkl", "grpo_sparse", "grpo_dense"]
+SYNTHETIC_ARMS = ["sparse", "dense", "dense_zero_mean", "sparse_scaled", "sparse_lowkl", "grpo_sparse", "grpo_dense"]
 STUDIES = {  # name: the profile, the grid asked for, and the title of its tables
     "commongen": {"profile": "configs/commongen.yaml", "title": "CommonGen",
                   "grid": {"arms": ["sparse", "dense", "sparse_scaled", "sparse_lowkl", "dense_scaled"],
                            "seeds": [0, 1, 2, 3, 4]}},
     "sentiment": {"profile": "configs/study-sentiment.yaml", "title": "Synthetic sentiment world",
-                  "grid": {"arms": SENTIMENT_ARMS, "seeds": [0, 1, 2]}},
+                  "grid": {"arms": SYNTHETIC_ARMS, "seeds": [0, 1, 2]}},
+    "toxicity": {"profile": "configs/study-toxicity.yaml", "title": "Synthetic toxicity world",
+                 "grid": {"arms": SYNTHETIC_ARMS, "seeds": [0, 1, 2]}},
+    "summarization": {"profile": "configs/study-summarization.yaml", "title": "Synthetic summarization world",
+                      "grid": {"arms": SYNTHETIC_ARMS, "seeds": [0, 1, 2]}},
 }
 
 
@@ -90,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--name", required=True, choices=sorted(STUDIES), help="the study (its grid and block)")
     parser.add_argument("--report", type=Path, nargs="+", required=True,
                         help="report.json files that `drlc study` wrote")
-    parser.add_argument("--out", type=Path, default=None, help="the JSON (default benchmarks/results/study_<name>.json)")
+    parser.add_argument("--out", type=Path, default=None, help="the JSON (default: results/study_NAME.json)")
     parser.add_argument("--doc", type=Path, default=None, help="splice the block into this page (docs/results.md)")
     args = parser.parse_args(argv)
     result = record([json.loads(path.read_text()) for path in args.report], args.name)

@@ -13,7 +13,7 @@ from pipeline.commands import study
 from pipeline.core.config import load_params
 from pipeline.core.errors import ConfigError, DataError
 from pipeline.studies import analysis, critics, real_text
-from pipeline.studies.arms import ALL
+from pipeline.studies.critics import ALL
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -298,5 +298,16 @@ def test_the_results_page_leads_with_the_committed_real_text_result():
     section = page.split(real_text.BLOCK_START, 1)[1].split(real_text.BLOCK_END, 1)[0]
     assert section.strip() == real_text.results_block(committed).strip()
     help_section = page.split("## Does the critic help?", 1)[1]
-    assert help_section.index(real_text.BLOCK_START) < help_section.index("<!-- sample-efficiency:start -->")
+    assert help_section.index(real_text.BLOCK_START) < help_section.index("<!-- sentiment-study:start -->")
 
+
+
+def test_rounds_overrides():
+    assert se.rounds_overrides(None) == []
+    assert se.rounds_overrides(2) == ["~rounds", "+rounds={0001: {prev: base}, 0002: {prev: 'round=0001'}}",
+                                      "~chunks", "+chunks={}", "run.rounds_per_stage=1",
+                                      "evaluate.policy='round=0002'"]
+    assert se.rounds_overrides(8, 4)[2:5] == ["~chunks", "+chunks={0001: {prev: base, last: '0004'}, "
+                                              "0005: {prev: 'round=0004', last: '0008'}}", "run.rounds_per_stage=4"]
+    with pytest.raises(ConfigError, match="--per-stage 4 needs --rounds N"):
+        se.rounds_overrides(None, 4)

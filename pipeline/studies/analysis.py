@@ -1,4 +1,4 @@
-"""The statistics of every study (`drlc study`, the in-process synthetic-world study, the real-text study): the one
+"""The statistics of every study (`drlc study` and the real-text study, benchmarks/sample_efficiency_dvc.py): the one
 module, with the one t quantile and the one paired interval of pipeline/. All functions take plain lists, so a test
 can recompute each number independently.
 
@@ -202,23 +202,3 @@ def matched_kl(by_arm: dict[str, list[dict]], reference_arm: str = "sparse",
             gains[other][arm] = mean([a - b for a, b in pairs]) if pairs else None
     return {"kl_levels": levels, "reward": reward, "frontier": frontier, "mean_gain_vs": gains}
 
-
-def headline(by_arm: dict[str, list[dict]], *, batch_size: int, final_window: int) -> dict:
-    """Steps/rollouts to the sparse target, matched-KL rewards and final eval metrics (mean ± std) per arm;
-    with both GRPO arms also grpo_dense against grpo_sparse at grpo_sparse's KL levels ("grpo_matched_kl")."""
-    target = sparse_target(by_arm["sparse"], final_window)
-    steps = {}
-    for arm, runs in by_arm.items():
-        reached = steps_to_reach(seed_mean_curve(runs, "env_reward"), target)
-        steps[arm] = {"rounds": reached, "rollouts": None if reached is None else reached * batch_size}
-    metrics = sorted({k for runs in by_arm.values() for k in runs[0]["eval"]})
-    final = {arm: {m: mean_std([run["eval"][m] for run in runs]) for m in metrics} for arm, runs in by_arm.items()}
-    keys = [k for k, v in by_arm["sparse"][0]["rounds"][0].items() if k not in NOT_MEASURES and isinstance(v, (int, float))]
-    last = {arm: {key: mean_std([mean([r[key] for r in run["rounds"][-final_window:]]) for run in runs]) for key in keys}
-            for arm, runs in by_arm.items()}
-    out = {"sparse_target": target, "steps_to_target": steps, "matched_kl": matched_kl(by_arm),
-           "final_eval": final, "final_rounds": last}
-    if {"grpo_sparse", "grpo_dense"} <= set(by_arm):  # GRPO with and without the critic, at grpo_sparse's KL levels
-        grpo = {arm: by_arm[arm] for arm in ("grpo_sparse", "grpo_dense")}
-        out["grpo_matched_kl"] = matched_kl(grpo, reference_arm="grpo_sparse", others=("grpo_sparse",))
-    return out

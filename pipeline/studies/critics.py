@@ -10,15 +10,15 @@ the right tokens).
 An arm's name is ``<reward arm>`` for PPO and ``<reward arm>-<algorithm>`` for a value-free one
 (``dense_tagger-grpo``). Every arm sets every key it touches (critic.*, score.scale, the
 algorithm's keys), so no arm inherits another's; the rest comes from the study profile
-(configs/study-detox.yaml). With the arms of pipeline/studies/arms.py these rows
-are additive: the DVC study (benchmarks/sample_efficiency_dvc.py) looks a name up in both.
+(configs/study-detox.yaml); benchmarks/sample_efficiency_dvc.py runs them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from pipeline.core.errors import ConfigError
-from pipeline.studies.arms import ALL
+
+ALL = 1.0e9  # a threshold that critiques every response: above any env reward, finite so params.yaml holds it
 
 TAGGER_DIR = "critics/semeval"  # written by the study profile's distill@semeval stage
 

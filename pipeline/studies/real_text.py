@@ -161,14 +161,28 @@ def plot_gain_vs_f1(rows: dict[str, dict], path: Path) -> Path:
     return path
 
 
+def curves_panel(ax, runs: dict[str, list[dict]], key: str, x) -> None:
+    """One line per arm: its seed-mean round record `key` against x(round record of its first seed)."""
+    for arm, arm_runs in runs.items():
+        ax.plot([x(record) for record in arm_runs[0]["rounds"]], seed_mean_curve(arm_runs, key), marker=".",
+                label=arm)
+
+
+def frontier_panel(ax, runs: dict[str, list[dict]], frontier: dict[str, dict]) -> None:
+    """Each arm's isotonic reward-vs-KL frontier (analysis.matched_kl's "frontier"), over its seed-mean points."""
+    for arm, arm_runs in runs.items():
+        line, = ax.plot(frontier[arm]["kl"], frontier[arm]["reward"], lw=2, label=arm)
+        ax.scatter(seed_mean_curve(arm_runs, "kl"), seed_mean_curve(arm_runs, "env_reward"), s=10, alpha=0.5,
+                   color=line.get_color())
+    ax.set_xlabel("KL to reference (nats/response)")
+
+
 def plot_learning_curves(by_arm: dict[str, list[dict]], *, target: float, batch_size: int, path: Path) -> Path:
     """Each arm's seed-mean env reward and KL against rollouts, and its reward-vs-KL frontier (read at matched KL)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from pipeline.studies.report import curves_panel, frontier_panel
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for ax, key in zip(axes, ("env_reward", "kl")):
