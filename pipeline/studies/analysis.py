@@ -84,9 +84,6 @@ def seed_mean_points(curves: list[list[tuple[int, float]]]) -> list[tuple[int, f
     return [(x, round(sum(dict(c)[x] for c in curves) / len(curves), 12)) for x in sorted(common)]
 
 
-NOT_MEASURES = frozenset({"round", "rollouts", "seconds", "critiqued", "kl_coef"})  # round-record bookkeeping
-
-
 def mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
