@@ -148,7 +148,9 @@ def test_a_grid_finishes_in_an_empty_home_with_no_git_identity(tmp_path, monkeyp
     report = json.loads((out / "report.json").read_text())
     assert set(report["arms"]) == {"sparse", "dense", "sparse_scaled"} and report["scale_k"] > 0
     assert set(report["matched_kl"]) == {"dense-sparse", "dense-sparse_scaled", "sparse_scaled-sparse"}
-    assert report["arms"]["sparse_scaled"]["frontier"]["kl"][0] == 0.0  # the base, on every frontier
+    # one round: the eval curve has the base and the end only, a straight line, so no frontier and no matched KL
+    assert report["arms"]["sparse_scaled"]["frontier"] is None and set(report["matched_kl"].values()) == {None}
+    assert "no eval curve with kl_to_base and a point between the base and the end" in (out / "report.md").read_text()
     assert subprocess.run(["git", "config", "--get", "user.name"], cwd=project).returncode != 0
     points = json.loads((out / "frontier.json").read_text())["points"]
     assert {p["arm"] for p in points} == {"sparse", "dense", "sparse_scaled"}
