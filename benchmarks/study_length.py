@@ -73,11 +73,9 @@ def main(argv: list[str] | None = None) -> dict:
         reports[length] = json.loads(Path(path).read_text())
         finished.append(date.fromtimestamp(Path(path).stat().st_mtime))
     result = record(reports, name=args.name, note=args.note, measured_on=max(finished))
-    (RESULTS / f"study_length_{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
     plot_sweep(rows(result), KEY, next(iter(reports.values()))["metric"], RESULTS / f"study_length_{args.name}.png")
-    if args.doc:
-        generated_blocks.splice_file(args.doc, render(result), *markers(args.name))
-    print(render(result))
+    generated_blocks.publish(result, RESULTS / f"study_length_{args.name}.json", render(result), args.doc,
+                             *markers(args.name))
     return result
 
 

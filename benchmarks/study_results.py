@@ -67,7 +67,7 @@ def render(result: dict) -> str:
     full reports."""
     done, planned = result["experiments_done"], result["experiments_planned"]
     status = "complete" if done >= planned else f"in progress: {done} of {planned} experiments"
-    study = STUDIES[result.get("name", "commongen")]  # a record written before names is CommonGen's
+    study = STUDIES[result["name"]]
     head = (f"{study['profile']} through `drlc study` ({status}; measured {result['measured']['date']} on a "
             f"{result['measured']['cpus']}-core CPU machine).\n")
     tables = [headline(r) + markdown(r, f"{study['title']}: {', '.join(r['arms'])} × seeds {r['seeds']}")
@@ -98,10 +98,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--doc", type=Path, default=None, help="splice the block into this page (docs/results.md)")
     args = parser.parse_args(argv)
     result = record([json.loads(path.read_text()) for path in args.report], args.name)
-    (args.out or result_path(args.name)).write_text(json.dumps(result, indent=1) + "\n")
-    if args.doc:
-        generated_blocks.splice_file(args.doc, render(result), *markers(args.name))
-    print(render(result))
+    generated_blocks.publish(result, args.out or result_path(args.name), render(result), args.doc,
+                             *markers(args.name))
     return result
 
 

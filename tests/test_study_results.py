@@ -51,3 +51,17 @@ def test_a_synthetic_study_names_its_profile_and_grid():
     text = sc.render(json.loads(json.dumps(result)))
     assert text.startswith("configs/study-sentiment.yaml through `drlc study` (in progress: 3 of 21 experiments;")
     assert "#### Synthetic sentiment world: sparse, dense × seeds [0, 1]" in text
+
+
+def test_main_writes_the_json_and_splices_the_block_it_renders(tmp_path, capsys):
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps(reports()[0]))
+    start, end = sc.markers("sentiment")
+    page = tmp_path / "results.md"
+    page.write_text(f"head\n{start}\nold\n{end}\ntail\n")
+    result = sc.main(["--name", "sentiment", "--report", str(report), "--out", str(tmp_path / "r.json"),
+                      "--doc", str(page)])
+    assert json.loads((tmp_path / "r.json").read_text()) == result
+    text = page.read_text()
+    assert "old" not in text and text.split(start, 1)[1].split(end, 1)[0].strip() == sc.render(result).strip()
+    assert sc.render(result).strip() in capsys.readouterr().out

@@ -1,11 +1,12 @@
 """Generated blocks of docs/results.md: the text between a start and an end marker is replaced whole.
 
-Each benchmark that owns a block there (demo queries, the synthetic study, the real-text study) renders
-it from a committed result JSON; a test renders it again and compares, so the numbers on the page
+Each benchmark that owns a block there (demo queries, the `drlc study` grids, the length sweeps, the real-text
+study) renders it from a committed result JSON; a test renders it again and compares, so the numbers on the page
 cannot drift from the JSON.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pipeline.core.errors import DataError
@@ -32,3 +33,12 @@ def splice_file(path: str | Path, section: str, start: str, end: str) -> None:
     path = Path(path)
     path.write_text(splice(path.read_text(encoding="utf-8"), section, start, end), encoding="utf-8")
 
+
+
+def publish(result: dict, json_path: Path, section: str, doc: str | Path | None, start: str, end: str) -> None:
+    """Commit-ready outputs of a benchmark: `result` as indented JSON at json_path, `section` (rendered from
+    that result) spliced into the page `doc` between the markers when one is given, and printed."""
+    Path(json_path).write_text(json.dumps(result, indent=1) + "\n")
+    if doc:
+        splice_file(doc, section, start, end)
+    print(section)
