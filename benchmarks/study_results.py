@@ -4,8 +4,9 @@
 asked for, how many experiments are in, the machine) in benchmarks/results/study_<name>.json, and with --doc
 splices `render` of that JSON, and only that JSON, into the page between the study's markers
 (``<!-- <name>-study:start -->`` .. ``:end -->``). The tables are pipeline/studies/study_report.py's `markdown`,
-the one report renderer. tests/test_study_results.py renders every block again from the committed JSON and
-compares.
+the one report renderer; a study whose arms read different critics (detox, the real-text study) adds each critic
+arm's gain beside the critic's char F1, recorded in the JSON from benchmarks/results/study_critics.json.
+tests/test_study_results.py renders every block again from the committed JSON and compares.
 
 Usage (a clone of this repo with params.yaml = the study's profile, STUDIES[name]["profile"], committed):
     drlc study --arms <the grid's arms> --seeds <its seeds> --metric <its metric> --out study/<name>
@@ -40,7 +41,16 @@ STUDIES = {  # name: the profile, the grid asked for, and the title of its table
                  "grid": {"arms": SYNTHETIC_ARMS, "seeds": [0, 1, 2]}},
     "summarization": {"profile": "configs/study-summarization.yaml", "title": "Synthetic summarization world",
                       "grid": {"arms": SYNTHETIC_ARMS, "seeds": [0, 1, 2]}},
+    "detox": {"profile": "configs/study-detox.yaml", "title": "Real text: RealToxicityPrompts, SmolLM2-135M LoRA",
+                  "grid": {"arms": ["sparse", "dense", "random", "sparse_scaled", "dense_lexicon", "dense_smol_copy",
+                                    "dense_smol_text", "grpo_sparse", "grpo_dense", "grpo_random"],
+                           "seeds": [0, 1, 2]},
+                  # the critic each dense arm reads on that profile (its `dense` is the distilled tagger)
+                  "critics": {"dense": "tagger", "random": "random", "dense_lexicon": "lexicon",
+                              "dense_smol_copy": "smol_copy", "dense_smol_text": "smol_text", "grpo_dense": "tagger",
+                              "grpo_random": "random"}},
 }
+CRITIC_QUALITY = RESULTS / "study_critics.json"  # each critic's char F1 on the SemEval-2021 trial posts
 
 
 def result_path(name: str) -> Path:
@@ -56,10 +66,15 @@ def record(reports: list[dict], name: str) -> dict:
     study = STUDIES[name]
     planned = len(study["grid"]["arms"]) * len(study["grid"]["seeds"])
     done = sum(len(arm["seeds"]) for report in reports for arm in report["arms"].values())
+    quality = {}
+    if "critics" in study:  # recorded with the result, so the block renders from this JSON alone
+        measured = json.loads(CRITIC_QUALITY.read_text())["critics"]
+        quality = {critic: measured[critic]["char_f1"] for critic in sorted(set(study["critics"].values()))}
     return {"name": name, "profile": study["profile"],
             "reports": [{k: v for k, v in r.items() if k != "project"} for r in reports], "grid": study["grid"],
             "experiments_done": done, "experiments_planned": planned,
-            "measured": {"date": date.today().isoformat(), "cpus": os.cpu_count(), "machine": platform.machine()}}
+            "measured": {"date": date.today().isoformat(), "cpus": os.cpu_count(), "machine": platform.machine()}} \
+        | ({"critic_char_f1": quality} if quality else {})
 
 
 def render(result: dict) -> str:
@@ -71,8 +86,36 @@ def render(result: dict) -> str:
     head = (f"{study['profile']} through `drlc study` ({status}; measured {result['measured']['date']} on a "
             f"{result['measured']['cpus']}-core CPU machine).\n")
     tables = [headline(r) + markdown(r, f"{study['title']}: {', '.join(r['arms'])} × seeds {r['seeds']}")
-              .replace("## ", "#### ", 1) for r in result["reports"]]
+              .replace("## ", "#### ", 1) + critic_quality(r, study.get("critics", {}), result.get("critic_char_f1"))
+              for r in result["reports"]]
     return "\n".join([head, *tables])
+
+
+def control_of(arm: str) -> str:
+    """What a critic's arm is measured against: its algorithm's scale-free sparse arm (grpo_sparse: GRPO's group
+    normalisation cancels any scale), else sparse_scaled."""
+    return "grpo_sparse" if arm.startswith("grpo_") else "sparse_scaled"
+
+
+def critic_quality(report: dict, critics: dict[str, str], char_f1: dict[str, float] | None) -> str:
+    """The gain against critic quality: each critic arm minus its control (:func:`control_of`) at matched KL and
+    at the end point, beside the critic's char F1 ("" for a study without critics, or with none of their arms)."""
+    rows = []
+    for arm, critic in critics.items():
+        pair = f"{arm}-{control_of(arm)}"
+        if arm not in report["arms"] or pair not in report["differences"]:
+            continue
+        at_kl, end = (report.get("matched_kl") or {}).get(pair), report["differences"][pair].get(report["metric"])
+        cells = [arm, critic, f"{char_f1[critic]:.3f}", control_of(arm)]
+        cells += ["-" if d is None else f"{d['mean']:+.3f}" + ("" if d["half"] is None else f" ± {d['half']:.3f}")
+                  for d in (at_kl, end)]
+        rows.append("| " + " | ".join(cells) + " |")
+    if not rows:
+        return ""
+    return "\n".join(["", f"Gain against critic quality ({report['metric']}; char F1 on the SemEval-2021 trial posts, "
+                       "benchmarks/results/study_critics.json):", "",
+                       "| arm | critic | char F1 | minus | at matched KL | at the end point |",
+                       "|---|---|---|---|---|---|", *rows]) + "\n"
 
 
 def headline(report: dict) -> str:

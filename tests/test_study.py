@@ -25,15 +25,22 @@ def arm_params(profile: str, arm: str, k: float = 2.0):
 
 @pytest.mark.parametrize("profile", ["params.yaml", "configs/commongen.yaml", "configs/demo-grpo.yaml",
                                      "configs/study-sentiment.yaml", "configs/study-toxicity.yaml",
-                                     "configs/study-summarization.yaml"])
+                                     "configs/study-summarization.yaml", "configs/study-detox.yaml"])
 def test_every_shipped_arm_makes_a_valid_project_of_the_profile(profile):
     configured = load_params(ROOT / profile).critic
     expect = {"sparse": (False, "tokens", "ppo"), "dense": (True, "tokens", "ppo"), "summed": (True, "summed", "ppo"),
               "random": (True, "random", "ppo"), "sparse_scaled": (False, None, "ppo"),
               "sparse_lowkl": (False, None, "ppo"), "dense_scaled": (True, "tokens", "ppo"),
               "grpo_sparse": (False, None, "grpo"), "grpo_dense": (True, "tokens", "grpo"),
-              "dense_zero_mean": (True, "tokens", "ppo")}
-    assert set(study.load_arms()) == set(expect)
+              "dense_zero_mean": (True, "tokens", "ppo"), "grpo_random": (True, "random", "grpo")}
+    critics = {"dense_lexicon": ("lexicon", None, "text"), "dense_smol_copy": ("hf", "base", "copy"),
+               "dense_smol_text": ("hf", "base", "text")}  # another critic: (backend, model_dir, answer_format)
+    assert set(study.load_arms()) == set(expect) | set(critics)
+    for arm, picked in critics.items():
+        params = arm_params(profile, arm)
+        assert (params.critic.backend, params.critic.model_dir, params.critic.answer_format) == picked, arm
+        assert params.critic.enabled and params.critic.placement == "tokens" and params.ppo.algorithm == "ppo", arm
+        assert params.critic.threshold == configured.threshold and params.critic.zero_mean is False, arm
     for arm, (enabled, placement, algorithm) in expect.items():
         params = arm_params(profile, arm)
         assert params.critic.enabled is enabled and params.run.seed == 3, arm

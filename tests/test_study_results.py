@@ -65,3 +65,35 @@ def test_main_writes_the_json_and_splices_the_block_it_renders(tmp_path, capsys)
     text = page.read_text()
     assert "old" not in text and text.split(start, 1)[1].split(end, 1)[0].strip() == sc.render(result).strip()
     assert sc.render(result).strip() in capsys.readouterr().out
+
+
+def test_the_detox_block_puts_each_critic_arms_gain_beside_its_char_f1():
+    # final world/coverage per seed; the control of a PPO critic arm is sparse_scaled, of a GRPO one grpo_sparse
+    finals = {"sparse": (0.30, 0.20), "sparse_scaled": (0.32, 0.26), "dense": (0.40, 0.30), "random": (0.31, 0.27),
+              "dense_lexicon": (0.35, 0.27), "grpo_sparse": (0.50, 0.40), "grpo_dense": (0.52, 0.46)}
+    by_arm = {arm: [run(arm, seed, final, [0.1, final]) for seed, final in enumerate(values)]
+              for arm, values in finals.items()}
+    result = sc.record([build_report(by_arm, metric="world/coverage") | {"seeds": [0, 1]}], "detox")
+    measured = json.loads(sc.CRITIC_QUALITY.read_text())["critics"]
+    assert result["critic_char_f1"]["tagger"] == measured["tagger"]["char_f1"]
+    text = sc.render(json.loads(json.dumps(result)))
+    table = text.split("Gain against critic quality", 1)[1]
+    # dense - sparse_scaled per seed: +0.08, +0.04 -> mean +0.060, half = 12.706 * 0.02 (sd 0.02*sqrt(2), n 2)
+    tagger = f"{measured['tagger']['char_f1']:.3f}"
+    assert f"| dense | tagger | {tagger} | sparse_scaled | - | +0.060 ± {12.706 * 0.02:.3f} |" in table
+    assert f"| dense_lexicon | lexicon | {measured['lexicon']['char_f1']:.3f} | sparse_scaled | - | +0.020 ±" in table
+    assert "| grpo_dense | tagger |" in table and "| grpo_dense | tagger | 0.655 | grpo_sparse | - | +0.040 ±" in table
+    assert "dense_smol_copy" not in table  # not run: no row
+    assert sc.critic_quality(build_report(by_arm), {}, None) == ""
+
+
+def test_study_critics_reads_smollm2_quality_from_the_committed_formats_result():
+    from benchmarks.study_critics import smollm2_quality
+
+    quality = smollm2_quality(sc.RESULTS / "critic_formats.json")
+    rows = json.loads((sc.RESULTS / "critic_formats.json").read_text())["results"]
+    hf = {r["answer_format"]: r for r in rows if r.get("endpoint", "hf") == "hf" and r["samples"] == 1}
+    assert quality["smol_copy"]["char_f1"] == hf["copy"]["char_f1"]
+    assert quality["smol_text"]["n_posts"] == hf["text"]["n_posts"]
+    llamacpp = [r["char_f1"] for r in rows if r.get("endpoint") == "llamacpp" and r["answer_format"] == "copy"]
+    assert llamacpp and quality["smol_copy"]["char_f1"] not in llamacpp  # the study's critic is drlc's hf one

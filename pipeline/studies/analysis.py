@@ -1,6 +1,6 @@
-"""The statistics of every study (`drlc study` and the real-text study, benchmarks/sample_efficiency_dvc.py): the one
-module, with the one t quantile and the one paired interval of pipeline/. All functions take plain lists, so a test
-can recompute each number independently.
+"""The statistics of every study (`drlc study`'s report, pipeline/studies/study_report.py): the one module, with the
+one t quantile and the one paired interval of pipeline/. All functions take plain lists, so a test can recompute
+each number independently.
 
 - Intervals are Student's t: mean ± t(0.975, n-1) · s / √n (s the sample standard deviation, ddof 1); one seed
   has no interval (its half-width is reported as None, never as 0). A paired difference of arms A and B is the
@@ -88,33 +88,6 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def mean_std(values: list[float]) -> dict:
-    """{"mean", "std", "n"}: the sample standard deviation (ddof 1), 0.0 for one value."""
-    m = mean(values)
-    std = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
-    return {"mean": m, "std": std, "n": len(values)}
-
-
-def seed_mean_curve(runs: list[dict], key: str) -> list[float]:
-    """Per round, the mean over runs (seeds) of the round record's `key`."""
-    n_rounds = len(runs[0]["rounds"])
-    return [mean([run["rounds"][r][key] for run in runs]) for r in range(n_rounds)]
-
-
-def sparse_target(sparse_runs: list[dict], final_window: int) -> float:
-    """The sparse baseline's final reward: seed-mean env reward averaged over the last final_window rounds."""
-    return mean(seed_mean_curve(sparse_runs, "env_reward")[-final_window:])
-
-
-def steps_to_reach(curve: list[float], target: float) -> int | None:
-    """The first round (1-based) of a per-round curve whose value is >= target, or None if no round reaches it.
-
-    >>> steps_to_reach([0.1, 0.3, 0.2, 0.5], 0.25), steps_to_reach([0.1, 0.2], 0.25)
-    (2, None)
-    """
-    return first_reaching(list(enumerate(curve, start=1)), target)
-
-
 def interpolate_at(xs: list[float], ys: list[float], levels: list[float]) -> list[float | None]:
     """Piecewise-linear y at each level, over the points sorted by x; None outside [min x, max x].
 
@@ -171,31 +144,3 @@ def isotonic_frontier(xs: list[float], ys: list[float]) -> tuple[list[float], li
             blocks[-1][1] += count
     fitted = [total / count for total, count in blocks for _ in range(int(count))]
     return [x for x, _ in points], fitted
-
-
-def matched_kl(by_arm: dict[str, list[dict]], reference_arm: str = "sparse",
-               others: tuple[str, ...] = ("sparse", "sparse_scaled")) -> dict:
-    """Each arm's reward-vs-KL frontier read at the KL levels the reference arm passes through.
-
-    An arm's frontier is the isotonic fit of its seed-mean env reward on its seed-mean KL (one
-    point per round); it is read by linear interpolation, never extrapolated (None outside the
-    arm's KL range). Returns {"kl_levels": [...], "reward": {arm: [value or None]},
-    "frontier": {arm: {"kl": [...], "reward": [...]}}, "mean_gain_vs": {other: {arm: value or None}}}
-    where mean_gain_vs[other][arm] is the mean of (arm - other) over the levels where both are defined, for
-    each of `others` that ran.
-    """
-    levels = seed_mean_curve(by_arm[reference_arm], "kl")
-    frontier = {arm: dict(zip(("kl", "reward"), isotonic_frontier(seed_mean_curve(runs, "kl"),
-                                                                  seed_mean_curve(runs, "env_reward"))))
-                for arm, runs in by_arm.items()}
-    reward = {arm: interpolate_at(f["kl"], f["reward"], levels) for arm, f in frontier.items()}
-    gains: dict[str, dict] = {}
-    for other in others:
-        if other not in reward:
-            continue
-        gains[other] = {}
-        for arm, values in reward.items():
-            pairs = [(a, b) for a, b in zip(values, reward[other]) if a is not None and b is not None]
-            gains[other][arm] = mean([a - b for a, b in pairs]) if pairs else None
-    return {"kl_levels": levels, "reward": reward, "frontier": frontier, "mean_gain_vs": gains}
-

@@ -31,11 +31,14 @@ from pipeline.studies.analysis import (
     seed_mean_points,
 )
 
+CRITIC_ARMS = ("dense_lexicon", "dense_smol_copy", "dense_smol_text")  # another critic than the project's
 GENERIC = ("env_reward_mean", "perplexity", "dist_1", "dist_2", "dist_3", "kl_to_base", "n_samples")  # not the task's own
 PAIRS = (("dense", "sparse"), ("dense", "summed"), ("dense", "random"), ("dense", "sparse_scaled"),
          ("dense", "sparse_lowkl"), ("dense_scaled", "sparse_scaled"), ("sparse_scaled", "sparse"),
          ("sparse_lowkl", "sparse"), ("sparse_scaled", "sparse_lowkl"), ("dense_zero_mean", "dense"),
-         ("dense_zero_mean", "sparse_scaled"), ("grpo_dense", "grpo_sparse"), ("grpo_sparse", "sparse"))
+         ("dense_zero_mean", "sparse_scaled"), ("grpo_dense", "grpo_sparse"), ("grpo_sparse", "sparse"),
+         ("random", "sparse_scaled"), ("grpo_random", "grpo_sparse"), ("grpo_dense", "grpo_random"),
+         *((critic, control) for critic in CRITIC_ARMS for control in ("sparse_scaled", "random")))
 CRITIC_KEYS = ("critic_requests", "cache_hits", "critic_tokens", "critic_cost_usd")
 
 
