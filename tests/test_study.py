@@ -350,6 +350,41 @@ def test_a_frontier_is_isotonic_and_never_read_past_either_runs_kl():
     assert study_report.at_matched_kl(falling, two_points, "world/coverage") is None
 
 
+def toxicity_record(arm, seed, kls, values):
+    """kl_record with the metric world/expected_max_toxicity, where lower is better."""
+    run = kl_record(arm, seed, kls, values)
+    for point in run["eval_curve"]:
+        point["world/expected_max_toxicity"] = point.pop("world/coverage")
+    run["eval"] = {"world/expected_max_toxicity": values[-1]}
+    return run
+
+
+def test_a_metric_where_lower_is_better_has_a_falling_frontier_target_and_best_control():
+    metric = "world/expected_max_toxicity"
+    assert study_report.better(metric) == -1 and study_report.better("world/coverage") == 1
+    # toxicity 0.5 -> 0.3 -> 0.35 over KL 0, 0.5, 1: the best for the KL spent never rises, so the fit keeps 0.5
+    # and pools the rise 0.3, 0.35 to 0.325
+    dense = toxicity_record("dense", 0, [0, 0.5, 1.0], [0.5, 0.3, 0.35])
+    assert study_report.frontier(list(study_report.kl_curve(dense, metric).values()), -1) == \
+        ([0, 0.5, 1.0], pytest.approx([0.5, 0.325, 0.325]))
+    sparse = toxicity_record("sparse", 0, [0, 0.5, 1.0], [0.5, 0.45, 0.40])
+    kl, gain = study_report.at_matched_kl(dense, sparse, metric)
+    assert kl == 1.0 and gain == pytest.approx(0.325 - 0.40)  # dense is less toxic at the same KL
+    report = study_report.build_report({"sparse": [sparse], "dense": [dense],
+                                        "sparse_scaled": [toxicity_record("sparse_scaled", 0, [0, 0.5, 1.0],
+                                                                          [0.5, 0.42, 0.38])],
+                                        "sparse_lowkl": [toxicity_record("sparse_lowkl", 0, [0, 0.5, 1.0],
+                                                                         [0.5, 0.48, 0.44])]}, metric=metric)
+    # the target is sparse's last point, 0.40: dense reaches it first at round 1 (0.3 <= 0.40), x 64 rollouts
+    assert report["target"] == 0.40 and report["arms"]["dense"]["episodes_to_target"] == 64
+    assert report["arms"]["sparse_lowkl"]["episodes_to_target"] is None  # 0.44 never gets down to 0.40
+    assert study_report.best_control(report) == "sparse_scaled"  # 0.38 is better than 0.44
+    row = study_report.versus_best_control(report)
+    # dense - sparse_scaled at KL 1: 0.325 - 0.38 = -0.055, a gain of 5.5 points; 0 critic requests per point
+    assert row["at_kl"]["mean"] == pytest.approx(-0.055) and row["critic_per_point"]["critic_requests"] == 0
+    assert "**world/expected_max_toxicity** (lower is better)" in study_report.markdown(report, "t")
+
+
 def test_the_frontier_rows_are_what_dvc_plots_draws(tmp_path):
     rows = study_report.frontier_rows({"dense": [kl_record("dense", 3, [0, 0.5], [0.1, 0.3])]}, "world/coverage")
     assert rows == [{"arm": "dense", "seed": 3, "round": 0, "kl_to_base": 0, "world/coverage": 0.1},

@@ -40,6 +40,12 @@ PAIRS = (("dense", "sparse"), ("dense", "summed"), ("dense", "random"), ("dense"
          ("random", "sparse_scaled"), ("grpo_random", "grpo_sparse"), ("grpo_dense", "grpo_random"),
          *((critic, control) for critic in CRITIC_ARMS for control in ("sparse_scaled", "random")))
 CRITIC_KEYS = ("critic_requests", "cache_hits", "critic_tokens", "critic_cost_usd")
+LOWER_IS_BETTER = ("expected_max_toxicity", "toxicity_probability", "perplexity", "kl_to_base")  # by metric name
+
+
+def better(metric: str) -> int:
+    """+1 where a larger value of `metric` is better, -1 where a smaller one is (LOWER_IS_BETTER: a toxicity)."""
+    return -1 if metric.split("/")[-1] in LOWER_IS_BETTER else 1
 
 
 def git_json(project: Path, rev: str, path: str) -> dict | None:
@@ -180,21 +186,23 @@ def kl_curve(run: dict, metric: str) -> dict[int, tuple[float, float]]:
     return {p["round"]: (p[kl], p[metric]) for p in run["eval_curve"] if kl in p and metric in p}
 
 
-def frontier(points: list[tuple[float, float]]) -> tuple[list[float], list[float]] | None:
-    """The metric-vs-KL frontier of (KL, metric) points: the metric's least-squares non-decreasing fit on KL
-    (analysis.isotonic_frontier: "the best metric for the KL spent"); None for fewer than three points: the base
-    and the end alone make a straight line, which says nothing of the path between (a run in one chunk of rounds
-    is evaluated at its end only)."""
+def frontier(points: list[tuple[float, float]], sign: int = 1) -> tuple[list[float], list[float]] | None:
+    """The metric-vs-KL frontier of (KL, metric) points: the metric's least-squares monotone fit on KL
+    (analysis.isotonic_frontier: "the best metric for the KL spent"), non-decreasing for sign +1 and
+    non-increasing for sign -1 (a metric where lower is better, :func:`better`); None for fewer than three points:
+    the base and the end alone make a straight line, which says nothing of the path between (a run in one chunk of
+    rounds is evaluated at its end only)."""
     if len(points) < 3:
         return None
-    return isotonic_frontier([x for x, _ in points], [y for _, y in points])
+    xs, fitted = isotonic_frontier([x for x, _ in points], [sign * y for _, y in points])
+    return xs, [sign * y for y in fitted]
 
 
 def at_matched_kl(a: dict, b: dict, metric: str) -> tuple[float, float] | None:
     """(KL, a − b) of two runs of one seed: both frontiers read at the largest KL both reached (where the run that
     drifted less ended), by linear interpolation, never extrapolated. None when either run has no frontier or
     neither left the base (that KL is not above 0)."""
-    fronts = frontier(list(kl_curve(a, metric).values())), frontier(list(kl_curve(b, metric).values()))
+    fronts = tuple(frontier(list(kl_curve(run, metric).values()), better(metric)) for run in (a, b))
     if None in fronts:
         return None
     level = min(xs[-1] for xs, _ in fronts)
@@ -223,7 +231,7 @@ def arm_frontier(runs: list[dict], metric: str) -> dict | None:
     rounds = sorted(set.intersection(*(set(r) for r in by_round))) if by_round else []
     points = [(sum(r[n][0] for r in by_round) / len(runs), sum(r[n][1] for r in by_round) / len(runs))
               for n in rounds]
-    fitted = frontier(points)
+    fitted = frontier(points, better(metric))
     return None if fitted is None else {"points": points, "kl": fitted[0], "metric": fitted[1]}
 
 
@@ -236,7 +244,8 @@ def arm_summary(runs: list[dict], metric: str, target: float | None) -> dict:
         "eval": {m: interval([run["eval"][m] for run in runs if m in run["eval"]]) for m in metrics},
         "kl_end": interval(kls) if kls else None,
         "kl_source": sorted({run.get("kl_source") for run in runs if run.get("kl_source")}),
-        "episodes_to_target": None if target is None else first_reaching(curve, target),
+        "episodes_to_target": None if target is None else first_reaching(
+            [(x, better(metric) * y) for x, y in curve], better(metric) * target),
         "curve": curve,
         "frontier": arm_frontier(runs, metric),
         "critic": {key: sum(run["critic"][key] for run in runs) for key in CRITIC_KEYS},
@@ -314,7 +323,7 @@ def markdown(report: dict, title: str) -> str:
     metric, arms = report["metric"], report["arms"]
     shown = [metric] + sorted({m for a in arms.values() for m in a["eval"]} - {metric})
     lines = [f"## {title}", "",
-             f"Eval metric: **{metric}**; ± = half-width of the 95 % t interval over seeds. Target = "
+             f"Eval metric: **{metric}**{' (lower is better)' if better(metric) < 0 else ''}; ± = half-width of the 95 % t interval over seeds. Target = "
              + ("-" if report["target"] is None else f"{report['target']:.3f}")
              + " (sparse's seed-mean eval curve at its last point)."
              + ("" if report["scale_k"] is None else f" sparse_scaled's k = {report['scale_k']:.3f} (matched by "
@@ -395,9 +404,11 @@ CONTROLS = ("sparse_scaled", "sparse_lowkl")  # the scale- and KL-matched sparse
 
 
 def best_control(report: dict, controls: tuple[str, ...] = CONTROLS) -> str | None:
-    """The matched sparse control with the higher seed-mean final metric (None when the report has neither)."""
-    ran = [arm for arm in controls if arm in report["arms"] and report["metric"] in report["arms"][arm]["eval"]]
-    return max(ran, key=lambda arm: report["arms"][arm]["eval"][report["metric"]]["mean"], default=None)
+    """The matched sparse control with the better seed-mean final metric (:func:`better`; None when the report has
+    neither)."""
+    metric = report["metric"]
+    ran = [arm for arm in controls if arm in report["arms"] and metric in report["arms"][arm]["eval"]]
+    return max(ran, key=lambda arm: better(metric) * report["arms"][arm]["eval"][metric]["mean"], default=None)
 
 
 def point(metric: str) -> float:
@@ -414,7 +425,8 @@ def versus_best_control(report: dict, arm: str = "dense") -> dict:
     at_kl = (report.get("matched_kl") or {}).get(pair)
     end = report["differences"].get(pair, {}).get(report["metric"])
     critic, seeds = report["arms"][arm]["critic"], len(report["arms"][arm]["seeds"])
-    points = None if at_kl is None or at_kl["mean"] <= 0 else at_kl["mean"] / point(report["metric"])
+    gain = None if at_kl is None else better(report["metric"]) * at_kl["mean"]  # > 0: the arm is better
+    points = None if gain is None or gain <= 0 else gain / point(report["metric"])
     return {"control": control, "at_kl": at_kl, "end": end,
             "critic_per_experiment": {key: value / seeds for key, value in critic.items()},
             "critic_per_point": None if points is None else {key: value / seeds / points
