@@ -323,7 +323,8 @@ def markdown(report: dict, title: str) -> str:
     metric, arms = report["metric"], report["arms"]
     shown = [metric] + sorted({m for a in arms.values() for m in a["eval"]} - {metric})
     lines = [f"## {title}", "",
-             f"Eval metric: **{metric}**{' (lower is better)' if better(metric) < 0 else ''}; ± = half-width of the 95 % t interval over seeds. Target = "
+             f"Eval metric: **{metric}**{' (lower is better)' if better(metric) < 0 else ''}; ± = half-width of the "
+             "95 % t interval over seeds. Target = "
              + ("-" if report["target"] is None else f"{report['target']:.3f}")
              + " (sparse's seed-mean eval curve at its last point)."
              + ("" if report["scale_k"] is None else f" sparse_scaled's k = {report['scale_k']:.3f} (matched by "
