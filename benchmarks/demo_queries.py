@@ -132,6 +132,21 @@ def cpu_name() -> str:
                 platform.machine())
 
 
+VECTOR_FLAG_PREFIXES = ("sse", "ssse", "avx", "fma", "f16c", "amx")
+
+
+def cpu_isa() -> list[str]:
+    """The CPU's vector-instruction flags (SSE, AVX, AVX-512, FMA, AMX) from /proc/cpuinfo, sorted.
+
+    A VM's model name can hide the generation ("AMD EPYC" covers Zen 2 to Zen 5), while torch's and
+    oneDNN's kernels dispatch on these flags, and so sum in another order where they differ.
+    """
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    return sorted(flag for flag in set(flags) if flag.startswith(VECTOR_FLAG_PREFIXES))
+
+
 def platform_name() -> str:
     """System, kernel release, machine and C library: on Linux the string platform.platform() gives
     (Linux-6.1.0-x86_64-with-glibc2.36), read without the `uname -p` process it runs to name a
@@ -155,7 +170,8 @@ def provenance(project: Path) -> dict:
         # the run used torch's default for a fresh process in this environment: this one's.
         "torch_threads": torch.get_num_threads(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        "machine": {"cpu": cpu_name(), "cpus": os.cpu_count(), "platform": platform_name(),
+        "machine": {"cpu": cpu_name(), "cpu_isa": cpu_isa(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                    "cpus": os.cpu_count(), "platform": platform_name(),
                     "python": platform.python_version(), "torch": torch.__version__, "duckdb": duckdb.__version__},
     }
 
@@ -204,12 +220,14 @@ def render(result: dict) -> str:
     lines = _prose(
         f"The outputs below were made by `python benchmarks/demo_queries.py` on a fresh demo run "
         f"(`dvc repro` with the default params.yaml) of commit `{p['git_commit'][:12]}`, on "
-        f"{machine['cpus']} CPUs ({machine['cpu']}) with **{p['torch_threads']} torch thread(s)**, "
+        f"{machine['cpus']} CPUs ({machine['cpu']}, torch's {machine['torch_cpu_capability']} kernels) with "
+        f"**{p['torch_threads']} torch thread(s)**, "
         f"torch {machine['torch']}; the rows are in `benchmarks/results/demo_queries.json`. The demo "
         f"is seeded and single-process, so a fresh `dvc repro` of that commit on the same kind of machine "
         f"with the same thread count gives these same rows (checked: a second fresh run, of a later "
         f"commit with the same pipeline numbers, gave every row identically). "
-        f"With another thread count (or CPU), torch sums in another order, so floating-point results "
+        f"With another thread count (or CPU: a VM's model name can hide its generation, so the JSON also "
+        f"records the CPU's vector-instruction flags), torch sums in another order, so floating-point results "
         f"differ in their last bits; sampling and the reward threshold turn that into other rollouts, "
         f"and every number below may change.") + [""]
     for q in result["queries"]:
