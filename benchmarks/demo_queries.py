@@ -224,7 +224,7 @@ def render(result: dict) -> str:
         f"**{p['torch_threads']} torch thread(s)**, "
         f"torch {machine['torch']}; the rows are in `benchmarks/results/demo_queries.json`. The demo "
         f"is seeded and single-process, so a fresh `dvc repro` of that commit on the same kind of machine "
-        f"with the same thread count gives these same rows (checked: a second fresh run, of a later "
+        f"with the same thread count gives these same rows (checked: a second fresh run, of another "
         f"commit with the same pipeline numbers, gave every row identically). "
         f"With another thread count (or CPU: a VM's model name can hide its generation, so the JSON also "
         f"records the CPU's vector-instruction flags), torch sums in another order, so floating-point results "
