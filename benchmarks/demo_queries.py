@@ -121,15 +121,19 @@ def _git(project: Path, *args: str) -> str:
     return done.stdout.strip() if done.returncode == 0 else ""
 
 
+def _cpuinfo(field: str) -> str | None:
+    """The first value of `field` in /proc/cpuinfo (Linux), else None."""
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    return next((line.split(":", 1)[1].strip() for line in lines if line.split(":", 1)[0].strip() == field), None)
+
+
 def cpu_name() -> str:
     """The CPU's model name from /proc/cpuinfo, else the machine type (x86_64, arm64).
 
     Read without a process: platform.processor() runs `uname -p` on Linux and macOS.
     """
-    cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
-                platform.machine())
+    return _cpuinfo("model name") or platform.machine()
 
 
 VECTOR_FLAG_PREFIXES = ("sse", "ssse", "avx", "fma", "f16c", "amx")
@@ -141,10 +145,7 @@ def cpu_isa() -> list[str]:
     A VM's model name can hide the generation ("AMD EPYC" covers Zen 2 to Zen 5), while torch's and
     oneDNN's kernels dispatch on these flags, and so sum in another order where they differ.
     """
-    cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
-    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
-    return sorted(flag for flag in set(flags) if flag.startswith(VECTOR_FLAG_PREFIXES))
+    return sorted(flag for flag in set((_cpuinfo("flags") or "").split()) if flag.startswith(VECTOR_FLAG_PREFIXES))
 
 
 def platform_name() -> str:
@@ -170,7 +171,8 @@ def provenance(project: Path) -> dict:
         # the run used torch's default for a fresh process in this environment: this one's.
         "torch_threads": torch.get_num_threads(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        "machine": {"cpu": cpu_name(), "cpu_isa": cpu_isa(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "machine": {"cpu": cpu_name(), "cpu_isa": cpu_isa(),
+                    "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
                     "cpus": os.cpu_count(), "platform": platform_name(),
                     "python": platform.python_version(), "torch": torch.__version__, "duckdb": duckdb.__version__},
     }
