@@ -62,7 +62,7 @@ def warm_matplotlib_font_cache() -> None:
 
 
 def pytest_collection_modifyitems(config, items):
-    """`long` tests skip, each with the way to run it, unless --long: README's command and CI fit in 30 min."""
+    """`long` tests skip, each with the way to run it, unless --long: README's command and CI stay near 36 min."""
     if config.getoption("--long"):
         return
     skip = pytest.mark.skip(reason="long tier: run with `python -m pytest -q --long` (README, Two commands)")
