@@ -121,9 +121,8 @@ def _git(project: Path, *args: str) -> str:
     return done.stdout.strip() if done.returncode == 0 else ""
 
 
-def _cpuinfo(field: str) -> str | None:
+def _cpuinfo(field: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
     """The first value of `field` in /proc/cpuinfo (Linux), else None."""
-    cpuinfo = Path("/proc/cpuinfo")
     lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
     return next((line.split(":", 1)[1].strip() for line in lines if line.split(":", 1)[0].strip() == field), None)
 
@@ -145,7 +144,12 @@ def cpu_isa() -> list[str]:
     A VM's model name can hide the generation ("AMD EPYC" covers Zen 2 to Zen 5), while torch's and
     oneDNN's kernels dispatch on these flags, and so sum in another order where they differ.
     """
-    return sorted(flag for flag in set((_cpuinfo("flags") or "").split()) if flag.startswith(VECTOR_FLAG_PREFIXES))
+    return vector_flags(_cpuinfo("flags") or "")
+
+
+def vector_flags(flags: str) -> list[str]:
+    """The vector-instruction flags of a cpuinfo `flags` value, sorted and each once."""
+    return sorted({flag for flag in flags.split() if flag.startswith(VECTOR_FLAG_PREFIXES)})
 
 
 def platform_name() -> str:

@@ -84,3 +84,16 @@ def test_missing_tables_and_markers_are_named(tmp_path):
         splice_block("# no markers\n", "x")
     text = f"a\n{BLOCK_START}\nold\n{BLOCK_END}\nb\n"
     assert splice_block(text, "new\n") == f"a\n{BLOCK_START}\nnew\n{BLOCK_END}\nb\n"
+
+
+def test_cpuinfo_fields_and_vector_flags_are_read_from_a_kernels_cpuinfo(tmp_path):
+    """A /proc/cpuinfo as Linux writes it (tab before the colon, one block per CPU): the first block's values."""
+    cpuinfo = tmp_path / "cpuinfo"
+    block = ("processor\t: {n}\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\n"
+             "flags\t\t: fpu sse2 avx2 hypervisor avx512f fma sse avx2 vaes\n\n")
+    cpuinfo.write_text(block.format(n=0) + block.format(n=1))
+    assert demo_queries._cpuinfo("model name", cpuinfo) == "AMD EPYC"
+    assert demo_queries._cpuinfo("bogomips", cpuinfo) is None
+    assert demo_queries._cpuinfo("model name", tmp_path / "absent") is None
+    assert demo_queries.vector_flags(demo_queries._cpuinfo("flags", cpuinfo)) == \
+        ["avx2", "avx512f", "fma", "sse", "sse2"]
